@@ -1,0 +1,132 @@
+"""The one seam to the key-value world: what meshd needs from etcd, as a Protocol.
+
+Two implementations keep the same semantics and pass one contract suite
+(tests/kv/test_contract.py): `EtcdStore` (real etcd through aetcd) and `MemoryStore`
+(in-process, for unit tests and the simulator).
+
+Semantics are etcd's: one global revision that every write bumps; each key has a
+`mod_revision` (revision of its last write) and `create_revision`; compare-and-set is on
+`mod_revision`, with 0 meaning "key absent"; leases expire after their TTL unless kept
+alive, deleting their keys; a prefix watch delivers every change after a given revision,
+in order, grouped by revision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    lease: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: Literal["put", "delete"]
+    key: str
+    value: bytes  # b"" for deletes
+    mod_revision: int  # revision of this change
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """Succeeds when `key`'s mod_revision equals `mod_revision` (0: key absent)."""
+
+    key: str
+    mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    key: str
+    value: bytes
+    lease: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    key: str
+
+
+Op = Put | Delete
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    succeeded: bool
+    revision: int  # store revision after the transaction (unchanged when it failed)
+
+
+class StoreError(Exception):
+    """Base for store failures."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached (etcd down, connection refused, timed out)."""
+
+
+class Compacted(StoreError):
+    """A watch asked for a revision the store has compacted away; re-list and re-watch."""
+
+    def __init__(self, compact_revision: int) -> None:
+        super().__init__(f"revision compacted (store compacted up to {compact_revision})")
+        self.compact_revision = compact_revision
+
+
+class LeaseExpired(StoreError):
+    """A keep-alive or put named a lease that no longer exists."""
+
+
+class KVStore(Protocol):
+    async def get(self, key: str) -> KeyValue | None:
+        """Linearizable read of one key."""
+
+    async def range_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """All keys under `prefix`, sorted by key, and the store revision they were read at."""
+
+    async def put(self, key: str, value: bytes, lease: int = 0) -> int:
+        """Unconditional write; returns the new revision."""
+
+    async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
+        """Apply every op atomically when every compare holds; otherwise change nothing."""
+
+    async def grant_lease(self, ttl_s: int) -> int:
+        """A new lease id with the given TTL in seconds."""
+
+    async def keep_alive(self, lease_id: int) -> int:
+        """Refresh the lease; returns its TTL. Raises LeaseExpired when it is gone."""
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        """Delete the lease and every key attached to it (absent lease: no-op)."""
+
+    def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[list[Event]]:
+        """Changes under `prefix` from `start_revision` (inclusive), one list per revision.
+
+        Survives store restarts and reconnects by resuming after the last delivered
+        revision, so no event is lost or repeated. Raises Compacted when the revision to
+        resume from has been compacted (the caller re-lists), StoreUnavailable only if
+        the implementation gives up reconnecting. Ends when the iterator is closed.
+        """
+
+    async def compact(self, revision: int) -> None:
+        """Discard history before `revision` (tests use this to exercise re-listing)."""
+
+    async def close(self) -> None:
+        """Release connections; watches end."""
+
+
+async def put_if(store: KVStore, key: str, value: bytes, mod_revision: int, lease: int = 0) -> TxnResult:
+    """Compare-and-set on `key`'s mod_revision (0: create only if absent)."""
+    return await store.txn([Compare(key, mod_revision)], [Put(key, value, lease)])
+
+
+async def delete_if(store: KVStore, key: str, mod_revision: int) -> TxnResult:
+    """Delete `key` only if its mod_revision is still `mod_revision`."""
+    return await store.txn([Compare(key, mod_revision)], [Delete(key)])
