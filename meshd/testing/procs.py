@@ -43,7 +43,7 @@ class Child:
         self.argv = list(argv)
         self.log_path = log_dir / f"{name}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "ab")  # closed in stop()
         full_env = {**os.environ, **(env or {})}
         self.proc = subprocess.Popen(
             self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True

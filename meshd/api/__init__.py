@@ -1,0 +1,1 @@
+"""gRPC servicers: thin conversions between messages and the core objects."""

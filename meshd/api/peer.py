@@ -1,0 +1,55 @@
+"""`meshd.peer.MeshPeer` servicer on the internal port: stats and load-here operations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshd._proto.meshd import peer_pb2 as pb
+from meshd._proto.meshd import peer_pb2_grpc as pb_grpc
+from meshd.api.grpc_errors import statuses
+from meshd.cache import UNIT_BYTES, State
+from meshd.errors import NotFound
+from meshd.local import LocalModels
+from meshd.registry import Registry
+
+_STATES = {State.LOADING: pb.InternalOpResponse.LOADING, State.LOADED: pb.InternalOpResponse.LOADED}
+
+
+class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
+    def __init__(self, instance_id: str, local: LocalModels, registry: Registry) -> None:
+        self.instance_id = instance_id
+        self.local = local
+        self.registry = registry
+
+    @statuses
+    async def InternalOperation(self, request: Any, context: Any) -> Any:
+        if request.load:
+            record = self.registry.get(request.modelId)
+            if record is None:
+                raise NotFound(f"model {request.modelId!r} not found")
+            fut = self.local.start_load(request.modelId, record, request.lastUsed or self.local.clock())
+            if request.sync:
+                await fut
+        entry = self.local.cache.get(request.modelId)
+        if entry is None:
+            state = pb.InternalOpResponse.NOT_HERE
+        else:
+            state = _STATES.get(entry.state, pb.InternalOpResponse.FAILED)
+        return pb.InternalOpResponse(state=state, instanceId=self.instance_id)
+
+    @statuses
+    async def InstanceStats(self, request: Any, context: Any) -> Any:
+        c = self.local.counters
+        cache = self.local.cache
+        return pb.InstanceStatsResponse(
+            instanceId=self.instance_id,
+            requests=c.requests,
+            hits=c.hits,
+            misses=c.misses,
+            loads=c.loads,
+            loadFailures=c.load_failures,
+            evictions=c.evictions,
+            capacityBytes=cache.capacity_units * UNIT_BYTES,
+            usedBytes=cache.used_units * UNIT_BYTES,
+            loadedModels=sorted(e.model_id for e in cache.entries() if e.state is State.LOADED),
+        )

@@ -1,0 +1,55 @@
+"""Errors that carry the gRPC status a client should see; transports map them at the edge."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class MeshError(Exception):
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(MeshError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(MeshError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(MeshError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(MeshError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(MeshError):
+    """Retryable: the registry, the runtime or every copy is unreachable for now."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DataLoss(MeshError):
+    """A stored record cannot be decoded; it is reported and left untouched."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class LoadFailed(MeshError):
+    """The runtime failed to load the model (recorded in the model record)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class RuntimeStatusError(MeshError):
+    """A status the runtime answered with, passed through to the client unchanged."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -1,0 +1,223 @@
+"""Upstream-compatible JSON records stored in etcd (SPEC §5).
+
+Field names are upstream ModelMesh's so tools that watch its etcd keep working. Fields
+meshd does not know are kept in `extra` and written back unchanged on every rewrite.
+Decoding is total: a value that is not a JSON object, or has fields of the wrong type,
+raises `RecordError` naming the problem, so a corrupt record is reported, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Self
+
+
+class RecordError(ValueError):
+    """A stored value that cannot be decoded as the expected record."""
+
+
+def _int_map(raw: Any, name: str) -> dict[str, int]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw.values()):
+        raise RecordError(f"field {name!r} must be an object of integers")
+    return dict(raw)
+
+
+def _typed(raw: Any, name: str, kind: type, default: Any) -> Any:
+    if raw is None:
+        return default
+    # bool is an int subclass in Python; JSON true is not a count.
+    if not isinstance(raw, kind) or (kind is int and isinstance(raw, bool)):
+        raise RecordError(f"field {name!r} has the wrong type")
+    return raw
+
+
+def _load_object(data: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RecordError(f"not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise RecordError("not a JSON object")
+    return obj
+
+
+def _dump(known: dict[str, Any], extra: dict[str, Any]) -> bytes:
+    out = dict(extra)
+    out.update({k: v for k, v in known.items() if v is not None})
+    return json.dumps(out, separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclass(slots=True)
+class ModelRecord:
+    """`<prefix>/<service>/registry/<modelId>`."""
+
+    type: str
+    path: str = ""  # mPath
+    key: str = ""  # encKey
+    instance_ids: dict[str, int] = field(default_factory=dict)  # instanceId -> load start ms
+    failed_in: dict[str, int] = field(default_factory=dict)  # instanceId -> failure ms
+    fails: dict[str, dict[str, Any]] = field(default_factory=dict)  # instanceId -> {"msg": ...}
+    refs: int = 0  # vmodels referencing this model
+    auto_delete: bool = False  # autoDel
+    last_used: int = 0  # lu, ms
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _NAMES: ClassVar[dict[str, str]] = {
+        "type": "type",
+        "path": "mPath",
+        "key": "encKey",
+        "instance_ids": "instanceIds",
+        "failed_in": "failedIn",
+        "fails": "fails",
+        "refs": "refs",
+        "auto_delete": "autoDel",
+        "last_used": "lu",
+    }
+
+    @classmethod
+    def decode(cls, data: bytes) -> Self:
+        obj = _load_object(data)
+        n = cls._NAMES
+        model_type = obj.get(n["type"])
+        if not isinstance(model_type, str):
+            raise RecordError("field 'type' must be a string")
+        fails_raw = _typed(obj.get(n["fails"]), n["fails"], dict, {})
+        if not all(isinstance(v, dict) for v in fails_raw.values()):
+            raise RecordError("field 'fails' must be an object of objects")
+        return cls(
+            type=model_type,
+            path=_typed(obj.get(n["path"]), n["path"], str, ""),
+            key=_typed(obj.get(n["key"]), n["key"], str, ""),
+            instance_ids=_int_map(obj.get(n["instance_ids"]), n["instance_ids"]),
+            failed_in=_int_map(obj.get(n["failed_in"]), n["failed_in"]),
+            fails=dict(fails_raw),
+            refs=_typed(obj.get(n["refs"]), n["refs"], int, 0),
+            auto_delete=_typed(obj.get(n["auto_delete"]), n["auto_delete"], bool, False),
+            last_used=_typed(obj.get(n["last_used"]), n["last_used"], int, 0),
+            extra={k: v for k, v in obj.items() if k not in n.values()},
+        )
+
+    def encode(self) -> bytes:
+        n = self._NAMES
+        known: dict[str, Any] = {
+            n["type"]: self.type,
+            n["path"]: self.path or None,
+            n["key"]: self.key or None,
+            n["instance_ids"]: self.instance_ids,
+            n["failed_in"]: self.failed_in or None,
+            n["fails"]: self.fails or None,
+            n["refs"]: self.refs or None,
+            n["auto_delete"]: self.auto_delete or None,
+            n["last_used"]: self.last_used,
+        }
+        return _dump(known, self.extra)
+
+    def copy(self) -> ModelRecord:
+        return ModelRecord.decode(self.encode())
+
+    def same_info(self, model_type: str, path: str, key: str) -> bool:
+        return (self.type, self.path, self.key) == (model_type, path, key)
+
+
+@dataclass(slots=True)
+class VModelRecord:
+    """`<prefix>/<service>/vmodels/<vModelId>`."""
+
+    owner: str = ""  # o
+    active_model: str = ""  # amid
+    target_model: str = ""  # tmid
+    failed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _NAMES: ClassVar[dict[str, str]] = {
+        "owner": "o",
+        "active_model": "amid",
+        "target_model": "tmid",
+        "failed": "failed",
+    }
+
+    @classmethod
+    def decode(cls, data: bytes) -> Self:
+        obj = _load_object(data)
+        n = cls._NAMES
+        return cls(
+            owner=_typed(obj.get(n["owner"]), "o", str, ""),
+            active_model=_typed(obj.get(n["active_model"]), "amid", str, ""),
+            target_model=_typed(obj.get(n["target_model"]), "tmid", str, ""),
+            failed=_typed(obj.get(n["failed"]), "failed", bool, False),
+            extra={k: v for k, v in obj.items() if k not in n.values()},
+        )
+
+    def encode(self) -> bytes:
+        n = self._NAMES
+        known = {
+            n["owner"]: self.owner or None,
+            n["active_model"]: self.active_model,
+            n["target_model"]: self.target_model,
+            n["failed"]: self.failed or None,
+        }
+        return _dump(known, self.extra)
+
+
+@dataclass(slots=True)
+class InstanceRecord:
+    """`<prefix>/<service>/instances/<instanceId>`, attached to the instance's lease."""
+
+    lru_time: int = 0  # lruTime, ms: oldest last-used among loaded models
+    count: int = 0  # models loaded
+    capacity: int = 0  # cap, 8 KiB units
+    used: int = 0  # used, 8 KiB units
+    loading_threads: int = 0  # lThreads
+    loading_in_progress: int = 0  # lInProg
+    rpm: int = 0  # requests per minute
+    shutdown: bool = False
+    start_time: int = 0  # startTime, ms
+    version: int = 0  # vers
+    location: str = ""  # loc: host:port peers dial
+    zone: str = ""
+    labels: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _NAMES: ClassVar[dict[str, str]] = {
+        "lru_time": "lruTime",
+        "count": "count",
+        "capacity": "cap",
+        "used": "used",
+        "loading_threads": "lThreads",
+        "loading_in_progress": "lInProg",
+        "rpm": "rpm",
+        "shutdown": "shutdown",
+        "start_time": "startTime",
+        "version": "vers",
+        "location": "loc",
+        "zone": "zone",
+        "labels": "labels",
+    }
+
+    @classmethod
+    def decode(cls, data: bytes) -> Self:
+        obj = _load_object(data)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name == "extra":
+                continue
+            wire = cls._NAMES[f.name]
+            default = cls.__dataclass_fields__[f.name].default
+            if f.name == "labels":
+                labels = _typed(obj.get(wire), wire, list, [])
+                if not all(isinstance(x, str) for x in labels):
+                    raise RecordError("field 'labels' must be a list of strings")
+                values[f.name] = list(labels)
+            elif f.name == "shutdown":
+                values[f.name] = _typed(obj.get(wire), wire, bool, False)
+            else:
+                values[f.name] = _typed(obj.get(wire), wire, type(default), default)
+        values["extra"] = {k: v for k, v in obj.items() if k not in cls._NAMES.values()}
+        return cls(**values)
+
+    def encode(self) -> bytes:
+        known = {self._NAMES[f.name]: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return _dump(known, self.extra)

@@ -1,0 +1,219 @@
+"""Watch-fed in-memory mirror of one key prefix of records, with CAS update loops.
+
+Reads are local (eventually consistent, like upstream); writes are compare-and-set on the
+key's mod revision, retried on conflict against a fresh linearizable read. After a
+successful write the caller may `wait_for(revision)` so its own mirror reflects it
+(read-your-writes). The watch resumes after store outages (the store does that) and
+re-lists after compaction, reporting the difference to listeners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from meshd.kv.records import RecordError
+from meshd.kv.store import Compacted, Delete, KeyValue, KVStore, StoreUnavailable, put_if
+from meshd.kv.store import Compare as _Compare
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+# Conflicting writers retry against a fresh read; beyond this something is wrong.
+MAX_CAS_ATTEMPTS = 32
+
+
+class Keep:
+    """Returned by an update function to leave the record as it is."""
+
+
+KEEP = Keep()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry(Generic[R]):
+    record: R
+    mod_revision: int
+    raw: bytes
+
+
+
+
+class Table(Generic[R]):
+    def __init__(
+        self,
+        store: KVStore,
+        prefix: str,
+        decode: Callable[[bytes], R],
+        encode: Callable[[R], bytes],
+    ) -> None:
+        self.store = store
+        self.prefix = prefix if prefix.endswith("/") else prefix + "/"
+        self._decode = decode
+        self._encode = encode
+        self.entries: dict[str, Entry[R]] = {}
+        self.corrupt: dict[str, str] = {}  # id -> why its stored value cannot be decoded
+        self.revision = 0
+        self.listeners: list[Callable[[str, R | None, R | None], None]] = []
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.synced = asyncio.Event()
+
+    # ---- lifecycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        await self._relist()
+        self._task = asyncio.create_task(self._watch(), name=f"watch {self.prefix}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # ---- reads -----------------------------------------------------------------------
+    def key(self, item_id: str) -> str:
+        return self.prefix + item_id
+
+    def get(self, item_id: str) -> R | None:
+        entry = self.entries.get(item_id)
+        return entry.record if entry is not None else None
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def items(self) -> list[tuple[str, R]]:
+        return [(k, e.record) for k, e in self.entries.items()]
+
+    async def wait_for(self, revision: int, timeout_s: float = 10.0) -> None:
+        """Return once the mirror has applied `revision` (read-your-writes)."""
+        if self.revision >= revision:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((revision, fut))
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            raise StoreUnavailable(f"mirror of {self.prefix} did not reach revision {revision}") from None
+
+    # ---- writes ----------------------------------------------------------------------
+    async def update(self, item_id: str, fn: Callable[[R | None], R | Keep | None], lease: int = 0) -> R | None:
+        """Apply `fn` to a fresh copy of the record (None: absent) and CAS the result.
+
+        `fn` returns the new record, None to delete, or KEEP to write nothing. It may be
+        called several times (once per conflict) and must not have side effects.
+        Raises RecordError when the stored value is corrupt (nothing is overwritten).
+        """
+        key = self.key(item_id)
+        entry = self.entries.get(item_id)
+        kv: KeyValue | None
+        if entry is None or item_id in self.corrupt:
+            kv = await self.store.get(key)
+        else:
+            kv = KeyValue(key, entry.raw, entry.mod_revision, 0)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            current = self._decode(kv.value) if kv is not None else None  # raises RecordError
+            result = fn(current)
+            if isinstance(result, Keep):
+                return current
+            rev = kv.mod_revision if kv is not None else 0
+            if result is None:
+                if kv is None:
+                    return None
+                txn = await self.store.txn([_Compare(key, rev)], [Delete(key)])
+            else:
+                txn = await put_if(self.store, key, self._encode(result), rev, lease)
+            if txn.succeeded:
+                await self.wait_for(txn.revision)
+                return result
+            kv = await self.store.get(key)
+        raise StoreUnavailable(f"gave up updating {key} after {MAX_CAS_ATTEMPTS} conflicting writes")
+
+    # ---- mirror maintenance ------------------------------------------------------------
+    def _apply(self, key: str, value: bytes | None, mod_revision: int) -> None:
+        item_id = key[len(self.prefix) :]
+        old = self.entries.get(item_id)
+        new_record: R | None = None
+        if value is None:
+            self.entries.pop(item_id, None)
+            self.corrupt.pop(item_id, None)
+        else:
+            try:
+                new_record = self._decode(value)
+            except RecordError as e:
+                # Reported, never fatal: the id is listed as corrupt and skipped.
+                log.error("corrupt record at %s: %s", key, e)
+                self.corrupt[item_id] = str(e)
+                self.entries.pop(item_id, None)
+            else:
+                self.corrupt.pop(item_id, None)
+                self.entries[item_id] = Entry(new_record, mod_revision, value)
+        old_record = old.record if old is not None else None
+        if old_record is not None or new_record is not None:
+            for listener in self.listeners:
+                try:
+                    listener(item_id, old_record, new_record)
+                except Exception:
+                    log.exception("listener failed for %s", key)
+
+    def _advance(self, revision: int) -> None:
+        if revision <= self.revision:
+            return
+        self.revision = revision
+        still: list[tuple[int, asyncio.Future[None]]] = []
+        for rev, fut in self._waiters:
+            if rev <= revision:
+                if not fut.done():
+                    fut.set_result(None)
+            elif not fut.done():
+                still.append((rev, fut))
+        self._waiters = still
+
+    async def _relist(self) -> None:
+        kvs, revision = await self.store.range_prefix(self.prefix)
+        seen = set()
+        for kv in kvs:
+            item_id = kv.key[len(self.prefix) :]
+            seen.add(item_id)
+            entry = self.entries.get(item_id)
+            if entry is None or entry.mod_revision != kv.mod_revision:
+                self._apply(kv.key, kv.value, kv.mod_revision)
+        for item_id in [i for i in [*self.entries, *self.corrupt] if i not in seen]:
+            self._apply(self.key(item_id), None, revision)
+        self._advance(revision)
+        self.synced.set()
+
+    async def _watch(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                async for events in self.store.watch_prefix(self.prefix, self.revision + 1):
+                    for ev in events:
+                        self._apply(ev.key, ev.value if ev.kind == "put" else None, ev.mod_revision)
+                    if events:
+                        self._advance(events[-1].mod_revision)
+                    backoff = 0.1
+            except Compacted:
+                log.warning("watch on %s compacted; re-listing", self.prefix)
+                await self._relist_until_ok()
+            except StoreUnavailable as e:
+                log.warning("watch on %s interrupted: %s", self.prefix, e)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+            else:
+                return  # the store closed the watch (shutdown)
+
+    async def _relist_until_ok(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                await self._relist()
+                return
+            except StoreUnavailable:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)

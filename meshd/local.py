@@ -1,0 +1,256 @@
+"""This instance's copies: the cache decision applied to the runtime and the registry.
+
+`LocalModels.ensure` is the load-on-demand path: a hit touches the entry, a miss admits
+the model to the weighted LRU (evicting what the cache chooses), records the copy in the
+model record, loads it through the load queue and corrects its size. Evicted copies are
+removed from their records first (so nobody routes here), then unloaded once the
+requests they are serving have finished. A new load of a model waits for its pending
+unload, so the runtime never sees them out of order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
+
+from meshd.cache import CacheEntry, State, WeightedLRU, to_units
+from meshd.clock import Clock, wall_ms
+from meshd.errors import LoadFailed, MeshError, NotFound, Unavailable
+from meshd.kv.records import ModelRecord
+from meshd.registry import Registry
+from meshd.runtime.client import RuntimeClient, RuntimeInfo
+from meshd.runtime.loader import LoadQueue
+from meshd.status import failure_expired
+
+log = logging.getLogger(__name__)
+
+UNLOAD_INFLIGHT_WAIT_S = 120.0  # upstream waits ~2 min for in-flight requests before unloading
+
+
+@dataclass(slots=True)
+class Counters:
+    requests: int = 0
+    hits: int = 0
+    misses: int = 0
+    loads: int = 0
+    load_failures: int = 0
+    evictions: int = 0
+
+
+class LocalModels:
+    def __init__(
+        self,
+        instance_id: str,
+        registry: Registry,
+        runtime: RuntimeClient,
+        info: RuntimeInfo,
+        *,
+        failure_expiry_ms: int,
+        clock: Clock = wall_ms,
+    ) -> None:
+        self.instance_id = instance_id
+        self.registry = registry
+        self.runtime = runtime
+        self.info = info
+        self.queue = LoadQueue(runtime, info)
+        self.cache = WeightedLRU(to_units(info.capacity_bytes))
+        self.failure_expiry_ms = failure_expiry_ms
+        self.clock = clock
+        self.counters = Counters()
+        self._loading: dict[str, asyncio.Future[CacheEntry]] = {}
+        self._unloading: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ---- the request path ------------------------------------------------------------
+    async def ensure(self, model_id: str, record: ModelRecord, last_used_ms: int | None = None) -> CacheEntry:
+        """The loaded local copy, loading it first on a miss. Raises LoadFailed/Unavailable."""
+        now = self.clock()
+        entry = self.cache.get(model_id)
+        if entry is not None:
+            if entry.state is State.LOADED:
+                self.counters.hits += 1
+                self.cache.touch(model_id, now if last_used_ms is None else last_used_ms)
+                return entry
+            if entry.state is State.LOADING:
+                self.counters.misses += 1
+                return await asyncio.shield(self._loading[model_id])
+            if not failure_expired(entry.since_ms, now, self.failure_expiry_ms):
+                raise LoadFailed(self._failure_message(model_id, record))
+            self.cache.remove(model_id)
+        self.counters.misses += 1
+        return await asyncio.shield(self.start_load(model_id, record, now if last_used_ms is None else last_used_ms))
+
+    def start_load(self, model_id: str, record: ModelRecord, last_used_ms: int) -> asyncio.Future[CacheEntry]:
+        """Begin loading here (or join the load under way); never waits."""
+        pending = self._loading.get(model_id)
+        if pending is not None:
+            return pending
+        entry = self.cache.get(model_id)
+        fut: asyncio.Future[CacheEntry] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_consume_exception)
+        if entry is not None and entry.state is State.LOADED:
+            fut.set_result(entry)
+            return fut
+        failed_ms = record.failed_in.get(self.instance_id)
+        if failed_ms is not None and not failure_expired(failed_ms, self.clock(), self.failure_expiry_ms):
+            fut.set_exception(LoadFailed(self._failure_message(model_id, record)))
+            return fut
+        if entry is not None:  # an expired failure
+            self.cache.remove(model_id)
+        units = to_units(self.info.default_model_size)
+        admission = self.cache.admit(model_id, units, last_used_ms, self.clock())
+        if not admission.admitted:
+            fut.set_exception(Unavailable(f"cannot load {model_id!r} here: {admission.reason}"))
+            return fut
+        self._evict_all(admission.evicted)
+        self._loading[model_id] = fut
+        self._spawn(self._load(model_id, record, fut))
+        return fut
+
+    def acquire(self, entry: CacheEntry) -> None:
+        entry.inflight += 1
+
+    def release(self, entry: CacheEntry) -> None:
+        entry.inflight -= 1
+
+    def lost(self, model_id: str, entry: CacheEntry) -> None:
+        """The runtime answered NOT_FOUND for a copy we hold: forget it so it reloads."""
+        if self.cache.get(model_id) is entry:
+            log.warning("runtime lost %s; dropping the copy", model_id)
+            self.cache.remove(model_id)
+            self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
+
+    def drop(self, model_id: str) -> None:
+        """Unload the local copy (model unregistered)."""
+        entry = self.cache.remove(model_id)
+        if entry is not None and entry.state is not State.LOADING:
+            self._schedule_unload(entry, count_eviction=False)
+
+    # ---- loading -------------------------------------------------------------------
+    async def _load(self, model_id: str, record: ModelRecord, fut: asyncio.Future[CacheEntry]) -> None:
+        try:
+            pending_unload = self._unloading.get(model_id)
+            if pending_unload is not None:
+                await asyncio.shield(pending_unload)
+            predicted = await self.runtime.predict_size(model_id, record.type, record.path, record.key)
+            if predicted:
+                self._evict_all(self.cache.resize(model_id, to_units(predicted)))
+            start_ms = self.clock()
+            if not await self.registry.add_copy(model_id, self.instance_id, start_ms):
+                raise NotFound(f"model {model_id!r} was unregistered")
+            loaded = await self.queue.load(model_id, record.type, record.path, record.key)
+            entry = self.cache.get(model_id)
+            if entry is None:  # unregistered (or dropped) while loading
+                self._spawn(self._quiet_unload(model_id))
+                raise NotFound(f"model {model_id!r} was unregistered while loading")
+            if loaded.size_bytes:
+                self._evict_all(self.cache.resize(model_id, to_units(loaded.size_bytes)))
+            else:
+                self._spawn(self._size_later(model_id))
+            self.cache.set_state(model_id, State.LOADED, self.clock())
+            self.counters.loads += 1
+            fut.set_result(entry)
+        except LoadFailed as e:
+            self.counters.load_failures += 1
+            self.cache.set_state(model_id, State.FAILED, self.clock())
+            log.warning("%s", e.message)
+            with contextlib.suppress(MeshError):
+                await self.registry.record_failure(model_id, self.instance_id, e.message, self.clock())
+            fut.set_exception(e)
+        except BaseException as e:
+            self.cache.remove(model_id)
+            self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
+            if isinstance(e, MeshError):
+                fut.set_exception(e)
+            elif isinstance(e, Exception):
+                log.exception("load of %s failed unexpectedly", model_id)
+                fut.set_exception(Unavailable(f"load of {model_id!r} failed: {e}"))
+            else:
+                fut.cancel()
+                raise
+        finally:
+            self._loading.pop(model_id, None)
+
+    async def _size_later(self, model_id: str) -> None:
+        size = await self.runtime.model_size(model_id)
+        if size and self.cache.get(model_id) is not None:
+            self._evict_all(self.cache.resize(model_id, to_units(size)))
+
+    def _failure_message(self, model_id: str, record: ModelRecord) -> str:
+        msg = record.fails.get(self.instance_id, {}).get("msg")
+        return f"loading {model_id!r} failed recently here" + (f": {msg}" if msg else "")
+
+    # ---- eviction and unloading ------------------------------------------------------
+    def _evict_all(self, victims: tuple[CacheEntry, ...] | list[CacheEntry]) -> None:
+        for victim in victims:
+            log.info("evicting %s (%d units)", victim.model_id, victim.units)
+            self._schedule_unload(victim, count_eviction=True)
+
+    def _schedule_unload(self, entry: CacheEntry, count_eviction: bool) -> None:
+        if count_eviction:
+            self.counters.evictions += 1
+        task = asyncio.get_running_loop().create_task(self._unload(entry))
+        self._unloading[entry.model_id] = task
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if self._unloading.get(entry.model_id) is t:
+                del self._unloading[entry.model_id]
+
+        task.add_done_callback(done)
+
+    async def _unload(self, entry: CacheEntry) -> None:
+        await self._quiet(self.registry.remove_copy(entry.model_id, self.instance_id))
+        waited = 0.0
+        while entry.inflight > 0 and waited < UNLOAD_INFLIGHT_WAIT_S:
+            await asyncio.sleep(0.01)
+            waited += 0.01
+        await self._quiet_unload(entry.model_id)
+
+    async def _quiet_unload(self, model_id: str) -> None:
+        try:
+            await self.runtime.unload(model_id)
+        except Exception as e:
+            log.warning("unload of %s failed: %s", model_id, e)
+
+    async def _quiet(self, coro: Awaitable[object]) -> None:
+        try:
+            await coro
+        except MeshError as e:
+            log.warning("registry update failed: %s", e.message)
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- lifecycle -------------------------------------------------------------------
+    async def forget_stale_copies(self) -> int:
+        """Remove this instance from records whose copy it does not hold (start-up, janitor)."""
+        me = self.instance_id
+        stale = [mid for mid, rec in self.registry.models.items() if me in rec.instance_ids and mid not in self.cache]
+        for mid in stale:
+            await self._quiet(self.registry.remove_copy(mid, self.instance_id))
+        return len(stale)
+
+    async def close(self, deregister: bool = True) -> None:
+        """Stop background work; with `deregister`, remove this instance's copies from records."""
+        for fut in list(self._loading.values()):
+            fut.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if deregister:
+            for entry in self.cache.entries():
+                await self._quiet(self.registry.remove_copy(entry.model_id, self.instance_id))
+        await self.queue.drain()
+
+
+def _consume_exception(fut: asyncio.Future[CacheEntry]) -> None:
+    # Async ensureLoaded leaves nobody awaiting; the failure is recorded elsewhere.
+    if not fut.cancelled():
+        fut.exception()

@@ -1,0 +1,77 @@
+"""The ModelMesh management operations (SPEC §2) on one core object.
+
+The gRPC servicer only converts messages; validation, registry writes and loading
+decisions happen here, so other transports (CLI, HTTP) can share them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from meshd.clock import Clock, wall_ms
+from meshd.errors import LoadFailed, MeshError, NotFound, Unavailable
+from meshd.ids import ModelInfo, check_id
+from meshd.kv.records import ModelRecord
+from meshd.local import LocalModels
+from meshd.registry import Registry, default_last_used
+from meshd.status import StatusView, model_status
+
+
+class Management:
+    def __init__(
+        self, instance_id: str, registry: Registry, local: LocalModels, failure_expiry_ms: int, clock: Clock = wall_ms
+    ) -> None:
+        self.instance_id = instance_id
+        self.registry = registry
+        self.local = local
+        self.failure_expiry_ms = failure_expiry_ms
+        self.clock = clock
+
+    def status(self, model_id: str) -> StatusView:
+        check_id(model_id)
+        corrupt = self.registry.corrupt_reason(model_id)
+        if corrupt is not None:
+            raise Unavailable(f"stored record for model {model_id!r} is corrupt: {corrupt}")
+        return model_status(
+            self.registry.get(model_id),
+            self.local.cache.get(model_id),
+            self.instance_id,
+            self.clock(),
+            self.failure_expiry_ms,
+        )
+
+    async def register(
+        self, model_id: str, info: ModelInfo, load_now: bool, sync: bool, last_used_ms: int
+    ) -> StatusView:
+        check_id(model_id)
+        info.check()
+        last_used = last_used_ms or default_last_used(self.clock(), load_now)
+        record = await self.registry.register(model_id, info, last_used)
+        if load_now:
+            await self._load(model_id, record, last_used, sync)
+        return self.status(model_id)
+
+    async def unregister(self, model_id: str) -> None:
+        check_id(model_id)
+        if await self.registry.unregister(model_id) is not None:
+            self.local.drop(model_id)
+
+    async def ensure_loaded(self, model_id: str, last_used_ms: int, sync: bool) -> StatusView:
+        check_id(model_id)
+        record = self.registry.get(model_id)
+        if record is None:
+            raise NotFound(f"model {model_id!r} not found")
+        await self._load(model_id, record, last_used_ms or self.clock(), sync)
+        return self.status(model_id)
+
+    async def _load(self, model_id: str, record: ModelRecord, last_used_ms: int, sync: bool) -> None:
+        fut = self.local.start_load(model_id, record, last_used_ms)
+        if sync:
+            # A failed load is reported in the returned status (LOADING_FAILED), not as an error.
+            with contextlib.suppress(LoadFailed):
+                await asyncio.shield(fut)
+        elif fut.done() and not fut.cancelled():
+            exc = fut.exception()
+            if isinstance(exc, MeshError) and not isinstance(exc, LoadFailed):
+                raise exc

@@ -1,0 +1,1 @@
+"""The ModelRuntime SPI client (meshd is the client) and its load queue."""

@@ -1,0 +1,133 @@
+"""The ModelRuntime SPI client: status polling, load, unload, sizing (SPEC §1).
+
+Only I/O and protocol facts live here; what to load and when is decided elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from meshd._proto.mmesh import model_runtime_pb2 as rt
+from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+from meshd.runtime.endpoints import open_channel
+
+log = logging.getLogger(__name__)
+
+STATUS_POLL_INTERVAL_S = 2.0  # upstream polls runtimeStatus every ~2 s at start
+STATUS_POLL_TIMEOUT_S = 180.0  # ... for up to ~3 min
+PREDICT_SIZE_TIMEOUT_S = 0.5  # upstream's short deadline for the optional predictModelSize
+MODEL_SIZE_TIMEOUT_S = 30.0
+UNLOAD_TIMEOUT_S = 60.0
+DEFAULT_LOADING_TIMEOUT_MS = 90_000  # used when the runtime reports 0
+MIN_CAPACITY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class MethodInfo:
+    id_injection_path: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeInfo:
+    """What the runtime reported when it became READY."""
+
+    capacity_bytes: int
+    max_loading_concurrency: int
+    loading_timeout_ms: int
+    default_model_size: int
+    version: str
+    method_infos: dict[str, MethodInfo] = field(default_factory=dict)
+    limit_model_concurrency: bool = False
+    allow_any_method: bool = False
+
+    @classmethod
+    def from_response(cls, r: rt.RuntimeStatusResponse) -> RuntimeInfo:
+        default_size = r.defaultModelSizeInBytes or (1 << 20)
+        return cls(
+            capacity_bytes=max(r.capacityInBytes, MIN_CAPACITY_BYTES),
+            max_loading_concurrency=max(1, r.maxLoadingConcurrency),
+            loading_timeout_ms=r.modelLoadingTimeoutMs or DEFAULT_LOADING_TIMEOUT_MS,
+            default_model_size=default_size,
+            version=r.runtimeVersion,
+            method_infos={
+                name.lstrip("/"): MethodInfo(tuple(info.idInjectionPath)) for name, info in r.methodInfos.items()
+            },
+            limit_model_concurrency=r.limitModelConcurrency,
+            allow_any_method=r.allowAnyMethod,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    size_bytes: int  # 0: ask modelSize later
+    max_concurrency: int
+
+
+class RuntimeNotReady(Exception):
+    pass
+
+
+class RuntimeClient:
+    def __init__(self, mgmt_endpoint: str, max_message_bytes: int) -> None:
+        self.endpoint = mgmt_endpoint
+        self.channel = open_channel(mgmt_endpoint, max_message_bytes)
+        self.stub = rt_grpc.ModelRuntimeStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def wait_ready(
+        self, timeout_s: float = STATUS_POLL_TIMEOUT_S, interval_s: float = STATUS_POLL_INTERVAL_S
+    ) -> RuntimeInfo:
+        """Poll runtimeStatus until READY (the runtime purges its models first)."""
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while True:
+            try:
+                resp = await self.stub.runtimeStatus(rt.RuntimeStatusRequest(), timeout=max(1.0, interval_s))
+                if resp.status == rt.RuntimeStatusResponse.READY:
+                    return RuntimeInfo.from_response(resp)
+                last = rt.RuntimeStatusResponse.Status.Name(resp.status)
+            except grpc.aio.AioRpcError as e:
+                last = f"{e.code().name}: {e.details()}"
+            if time.monotonic() >= deadline:
+                raise RuntimeNotReady(f"runtime at {self.endpoint} not READY after {timeout_s:.0f}s ({last})")
+            log.info("waiting for runtime at %s (%s)", self.endpoint, last)
+            await asyncio.sleep(interval_s)
+
+    async def load(self, model_id: str, model_type: str, path: str, key: str, timeout_s: float) -> LoadedModel:
+        req = rt.LoadModelRequest(modelId=model_id, modelType=model_type, modelPath=path, modelKey=key)
+        resp = await self.stub.loadModel(req, timeout=timeout_s)
+        return LoadedModel(resp.sizeInBytes, resp.maxConcurrency)
+
+    async def unload(self, model_id: str) -> None:
+        """Unload; NOT_FOUND counts as success (SPEC §1)."""
+        try:
+            await self.stub.unloadModel(rt.UnloadModelRequest(modelId=model_id), timeout=UNLOAD_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+
+    async def predict_size(self, model_id: str, model_type: str, path: str, key: str) -> int | None:
+        """Predicted size, or None when the runtime does not predict (UNIMPLEMENTED) or is slow."""
+        req = rt.PredictModelSizeRequest(modelId=model_id, modelType=model_type, modelPath=path, modelKey=key)
+        try:
+            resp = await self.stub.predictModelSize(req, timeout=PREDICT_SIZE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            if e.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.DEADLINE_EXCEEDED):
+                log.warning("predictModelSize(%s) failed: %s", model_id, e.details())
+            return None
+        return int(resp.sizeInBytes) or None
+
+    async def model_size(self, model_id: str) -> int | None:
+        try:
+            resp = await self.stub.modelSize(rt.ModelSizeRequest(modelId=model_id), timeout=MODEL_SIZE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            log.warning("modelSize(%s) failed: %s", model_id, e.details())
+            return None
+        return int(resp.sizeInBytes) or None

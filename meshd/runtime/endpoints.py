@@ -1,0 +1,32 @@
+"""Runtime endpoints: `port:N`, `N`, `host:port` or a unix socket path, as grpc targets."""
+
+from __future__ import annotations
+
+import grpc
+
+
+def grpc_target(endpoint: str) -> str:
+    """A grpc dial target for an endpoint spelled the upstream ways."""
+    ep = endpoint.strip()
+    if not ep:
+        raise ValueError("empty runtime endpoint")
+    if ep.startswith("unix:"):
+        return ep
+    if ep.startswith("/") or ep.startswith("."):
+        return f"unix:{ep}"
+    if ep.startswith("port:"):
+        ep = ep[5:]
+    if ep.isdigit():
+        return f"127.0.0.1:{ep}"
+    return ep
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+
+
+def open_channel(endpoint: str, max_message_bytes: int) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(grpc_target(endpoint), options=channel_options(max_message_bytes))
