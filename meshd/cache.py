@@ -42,6 +42,7 @@ class Admission:
     admitted: bool
     evicted: tuple[CacheEntry, ...] = ()
     reason: str = ""
+    retryable: bool = False  # room may appear once loads in progress finish
 
 
 class WeightedLRU:
@@ -92,7 +93,7 @@ class WeightedLRU:
             return Admission(False, reason=f"needs {units} units, the cache holds {self.capacity_units}")
         victims = self._plan_eviction(units - self.free_units, exclude=model_id, newer_than=last_used_ms)
         if victims is None:
-            return Admission(False, reason="no room: everything else is loading or more recently used")
+            return Admission(False, reason="no room: everything else is loading or more recently used", retryable=True)
         for victim in victims:
             self._drop(victim.model_id)
         self._entries[model_id] = CacheEntry(model_id, units, last_used_ms, State.LOADING, now_ms)

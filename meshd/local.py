@@ -63,23 +63,24 @@ class LocalModels:
         self._loading: dict[str, asyncio.Future[CacheEntry]] = {}
         self._unloading: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._space = asyncio.Event()  # replaced and set whenever room may have appeared
 
     # ---- the request path ------------------------------------------------------------
     async def ensure(self, model_id: str, record: ModelRecord, last_used_ms: int | None = None) -> CacheEntry:
         """The loaded local copy, loading it first on a miss. Raises LoadFailed/Unavailable."""
         now = self.clock()
+        pending = self._loading.get(model_id)
+        if pending is not None:
+            self.counters.misses += 1
+            return await asyncio.shield(pending)
         entry = self.cache.get(model_id)
         if entry is not None:
             if entry.state is State.LOADED:
                 self.counters.hits += 1
                 self.cache.touch(model_id, now if last_used_ms is None else last_used_ms)
                 return entry
-            if entry.state is State.LOADING:
-                self.counters.misses += 1
-                return await asyncio.shield(self._loading[model_id])
             if not failure_expired(entry.since_ms, now, self.failure_expiry_ms):
                 raise LoadFailed(self._failure_message(model_id, record))
-            self.cache.remove(model_id)
         self.counters.misses += 1
         return await asyncio.shield(self.start_load(model_id, record, now if last_used_ms is None else last_used_ms))
 
@@ -100,14 +101,8 @@ class LocalModels:
             return fut
         if entry is not None:  # an expired failure
             self.cache.remove(model_id)
-        units = to_units(self.info.default_model_size)
-        admission = self.cache.admit(model_id, units, last_used_ms, self.clock())
-        if not admission.admitted:
-            fut.set_exception(Unavailable(f"cannot load {model_id!r} here: {admission.reason}"))
-            return fut
-        self._evict_all(admission.evicted)
         self._loading[model_id] = fut
-        self._spawn(self._load(model_id, record, fut))
+        self._spawn(self._load(model_id, record, last_used_ms, fut))
         return fut
 
     def acquire(self, entry: CacheEntry) -> None:
@@ -130,8 +125,32 @@ class LocalModels:
             self._schedule_unload(entry, count_eviction=False)
 
     # ---- loading -------------------------------------------------------------------
-    async def _load(self, model_id: str, record: ModelRecord, fut: asyncio.Future[CacheEntry]) -> None:
+    async def _admit(self, model_id: str, last_used_ms: int) -> None:
+        """Reserve room, waiting (up to the load timeout) while only loading entries fill it."""
+        deadline = asyncio.get_running_loop().time() + self.queue.timeout_s
+        units = to_units(self.info.default_model_size)
+        while True:
+            admission = self.cache.admit(model_id, units, last_used_ms, self.clock())
+            if admission.admitted:
+                self._evict_all(admission.evicted)
+                return
+            remaining = deadline - asyncio.get_running_loop().time()
+            if not admission.retryable or remaining <= 0:
+                raise Unavailable(f"cannot load {model_id!r} here: {admission.reason}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._space.wait(), remaining)
+
+    def _space_changed(self) -> None:
+        event, self._space = self._space, asyncio.Event()
+        event.set()
+
+    async def _load(
+        self, model_id: str, record: ModelRecord, last_used_ms: int, fut: asyncio.Future[CacheEntry]
+    ) -> None:
+        admitted = False
         try:
+            await self._admit(model_id, last_used_ms)
+            admitted = True
             pending_unload = self._unloading.get(model_id)
             if pending_unload is not None:
                 await asyncio.shield(pending_unload)
@@ -161,8 +180,9 @@ class LocalModels:
                 await self.registry.record_failure(model_id, self.instance_id, e.message, self.clock())
             fut.set_exception(e)
         except BaseException as e:
-            self.cache.remove(model_id)
-            self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
+            if admitted:
+                self.cache.remove(model_id)
+                self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
             if isinstance(e, MeshError):
                 fut.set_exception(e)
             elif isinstance(e, Exception):
@@ -173,6 +193,7 @@ class LocalModels:
                 raise
         finally:
             self._loading.pop(model_id, None)
+            self._space_changed()  # the entry is now evictable, failed or gone
 
     async def _size_later(self, model_id: str) -> None:
         size = await self.runtime.model_size(model_id)

@@ -53,7 +53,7 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def signal(self, sig: int) -> None:
+    def send_signal(self, sig: int) -> None:
         if self.alive():
             os.kill(self.pid, sig)
 

@@ -1,0 +1,205 @@
+"""Instance configuration: upstream environment names (SPEC §7) and `meshd serve` flags.
+
+Every setting has a flag; the environment name keeps working; a flag wins over the
+environment. Parsing is pure (environment passed in) and errors name the setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    dest: str
+    env: str
+    flag: str
+    help: str
+    default: str | None = None
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("service_name", "MM_SERVICE_NAME", "--service-name", "mesh service name (etcd key segment)", "modelmesh"),
+    Setting("kv_store", "KV_STORE", "--kv-store", "etcd:<url or json>; unset: start a private embedded etcd"),
+    Setting("kv_prefix", "MM_KVSTORE_PREFIX", "--kv-prefix", "key prefix under the etcd root", "mm"),
+    Setting("labels", "MM_LABELS", "--labels", "comma-separated instance labels"),
+    Setting("grpc_port", "MM_SVC_GRPC_PORT", "--grpc-port", "external gRPC port (inference + management)", "8033"),
+    Setting("max_msg_size", "MM_SVC_GRPC_MAX_MSG_SIZE", "--max-msg-size", "max gRPC message bytes", str(16 << 20)),
+    Setting("runtime_port", "INTERNAL_GRPC_PORT", "--runtime-port", "runtime management port", "8085"),
+    Setting("runtime_socket", "INTERNAL_GRPC_SOCKET_PATH", "--runtime-socket", "runtime management unix socket"),
+    Setting("serving_port", "INTERNAL_SERVING_GRPC_PORT", "--serving-port", "runtime inference port (default: mgmt)"),
+    Setting(
+        "serving_socket", "INTERNAL_SERVING_GRPC_SOCKET_PATH", "--serving-socket", "runtime inference unix socket"
+    ),
+    Setting(
+        "load_failure_expiry_ms",
+        "MM_LOAD_FAILURE_EXPIRY_TIME_MS",
+        "--load-failure-expiry-ms",
+        "how long a load failure is remembered",
+        "900000",
+    ),
+    Setting("shutdown_timeout_ms", "SHUTDOWN_TIMEOUT_MS", "--shutdown-timeout-ms", "graceful stop budget", "30000"),
+    Setting("instance_id", "MESHD_INSTANCE_ID", "--instance-id", "instance id (default: from the host name)"),
+    Setting("peer_port", "MESHD_PEER_PORT", "--peer-port", "internal peer gRPC port", "8080"),
+    Setting("advertise_host", "MESHD_ADVERTISE_HOST", "--advertise-host", "address peers dial (default: pod IP)"),
+    Setting("data_dir", "MESHD_DATA_DIR", "--data-dir", "embedded etcd and local state", "./.meshd"),
+    Setting(
+        "runtime_ready_timeout_s",
+        "MESHD_RUNTIME_READY_TIMEOUT_S",
+        "--runtime-ready-timeout-s",
+        "how long to wait for the runtime to be READY",
+        "180",
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdTarget:
+    url: str  # http://host:port
+    root_prefix: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    service_name: str
+    kv_store: EtcdTarget | None
+    kv_prefix: str
+    labels: tuple[str, ...]
+    grpc_port: int
+    max_msg_size: int
+    runtime_endpoint: str
+    serving_endpoint: str
+    load_failure_expiry_ms: int
+    shutdown_timeout_ms: int
+    instance_id: str
+    peer_port: int
+    advertise_host: str
+    data_dir: Path
+    runtime_ready_timeout_s: float
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key_prefix(self) -> str:
+        """`<root>/<kv prefix>/<service>` under which registry/, vmodels/, instances/ live."""
+        parts = [self.kv_store.root_prefix if self.kv_store else "", self.kv_prefix, self.service_name]
+        return "/".join(p.strip("/") for p in parts if p.strip("/"))
+
+
+def parse_kv_store(value: str) -> EtcdTarget:
+    """`etcd:http://host:port`, `etcd:host:port` or `etcd:{"endpoints": ..., "root_prefix": ...}`."""
+    if not value.startswith("etcd:"):
+        raise ConfigError(f"KV_STORE must start with 'etcd:' (got {value!r})")
+    body = value[5:].strip()
+    root = ""
+    if body.startswith("{"):
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"KV_STORE JSON is invalid: {e}") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("endpoints"), str):
+            raise ConfigError("KV_STORE JSON needs a string field 'endpoints'")
+        body = obj["endpoints"].split(",")[0].strip()
+        root = str(obj.get("root_prefix", ""))
+    else:
+        body = body.split(",")[0].strip()
+    url = body if "://" in body else f"http://{body}"
+    parsed = urlparse(url)
+    if not parsed.hostname or not parsed.port:
+        raise ConfigError(f"KV_STORE endpoint must include host and port (got {body!r})")
+    return EtcdTarget(f"http://{parsed.hostname}:{parsed.port}", root)
+
+
+def default_instance_id() -> str:
+    # Upstream uses the last 12 characters of the pod name.
+    return socket.gethostname()[-12:] or "meshd"
+
+
+def _int(name: str, value: str, minimum: int = 0) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer (got {value!r})") from None
+    if n < minimum:
+        raise ConfigError(f"{name} must be at least {minimum} (got {n})")
+    return n
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    for s in SETTINGS:
+        default = f" (env {s.env}" + (f", default {s.default})" if s.default else ")")
+        parser.add_argument(s.flag, dest=s.dest, default=None, help=s.help + default)
+
+
+def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    raw: dict[str, str | None] = {}
+    for s in SETTINGS:
+        flag_value = getattr(args, s.dest, None) if args is not None else None
+        raw[s.dest] = flag_value if flag_value is not None else env.get(s.env) or s.default
+
+    def name(dest: str) -> str:
+        s = next(x for x in SETTINGS if x.dest == dest)
+        return f"{s.env} ({s.flag})"
+
+    def need(dest: str) -> str:
+        value = raw[dest]
+        assert value is not None
+        return value
+
+    runtime = f"unix:{raw['runtime_socket']}" if raw["runtime_socket"] else need("runtime_port")
+    serving = (
+        f"unix:{raw['serving_socket']}"
+        if raw["serving_socket"]
+        else (raw["serving_port"] if raw["serving_port"] else runtime)
+    )
+    if not runtime.startswith("unix:"):
+        _int(name("runtime_port"), runtime, 1)
+    if not serving.startswith("unix:"):
+        _int(name("serving_port"), serving, 1)
+    advertise = raw["advertise_host"] or env.get("POD_IP") or env.get("WKUBE_POD_IPADDR") or "127.0.0.1"
+    labels = tuple(x.strip() for x in (raw["labels"] or "").split(",") if x.strip())
+    return Config(
+        service_name=need("service_name"),
+        kv_store=parse_kv_store(raw["kv_store"]) if raw["kv_store"] else None,
+        kv_prefix=need("kv_prefix"),
+        labels=labels,
+        grpc_port=_int(name("grpc_port"), need("grpc_port"), 0),
+        max_msg_size=_int(name("max_msg_size"), need("max_msg_size"), 1024),
+        runtime_endpoint=runtime,
+        serving_endpoint=serving,
+        load_failure_expiry_ms=_int(name("load_failure_expiry_ms"), need("load_failure_expiry_ms"), 0),
+        shutdown_timeout_ms=_int(name("shutdown_timeout_ms"), need("shutdown_timeout_ms"), 0),
+        instance_id=raw["instance_id"] or default_instance_id(),
+        peer_port=_int(name("peer_port"), need("peer_port"), 0),
+        advertise_host=advertise,
+        data_dir=Path(need("data_dir")),
+        runtime_ready_timeout_s=float(_int(name("runtime_ready_timeout_s"), need("runtime_ready_timeout_s"), 1)),
+    )
+
+
+def env_for(settings: Mapping[str, str | int]) -> dict[str, str]:
+    """Environment for a child `meshd serve` from dest names (tests, demo)."""
+    by_dest = {s.dest: s.env for s in SETTINGS}
+    return {by_dest[k]: str(v) for k, v in settings.items()}
+
+
+def serve_flags(settings: Mapping[str, str | int]) -> list[str]:
+    by_dest = {s.dest: s.flag for s in SETTINGS}
+    out: list[str] = []
+    for k, v in settings.items():
+        out += [by_dest[k], str(v)]
+    return out
+
+
+__all__: Sequence[str] = ["Config", "ConfigError", "add_serve_arguments", "env_for", "load_config", "serve_flags"]

@@ -1,0 +1,191 @@
+"""`meshd demo`: a self-contained mesh on this machine, driven with real traffic.
+
+Starts an embedded etcd, reference runtimes and meshd instances as child processes,
+writes a set of small numeric models, registers them through the management API, sends
+Zipf-distributed inference requests through meshd (checking every answer against the
+model file), shows progress, prints a summary and stops everything it started.
+The cache holds fewer models than the traffic uses, so loads and evictions happen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from meshd._proto.mmesh import model_mesh_pb2 as mm
+from meshd.runtimes.models import DemoModel, decode_infer_response, generate_models, make_infer_request
+from meshd.testing.cluster import LocalMesh, MeshClient, StartFailed
+
+MODEL_SIZE_BYTES = 4 << 20
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--instances", type=int, default=1, help="meshd instances, each with its own runtime (default 1)")
+    p.add_argument("--models", type=int, default=8, help="models registered (default 8)")
+    p.add_argument("--cache-models", type=int, default=4, help="models that fit in one instance's cache (default 4)")
+    p.add_argument("--requests", type=int, default=600, help="inference requests sent (default 600)")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    p.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of model popularity (default 1.0)")
+    p.add_argument("--load-delay-ms", type=int, default=150, help="simulated model load time (default 150)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--workdir", type=Path, help="keep files here (default: a temporary folder, removed after)")
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    ok: int = 0
+    wrong: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def zipf_weights(n: int, s: float) -> list[float]:
+    return [1.0 / (rank**s) for rank in range(1, n + 1)]
+
+
+async def drive(args: argparse.Namespace, mesh: LocalMesh, models: dict[str, DemoModel], paths: dict[str, Path]) -> int:
+    clients = [MeshClient.open(node) for node in mesh.nodes]
+    try:
+        for model_id, path in paths.items():
+            await clients[0].mm.registerModel(
+                mm.RegisterModelRequest(modelId=model_id, modelInfo=mm.ModelInfo(type="demo", path=str(path))),
+                timeout=30,
+            )
+        print(f"registered {len(paths)} models", flush=True)
+
+        rng = random.Random(args.seed)
+        ids = list(models)
+        weights = zipf_weights(len(ids), args.zipf)
+        plan = rng.choices(ids, weights=weights, k=args.requests)
+        rows = [[rng.uniform(-1, 1) for _ in range(4)] for _ in range(16)]
+        tally = Tally()
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        for model_id in plan:
+            queue.put_nowait(model_id)
+
+        async def worker(n: int) -> None:
+            client = clients[n % len(clients)]
+            while True:
+                try:
+                    model_id = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                row = [rows[tally.sent % len(rows)]]
+                tally.sent += 1
+                started = time.perf_counter()
+                try:
+                    resp = await client.v2.ModelInfer(
+                        make_infer_request(model_id, row), metadata=(("mm-model-id", model_id),), timeout=60
+                    )
+                except grpc.aio.AioRpcError as e:
+                    tally.errors[e.code().name] = tally.errors.get(e.code().name, 0) + 1
+                    continue
+                tally.latencies_ms.append((time.perf_counter() - started) * 1000)
+                expected = models[model_id].predict(row)
+                got = decode_infer_response(resp)
+                if all(abs(a - b) < 1e-4 for a, b in zip(got[0], expected[0], strict=True)):
+                    tally.ok += 1
+                else:
+                    tally.wrong += 1
+
+        async def progress() -> None:
+            # A live bar on a terminal; a line per quarter in logs (CI).
+            width, tty, shown = 30, sys.stdout.isatty(), 0
+            while True:
+                done = tally.ok + tally.wrong + sum(tally.errors.values())
+                if tty:
+                    filled = width * done // args.requests
+                    sys.stdout.write(f"\r  [{'#' * filled}{'-' * (width - filled)}] {done}/{args.requests} requests")
+                    sys.stdout.flush()
+                elif done * 4 // args.requests > shown:
+                    shown = done * 4 // args.requests
+                    print(f"  {done}/{args.requests} requests", flush=True)
+                if done >= args.requests:
+                    if tty:
+                        sys.stdout.write("\n")
+                    return
+                await asyncio.sleep(0.2)
+
+        started = time.perf_counter()
+        reporter = asyncio.create_task(progress())
+        await asyncio.gather(*(worker(i) for i in range(args.concurrency)))
+        elapsed = time.perf_counter() - started
+        await asyncio.wait_for(reporter, 5)
+
+        stats = [await c.stats() for c in clients]
+        errors = sum(tally.errors.values())
+        print("\nmeshd demo summary")
+        print(f"  instances        {len(mesh.nodes)} (cache: {args.cache_models} models of {len(models)} each)")
+        print(f"  requests         {args.requests} in {elapsed:.1f}s ({args.requests / elapsed:.0f} req/s)")
+        print(f"  correct answers  {tally.ok}")
+        print(f"  wrong answers    {tally.wrong}")
+        print(f"  errors           {errors}" + (f" {tally.errors}" if errors else ""))
+        print(f"  cache hits       {sum(s.hits for s in stats)}")
+        print(f"  cache misses     {sum(s.misses for s in stats)}")
+        print(f"  loads            {sum(s.loads for s in stats)}")
+        print(f"  evictions        {sum(s.evictions for s in stats)}")
+        print(f"  latency p50      {percentile(tally.latencies_ms, 50):.2f} ms")
+        print(f"  latency p99      {percentile(tally.latencies_ms, 99):.2f} ms")
+        return 0 if errors == 0 and tally.wrong == 0 else 1
+    finally:
+        for c in clients:
+            await c.close()
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    if args.instances < 1 or args.models < 1 or args.cache_models < 1 or args.requests < 1 or args.concurrency < 1:
+        print("meshd demo: --instances, --models, --cache-models, --requests and --concurrency must be >= 1")
+        return 2
+    own_dir = args.workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="meshd-demo-")) if own_dir else args.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    mesh = LocalMesh(workdir, service="meshd-demo")
+    try:
+        generated = generate_models(workdir / "models", args.models, size_bytes=MODEL_SIZE_BYTES)
+        paths = {g.id: g.path for g in generated}
+        models = {g.id: DemoModel.load(g.path) for g in generated}
+        print(f"meshd demo: workdir {workdir}")
+        mesh.start_etcd()
+        print(f"  etcd        pid {mesh.etcd.pid if mesh.etcd else '?'} at {mesh.etcd_url}")
+        for i in range(args.instances):
+            node = mesh.add_node(
+                f"demo-{i}",
+                runtime_args=[
+                    "--capacity-bytes",
+                    str(args.cache_models * MODEL_SIZE_BYTES),
+                    "--load-delay-ms",
+                    str(args.load_delay_ms),
+                ],
+            )
+            print(
+                f"  instance    {node.instance_id}: meshd pid {node.meshd.pid} on :{node.grpc_port}, "
+                f"runtime pid {node.runtime.pid} on :{node.runtime_port}"
+            )
+        return asyncio.run(drive(args, mesh, models, paths))
+    except StartFailed as e:
+        print(f"meshd demo: could not start the mesh: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        mesh.stop()
+        print("stopped every process the demo started")
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,167 @@
+"""Assembly: one meshd instance built from its Config, started and stopped as a whole.
+
+The one place where store, tables, runtime client, local copies, router and servers
+meet. Nothing else imports "everything".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass, field
+
+import grpc
+
+from meshd._proto.meshd import peer_pb2_grpc
+from meshd._proto.mmesh import model_mesh_pb2_grpc
+from meshd.api.modelmesh import ModelMeshServicer
+from meshd.api.peer import PeerServicer
+from meshd.config import Config
+from meshd.kv.embedded import EmbeddedEtcd
+from meshd.kv.etcd import EtcdStore
+from meshd.kv.records import ModelRecord, VModelRecord
+from meshd.kv.store import KVStore, StoreUnavailable
+from meshd.kv.table import Table
+from meshd.local import LocalModels
+from meshd.management import Management
+from meshd.proxy.handler import InferenceHandler, MethodPolicy
+from meshd.registry import Registry
+from meshd.router import Router
+from meshd.runtime.client import RuntimeClient
+from meshd.runtime.endpoints import channel_options, open_channel
+
+log = logging.getLogger(__name__)
+
+KV_STARTUP_TIMEOUT_S = 20.0  # upstream fails fast when the KV store is unreachable at start
+
+
+@dataclass
+class Instance:
+    config: Config
+    embedded: EmbeddedEtcd | None = None
+    store: KVStore | None = None
+    tables: list[Table[ModelRecord] | Table[VModelRecord]] = field(default_factory=list)
+    runtime: RuntimeClient | None = None
+    local: LocalModels | None = None
+    servers: list[grpc.aio.Server] = field(default_factory=list)
+    serving_channel: grpc.aio.Channel | None = None
+    grpc_port: int = 0
+    peer_port: int = 0
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.store = await self._open_store()
+        prefix = cfg.key_prefix
+        models: Table[ModelRecord] = Table(self.store, f"{prefix}/registry/", ModelRecord.decode, ModelRecord.encode)
+        vmodels: Table[VModelRecord] = Table(self.store, f"{prefix}/vmodels/", VModelRecord.decode, VModelRecord.encode)
+        for table in (models, vmodels):
+            await table.start()
+            self.tables.append(table)
+        registry = Registry(models, vmodels)
+
+        self.runtime = RuntimeClient(cfg.runtime_endpoint, cfg.max_msg_size)
+        info = await self.runtime.wait_ready(timeout_s=cfg.runtime_ready_timeout_s)
+        log.info(
+            "runtime %s READY: capacity %d bytes, %d loading threads",
+            info.version,
+            info.capacity_bytes,
+            info.max_loading_concurrency,
+        )
+        self.local = LocalModels(
+            cfg.instance_id, registry, self.runtime, info, failure_expiry_ms=cfg.load_failure_expiry_ms
+        )
+        # The runtime purged its models before READY: any copy records naming us are stale.
+        stale = await self.local.forget_stale_copies()
+        if stale:
+            log.info("removed this instance from %d stale copy records", stale)
+        models.listeners.append(self._on_model_change)
+
+        self.serving_channel = open_channel(cfg.serving_endpoint, cfg.max_msg_size)
+        router = Router(self.local, registry, self.serving_channel)
+        management = Management(cfg.instance_id, registry, self.local, cfg.load_failure_expiry_ms)
+
+        external = grpc.aio.server(options=channel_options(cfg.max_msg_size))
+        model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(ModelMeshServicer(management), external)
+        policy = MethodPolicy(set(info.method_infos), info.allow_any_method)
+        external.add_generic_rpc_handlers([InferenceHandler(router, policy)])
+        self.grpc_port = external.add_insecure_port(f"0.0.0.0:{cfg.grpc_port}")
+
+        internal = grpc.aio.server(options=channel_options(cfg.max_msg_size))
+        peer_pb2_grpc.add_MeshPeerServicer_to_server(PeerServicer(cfg.instance_id, self.local, registry), internal)
+        self.peer_port = internal.add_insecure_port(f"0.0.0.0:{cfg.peer_port}")
+        for server in (external, internal):
+            await server.start()
+            self.servers.append(server)
+        log.info(
+            "meshd instance %s serving: grpc %d, peer %d, registry %s/",
+            cfg.instance_id,
+            self.grpc_port,
+            self.peer_port,
+            prefix,
+        )
+
+    async def _open_store(self) -> KVStore:
+        cfg = self.config
+        if cfg.kv_store is not None:
+            url = cfg.kv_store.url
+        else:
+            data = cfg.data_dir / "etcd"
+            self.embedded = EmbeddedEtcd(data, log_dir=cfg.data_dir)
+            await asyncio.to_thread(self.embedded.start)
+            url = self.embedded.url
+            log.info("embedded etcd pid %s at %s (data %s)", self.embedded.pid, url, data)
+        store = EtcdStore.from_url(url)
+        deadline = asyncio.get_running_loop().time() + KV_STARTUP_TIMEOUT_S
+        while True:
+            try:
+                await store.range_prefix(self.config.key_prefix + "/registry/")
+                return store
+            except StoreUnavailable as e:
+                if asyncio.get_running_loop().time() > deadline:
+                    await store.close()
+                    raise StoreUnavailable(f"etcd at {url} unreachable for {KV_STARTUP_TIMEOUT_S:.0f}s: {e}") from e
+                await asyncio.sleep(0.5)
+
+    def _on_model_change(self, model_id: str, old: ModelRecord | None, new: ModelRecord | None) -> None:
+        # Unregistered elsewhere: unload our copy.
+        if new is None and self.local is not None and model_id in self.local.cache:
+            self.local.drop(model_id)
+
+    async def stop(self) -> None:
+        grace = self.config.shutdown_timeout_ms / 1000
+        for server in self.servers:
+            await server.stop(min(grace, 5.0))
+        if self.local is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.local.close(deregister=True), max(grace, 1.0))
+        for table in self.tables:
+            await table.stop()
+        if self.serving_channel is not None:
+            await self.serving_channel.close()
+        if self.runtime is not None:
+            await self.runtime.close()
+        if self.store is not None:
+            await self.store.close()
+        if self.embedded is not None:
+            await asyncio.to_thread(self.embedded.stop)
+
+
+async def serve(config: Config) -> None:
+    """Run one instance until SIGTERM or SIGINT."""
+    instance = Instance(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await instance.start()
+        print(
+            f"meshd {config.instance_id} ready: grpc port {instance.grpc_port}, peer port {instance.peer_port}",
+            flush=True,
+        )
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await instance.stop()

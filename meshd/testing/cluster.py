@@ -1,0 +1,182 @@
+"""A mesh of real processes on loopback: one etcd, reference runtimes, meshd instances.
+
+Used by the demo, the integration tests and the benchmarks, so all three start
+processes the same way and stop every one of them by PID.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
+from meshd._proto.meshd import peer_pb2 as peer
+from meshd._proto.meshd import peer_pb2_grpc as peer_grpc
+from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
+from meshd.config import env_for
+from meshd.kv.embedded import EmbeddedEtcd
+from meshd.testing.procs import Child, Children, free_port, port_open, wait_until
+
+START_TIMEOUT_S = 60.0
+
+
+class StartFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class Node:
+    instance_id: str
+    grpc_port: int
+    peer_port: int
+    runtime_port: int
+    meshd: Child
+    runtime: Child
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+
+@dataclass
+class LocalMesh:
+    workdir: Path
+    service: str = "meshd-test"
+    children: Children = field(init=False)
+    etcd: EmbeddedEtcd | None = field(default=None)
+    etcd_url: str = ""
+    nodes: list[Node] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.children = Children(self.workdir / "logs")
+
+    # ---- processes -------------------------------------------------------------------
+    def start_etcd(self) -> str:
+        self.etcd = EmbeddedEtcd(self.workdir / "etcd", unsafe_no_fsync=True, log_dir=self.workdir / "logs")
+        self.etcd.start()
+        self.etcd_url = self.etcd.url
+        return self.etcd_url
+
+    def start_runtime(self, name: str, args: list[str] | None = None, port: int | None = None) -> tuple[Child, int]:
+        port = port or free_port()
+        child = self.children.python(name, "meshd.runtimes.demo", ["--port", str(port), *(args or [])])
+        self._wait_port(child, port)
+        return child, port
+
+    def start_meshd(
+        self,
+        instance_id: str,
+        runtime_port: int,
+        settings: dict[str, str | int] | None = None,
+        grpc_port: int | None = None,
+        peer_port: int | None = None,
+        name: str | None = None,
+    ) -> Child:
+        if not self.etcd_url:
+            raise StartFailed("start etcd (or set etcd_url) before meshd")
+        grpc_port = grpc_port or free_port()
+        peer_port = peer_port or free_port()
+        env = env_for(
+            {
+                "service_name": self.service,
+                "kv_store": f"etcd:{self.etcd_url}",
+                "instance_id": instance_id,
+                "grpc_port": grpc_port,
+                "peer_port": peer_port,
+                "runtime_port": runtime_port,
+                "data_dir": str(self.workdir / instance_id),
+                **(settings or {}),
+            }
+        )
+        child = self.children.start(name or instance_id, [sys.executable, "-m", "meshd", "serve"], env)
+        self._wait_port(child, grpc_port)
+        return child
+
+    def add_node(
+        self,
+        instance_id: str,
+        runtime_args: list[str] | None = None,
+        settings: dict[str, str | int] | None = None,
+    ) -> Node:
+        runtime, runtime_port = self.start_runtime(f"{instance_id}-runtime", runtime_args)
+        grpc_port, peer_port = free_port(), free_port()
+        meshd = self.start_meshd(instance_id, runtime_port, settings, grpc_port, peer_port)
+        node = Node(instance_id, grpc_port, peer_port, runtime_port, meshd, runtime)
+        self.nodes.append(node)
+        return node
+
+    def restart_meshd(self, node: Node, settings: dict[str, str | int] | None = None) -> None:
+        node.meshd.stop()
+        node.meshd = self.start_meshd(
+            node.instance_id,
+            node.runtime_port,
+            settings,
+            node.grpc_port,
+            node.peer_port,
+            name=f"{node.instance_id}-restarted",
+        )
+
+    def _wait_port(self, child: Child, port: int) -> None:
+        def up() -> bool:
+            if not child.alive():
+                raise StartFailed(f"{child.name} exited with {child.proc.returncode}:\n{child.log_tail()}")
+            return port_open(port)
+
+        try:
+            wait_until(up, START_TIMEOUT_S, f"{child.name} on port {port}")
+        except TimeoutError as e:
+            raise StartFailed(f"{e}\n{child.log_tail()}") from None
+
+    def stop(self) -> None:
+        try:
+            self.children.stop_all()
+        finally:
+            if self.etcd is not None:
+                self.etcd.stop()
+
+    def __enter__(self) -> LocalMesh:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---- clients ---------------------------------------------------------------------------
+@dataclass
+class MeshClient:
+    """Stubs for one instance's external and internal ports."""
+
+    node: Node
+    channel: grpc.aio.Channel
+    peer_channel: grpc.aio.Channel
+
+    @classmethod
+    def open(cls, node: Node, max_message_bytes: int = 64 << 20) -> MeshClient:
+        opts = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        return cls(
+            node,
+            grpc.aio.insecure_channel(node.target, options=opts),
+            grpc.aio.insecure_channel(f"127.0.0.1:{node.peer_port}"),
+        )
+
+    @property
+    def mm(self) -> mm_grpc.ModelMeshStub:
+        return mm_grpc.ModelMeshStub(self.channel)
+
+    @property
+    def v2(self) -> v2_grpc.GRPCInferenceServiceStub:
+        return v2_grpc.GRPCInferenceServiceStub(self.channel)
+
+    async def stats(self) -> Any:
+        return await peer_grpc.MeshPeerStub(self.peer_channel).InstanceStats(peer.InstanceStatsRequest(), timeout=10)
+
+    async def close(self) -> None:
+        await self.channel.close()
+        await self.peer_channel.close()
