@@ -39,9 +39,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("runtime_port", "INTERNAL_GRPC_PORT", "--runtime-port", "runtime management port", "8085"),
     Setting("runtime_socket", "INTERNAL_GRPC_SOCKET_PATH", "--runtime-socket", "runtime management unix socket"),
     Setting("serving_port", "INTERNAL_SERVING_GRPC_PORT", "--serving-port", "runtime inference port (default: mgmt)"),
-    Setting(
-        "serving_socket", "INTERNAL_SERVING_GRPC_SOCKET_PATH", "--serving-socket", "runtime inference unix socket"
-    ),
+    Setting("serving_socket", "INTERNAL_SERVING_GRPC_SOCKET_PATH", "--serving-socket", "runtime inference unix socket"),
     Setting(
         "load_failure_expiry_ms",
         "MM_LOAD_FAILURE_EXPIRY_TIME_MS",

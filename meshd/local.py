@@ -105,6 +105,13 @@ class LocalModels:
         self._spawn(self._load(model_id, record, last_used_ms, fut))
         return fut
 
+    def view(self, model_id: str) -> CacheEntry | None:
+        """The local copy as status sees it: a load still waiting for room counts as LOADING."""
+        entry = self.cache.get(model_id)
+        if entry is None and model_id in self._loading:
+            return CacheEntry(model_id, 0, 0, State.LOADING, self.clock())
+        return entry
+
     def acquire(self, entry: CacheEntry) -> None:
         entry.inflight += 1
 

@@ -35,7 +35,7 @@ class Management:
             raise Unavailable(f"stored record for model {model_id!r} is corrupt: {corrupt}")
         return model_status(
             self.registry.get(model_id),
-            self.local.cache.get(model_id),
+            self.local.view(model_id),
             self.instance_id,
             self.clock(),
             self.failure_expiry_ms,

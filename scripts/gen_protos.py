@@ -31,7 +31,8 @@ def generate(out: Path) -> None:
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     # Generated imports are absolute from the proto root; make them package-relative.
-    pattern = re.compile(r"^from (%s)((?:\.\w+)*) import" % "|".join(PACKAGES), re.M)
+    alternatives = "|".join(PACKAGES)
+    pattern = re.compile(rf"^from ({alternatives})((?:\.\w+)*) import", re.M)
     for path in out.rglob("*.py*"):
         text = pattern.sub(lambda m: f"from meshd._proto.{m.group(1)}{m.group(2)} import", path.read_text())
         path.write_text(HEADER + text if path.suffix == ".py" else text)

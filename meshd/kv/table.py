@@ -42,8 +42,6 @@ class Entry(Generic[R]):
     raw: bytes
 
 
-
-
 class Table(Generic[R]):
     def __init__(
         self,

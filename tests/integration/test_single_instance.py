@@ -1,0 +1,182 @@
+"""One meshd instance beside one reference runtime, on a real etcd (SPEC §2-3)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from meshd._proto.mmesh import model_mesh_pb2 as mm
+from meshd.kv.embedded import EmbeddedEtcd
+from meshd.runtimes.models import GeneratedModel, make_infer_request
+
+from .conftest import NodeFactory, close_enough, expected
+
+pytestmark = pytest.mark.slow
+
+ROWS = [[0.5, -1.0, 2.0, 0.25], [1.0, 1.0, 1.0, 1.0]]
+ST = mm.ModelStatusInfo
+
+
+def test_register_infer_and_status(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
+    c = start_node()
+    m = models[0]
+    assert c.register(m).status == ST.NOT_LOADED
+    assert c.status(m.id).status == ST.NOT_LOADED
+    assert close_enough(c.infer(m.id, ROWS), expected(m, ROWS))
+    st = c.status(m.id)
+    assert st.status == ST.LOADED
+    assert [(x.location, x.copyStatus) for x in st.modelCopyInfos] == [("inst-a", ST.LOADED)]
+    assert c.runtime_loaded() == [m.id]
+    # The -bin header names the same model.
+    assert close_enough(c.infer(m.id, ROWS, header="mm-model-id-bin"), expected(m, ROWS))
+    # Idempotent for identical info, ALREADY_EXISTS for different info.
+    assert c.register(m).status == ST.LOADED
+    with pytest.raises(grpc.RpcError) as e:
+        c.mm.registerModel(
+            mm.RegisterModelRequest(modelId=m.id, modelInfo=mm.ModelInfo(type="other", path=str(m.path))), timeout=10
+        )
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    stats = c.stats()
+    assert (stats.loads, stats.misses, stats.hits) == (1, 1, 1)
+
+
+def test_ensure_loaded_sync_async_and_unregister(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
+    c = start_node(runtime_args=["--load-delay-ms", "300"])
+    a, b = models[0], models[1]
+    c.register(a)
+    c.register(b)
+    st = c.mm.ensureLoaded(mm.EnsureLoadedRequest(modelId=a.id, sync=True), timeout=30)
+    assert st.status == ST.LOADED
+    st = c.mm.ensureLoaded(mm.EnsureLoadedRequest(modelId=b.id, sync=False), timeout=30)
+    assert st.status == ST.LOADING  # returned before the 300 ms load finished
+    assert close_enough(c.infer(b.id, ROWS), expected(b, ROWS))
+    assert c.runtime_loaded() == sorted([a.id, b.id])
+    # Unregister unloads from the runtime; unregistering again is a no-op.
+    c.mm.unregisterModel(mm.UnregisterModelRequest(modelId=a.id), timeout=10)
+    c.mm.unregisterModel(mm.UnregisterModelRequest(modelId=a.id), timeout=10)
+    assert c.status(a.id).status == ST.NOT_FOUND
+    for _ in range(100):
+        if c.runtime_loaded() == [b.id]:
+            break
+        import time
+
+        time.sleep(0.05)
+    assert c.runtime_loaded() == [b.id]
+    with pytest.raises(grpc.RpcError) as e:
+        c.mm.ensureLoaded(mm.EnsureLoadedRequest(modelId=a.id), timeout=10)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    # registerModel(loadNow, sync) loads before answering.
+    assert c.register(a, loadNow=True, sync=True).status == ST.LOADED
+
+
+def test_capacity_for_three_while_five_are_used(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
+    c = start_node(capacity_models=3)
+    used = models[:5]
+    for m in used:
+        c.register(m)
+    for round_ in range(4):
+        for m in used:
+            rows = [[float(round_), 1.0, -2.0, 0.5]]
+            assert close_enough(c.infer(m.id, rows), expected(m, rows)), m.id
+        assert len(c.runtime_loaded()) <= 3
+    stats = c.stats()
+    assert stats.evictions > 0
+    assert stats.loads == stats.evictions + len(stats.loadedModels)
+    assert len(stats.loadedModels) <= 3
+    # Records agree with the runtime: the copies named are exactly those loaded.
+    loaded = set(c.runtime_loaded())
+    for m in used:
+        st = c.status(m.id)
+        assert (st.status == ST.LOADED) == (m.id in loaded), m.id
+
+
+def test_load_failure_is_recorded(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
+    bad, good = models[0], models[1]
+    c = start_node(runtime_args=["--fail-load", bad.id])
+    c.register(bad)
+    c.register(good)
+    with pytest.raises(grpc.RpcError) as e:
+        c.infer(bad.id, ROWS)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert bad.id in e.value.details() and "injected load failure" in e.value.details()
+    st = c.status(bad.id)
+    assert st.status == ST.LOADING_FAILED
+    assert any("injected load failure" in err for err in st.errors)
+    assert close_enough(c.infer(good.id, ROWS), expected(good, ROWS))
+    assert c.runtime_loaded() == [good.id]
+
+
+def test_records_survive_meshd_restart(start_node: NodeFactory, models: list[GeneratedModel], mesh: object) -> None:
+    c = start_node()
+    for m in models[:3]:
+        c.register(m)
+    c.infer(models[0].id, ROWS)
+    mesh.restart_meshd(c.node)  # type: ignore[attr-defined]
+    c.channel.close()
+    c.channel = grpc.insecure_channel(c.node.target)
+    for m in models[:3]:
+        # The runtime purged on READY, so the old copy record was cleaned up.
+        assert c.status(m.id).status == ST.NOT_LOADED
+    assert close_enough(c.infer(models[1].id, ROWS), expected(models[1], ROWS))
+    assert c.runtime_loaded() == [models[1].id]
+
+
+def test_bad_input_gets_clear_status_and_loses_nothing(
+    start_node: NodeFactory, models: list[GeneratedModel], etcd_server: EmbeddedEtcd, mesh: object
+) -> None:
+    c = start_node()
+    m = models[0]
+    c.register(m)
+    c.infer(m.id, ROWS)
+    before = _records(etcd_server, mesh.service)  # type: ignore[attr-defined]
+
+    def code_of(fn: object, *args: object, **kw: object) -> grpc.StatusCode:
+        with pytest.raises(grpc.RpcError) as e:
+            fn(*args, **kw)  # type: ignore[operator]
+        assert e.value.details(), "every refusal says why"
+        return e.value.code()
+
+    empty_id = mm.RegisterModelRequest(modelId="", modelInfo=mm.ModelInfo(type="demo", path=str(m.path)))
+    assert code_of(c.mm.registerModel, empty_id, timeout=10) == grpc.StatusCode.INVALID_ARGUMENT
+    empty_type = mm.RegisterModelRequest(modelId="x", modelInfo=mm.ModelInfo(type="", path=str(m.path)))
+    assert code_of(c.mm.registerModel, empty_type, timeout=10) == grpc.StatusCode.INVALID_ARGUMENT
+    too_long = mm.RegisterModelRequest(modelId="x" * 5000, modelInfo=mm.ModelInfo(type="demo"))
+    assert code_of(c.mm.registerModel, too_long, timeout=10) == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(c.mm.getModelStatus, mm.GetStatusRequest(modelId=""), timeout=10) == grpc.StatusCode.INVALID_ARGUMENT
+
+    req = make_infer_request(m.id, ROWS).SerializeToString()
+    infer = c.raw("/inference.GRPCInferenceService/ModelInfer")
+    assert code_of(infer, req, metadata=(("mm-model-id", "no-such-model"),), timeout=10) == grpc.StatusCode.NOT_FOUND
+    non_utf8 = (("mm-model-id-bin", b"\xff\xfe\x80"),)
+    assert code_of(infer, req, metadata=non_utf8, timeout=10) == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(infer, req, timeout=10) == grpc.StatusCode.INVALID_ARGUMENT  # no id at all
+    both = (("mm-model-id", m.id), ("mm-vmodel-id", "v"))
+    assert code_of(infer, req, metadata=both, timeout=10) == grpc.StatusCode.INVALID_ARGUMENT
+    two = (("mm-model-id", m.id), ("mm-model-id", "other"))
+    assert code_of(infer, req, metadata=two, timeout=10) == grpc.StatusCode.INVALID_ARGUMENT
+    malformed = b"\x0a\xff\xff\xff\xff\x0f garbage"
+    assert code_of(infer, malformed, metadata=(("mm-model-id", m.id),), timeout=10) == grpc.StatusCode.INVALID_ARGUMENT
+    # The runtime SPI is never reachable through the inference path.
+    spi = c.raw("/mmesh.ModelRuntime/unloadModel")
+    assert code_of(spi, b"", metadata=(("mm-model-id", m.id),), timeout=10) == grpc.StatusCode.UNIMPLEMENTED
+    unknown = c.raw("/some.Service/Method")
+    assert code_of(unknown, b"", metadata=(("mm-model-id", m.id),), timeout=10) == grpc.StatusCode.UNIMPLEMENTED
+
+    assert _records(etcd_server, mesh.service) == before  # type: ignore[attr-defined]
+    assert close_enough(c.infer(m.id, ROWS), expected(m, ROWS))
+
+
+def _records(etcd: EmbeddedEtcd, service: str) -> dict[str, bytes]:
+    import asyncio
+
+    from meshd.kv.etcd import EtcdStore
+
+    async def read() -> dict[str, bytes]:
+        store = EtcdStore.from_url(etcd.url)
+        try:
+            kvs, _ = await store.range_prefix(f"mm/{service}/")
+            return {kv.key: kv.value for kv in kvs}
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
