@@ -1,0 +1,98 @@
+"""`meshd serve` on its embedded default etcd, its start-up errors, and `meshd demo`."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from meshd._proto.mmesh import model_mesh_pb2 as mm
+from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
+from meshd.config import env_for
+from meshd.kv.embedded import EmbeddedEtcd
+from meshd.runtimes.models import generate_models
+from meshd.testing.cluster import LocalMesh
+from meshd.testing.procs import Children, free_port, port_open, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) is gone for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_embedded_etcd_keeps_records_across_restarts_and_stops_with_meshd(tmp_path: Path) -> None:
+    model = generate_models(tmp_path / "models", 1)[0]
+    with LocalMesh(tmp_path) as mesh, Children(tmp_path / "logs") as procs:
+        _, runtime_port = mesh.start_runtime("runtime")
+        grpc_port = free_port()
+        env = env_for(
+            {
+                "kv_store": "",
+                "grpc_port": grpc_port,
+                "peer_port": free_port(),
+                "runtime_port": runtime_port,
+                "data_dir": str(tmp_path / "data"),
+                "instance_id": "solo",
+            }
+        )
+        etcd_pids = []
+        for run in range(2):
+            meshd = procs.start(f"meshd-{run}", [sys.executable, "-m", "meshd", "serve"], env)
+            wait_until(lambda m=meshd: port_open(grpc_port) or not m.alive(), 60, "meshd to serve")  # type: ignore[misc]
+            assert meshd.alive(), meshd.log_tail()
+            found = re.search(r"embedded etcd pid (\d+)", meshd.log_path.read_text())
+            assert found, meshd.log_tail()
+            etcd_pids.append(int(found.group(1)))
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+                stub = mm_grpc.ModelMeshStub(ch)
+                if run == 0:
+                    info = mm.ModelInfo(type="demo", path=str(model.path))
+                    stub.registerModel(mm.RegisterModelRequest(modelId=model.id, modelInfo=info), timeout=30)
+                # Second run: the record written by the first is still there.
+                status = stub.getModelStatus(mm.GetStatusRequest(modelId=model.id), timeout=10).status
+                assert status == mm.ModelStatusInfo.NOT_LOADED
+            assert meshd.stop() == 0, meshd.log_tail()
+            wait_until(lambda: not pid_alive(etcd_pids[-1]), 15, "the embedded etcd to stop")
+        assert (tmp_path / "data" / "etcd").is_dir()
+
+
+def run_meshd(args: list[str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshd", *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_bad_flag_value_is_a_clear_cli_error() -> None:
+    done = run_meshd(["serve", "--grpc-port", "abc"])
+    assert done.returncode == 2
+    assert "MM_SVC_GRPC_PORT" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_unreachable_runtime_is_a_clear_start_up_error(etcd_server: EmbeddedEtcd, tmp_path: Path) -> None:
+    args = ["serve", "--kv-store", f"etcd:{etcd_server.url}", "--runtime-port", str(free_port())]
+    args += ["--runtime-ready-timeout-s", "2", "--grpc-port", "0", "--peer-port", "0", "--data-dir", str(tmp_path)]
+    done = run_meshd(args)
+    assert done.returncode == 1
+    assert "not READY" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_demo_runs_and_prints_its_summary() -> None:
+    done = run_meshd(
+        ["demo", "--requests", "80", "--models", "4", "--cache-models", "2", "--load-delay-ms", "20"], timeout_s=240
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for line in ("meshd demo summary", "wrong answers    0", "errors           0", "evictions", "latency p99"):
+        assert line in done.stdout, done.stdout
+    assert "stopped every process the demo started" in done.stdout

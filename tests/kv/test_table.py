@@ -1,0 +1,136 @@
+"""Watch-fed mirrors with CAS update loops, on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from meshd.kv.embedded import EmbeddedEtcd
+from meshd.kv.etcd import EtcdStore
+from meshd.kv.memory import MemoryStore
+from meshd.kv.records import ModelRecord, RecordError
+from meshd.kv.store import Delete, KVStore
+from meshd.kv.table import KEEP, Table
+
+
+@pytest.fixture(params=["memory", "etcd"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[KVStore]:
+    s: KVStore
+    if request.param == "etcd":
+        server: EmbeddedEtcd = request.getfixturevalue("etcd_server")
+        s = EtcdStore.from_url(server.url)
+    else:
+        s = MemoryStore()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def eventually(check: object, timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.02)):
+        if check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def table(store: KVStore, prefix: str) -> Table[ModelRecord]:
+    return Table(store, prefix + "registry/", ModelRecord.decode, ModelRecord.encode)
+
+
+async def test_mirror_lists_then_follows_changes(store: KVStore, etcd_prefix: str) -> None:
+    await store.put(etcd_prefix + "registry/a", ModelRecord(type="t").encode())
+    t = table(store, etcd_prefix)
+    changes: list[tuple[str, str | None, str | None]] = []
+    t.listeners.append(lambda i, old, new: changes.append((i, old and old.type, new and new.type)))
+    await t.start()
+    try:
+        assert t.get("a") == ModelRecord(type="t")
+        await store.put(etcd_prefix + "registry/b", ModelRecord(type="u").encode())
+        await store.put(etcd_prefix + "other/x", b"{}")  # outside the prefix
+        rev = await store.put(etcd_prefix + "registry/a", ModelRecord(type="t2").encode())
+        await t.wait_for(rev)
+        assert t.get("b") == ModelRecord(type="u") and t.get("a") == ModelRecord(type="t2")
+        assert len(t) == 2
+        result = await t.update("b", lambda rec: None)  # delete
+        assert result is None and t.get("b") is None
+        assert changes == [("a", None, "t"), ("b", None, "u"), ("a", "t", "t2"), ("b", "u", None)]
+    finally:
+        await t.stop()
+
+
+async def test_update_retries_on_conflict_and_keep_writes_nothing(store: KVStore, etcd_prefix: str) -> None:
+    t = table(store, etcd_prefix)
+    await t.start()
+    try:
+        await t.update("m", lambda rec: ModelRecord(type="t"))
+        calls = 0
+
+        def add_copy(rec: ModelRecord | None) -> ModelRecord:
+            nonlocal calls
+            calls += 1
+            assert rec is not None
+            rec.instance_ids["mine"] = 1
+            return rec
+
+        # Another writer changes the record while our watch is down, so the mirror is stale:
+        # the first CAS fails and the retry sees both changes.
+        await t.stop()
+        other = ModelRecord(type="t", instance_ids={"theirs": 2})
+        await store.put(etcd_prefix + "registry/m", other.encode())
+        assert t.get("m") == ModelRecord(type="t")
+        t._task = asyncio.create_task(t._watch())  # update() reads the mirror before this runs
+        result = await t.update("m", add_copy)
+        assert result is not None
+        assert calls == 2
+        assert result.instance_ids == {"theirs": 2, "mine": 1}
+        kv = await store.get(etcd_prefix + "registry/m")
+        assert kv is not None and ModelRecord.decode(kv.value).instance_ids == {"theirs": 2, "mine": 1}
+        before = kv.mod_revision
+        assert await t.update("m", lambda rec: KEEP) == result
+        kv = await store.get(etcd_prefix + "registry/m")
+        assert kv is not None and kv.mod_revision == before
+    finally:
+        await t.stop()
+
+
+async def test_corrupt_values_are_reported_and_never_overwritten(store: KVStore, etcd_prefix: str) -> None:
+    await store.put(etcd_prefix + "registry/bad", b"{not json")
+    t = table(store, etcd_prefix)
+    await t.start()
+    try:
+        assert t.get("bad") is None and "bad" in t.corrupt
+        with pytest.raises(RecordError):
+            await t.update("bad", lambda rec: ModelRecord(type="t"))
+        kv = await store.get(etcd_prefix + "registry/bad")
+        assert kv is not None and kv.value == b"{not json"
+        # Repaired by someone else: the mirror picks it up.
+        rev = await store.put(etcd_prefix + "registry/bad", ModelRecord(type="ok").encode())
+        await t.wait_for(rev)
+        assert t.get("bad") == ModelRecord(type="ok") and "bad" not in t.corrupt
+    finally:
+        await t.stop()
+
+
+async def test_compaction_while_not_watching_is_repaired_by_relisting(store: KVStore, etcd_prefix: str) -> None:
+    await store.put(etcd_prefix + "registry/a", ModelRecord(type="t").encode())
+    await store.put(etcd_prefix + "registry/b", ModelRecord(type="t").encode())
+    t = table(store, etcd_prefix)
+    removed: list[str] = []
+    t.listeners.append(lambda i, old, new: removed.append(i) if new is None else None)
+    await t.start()
+    await t.stop()  # the watch is down; history moves on and is compacted
+    await store.put(etcd_prefix + "registry/c", ModelRecord(type="t").encode())
+    await store.txn([], [Delete(etcd_prefix + "registry/b")])
+    rev = await store.put(etcd_prefix + "x", b"1")
+    await store.compact(rev)
+    t._task = asyncio.create_task(t._watch())  # resume from the stale revision
+    try:
+        await eventually(lambda: t.get("c") is not None and t.get("b") is None)
+        assert sorted(i for i, _ in t.items()) == ["a", "c"]
+        assert removed == ["b"]
+    finally:
+        await t.stop()

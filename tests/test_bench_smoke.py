@@ -1,0 +1,30 @@
+"""The proxy-overhead benchmark runs end to end (no timing thresholds: those belong in bench/)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "proxy_overhead.py"
+
+
+@pytest.mark.slow
+def test_proxy_overhead_smoke() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    for payload in ("100B", "1MiB"):
+        for conc in ("1", "8", "64"):
+            for target in ("direct", "bare", "meshd"):
+                assert any(r[:3] == [payload, conc, target] for r in rows), (
+                    f"no row for {payload} c={conc} {target}:\n{proc.stdout}"
+                )
+    assert "summary:" in proc.stdout

@@ -1,0 +1,64 @@
+"""Configuration from upstream environment names and flags (SPEC §7)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from meshd.config import ConfigError, add_serve_arguments, load_config, parse_kv_store
+
+
+def parse(argv: list[str], env: dict[str, str]) -> object:
+    p = argparse.ArgumentParser()
+    add_serve_arguments(p)
+    return load_config(p.parse_args(argv), env)
+
+
+def test_defaults_are_upstreams() -> None:
+    cfg = load_config(None, {})
+    assert (cfg.grpc_port, cfg.peer_port, cfg.max_msg_size) == (8033, 8080, 16 << 20)
+    assert cfg.kv_store is None  # embedded etcd
+    assert cfg.runtime_endpoint == cfg.serving_endpoint == "8085"
+    assert cfg.load_failure_expiry_ms == 900_000 and cfg.shutdown_timeout_ms == 30_000
+    assert cfg.key_prefix == "mm/modelmesh"
+
+
+def test_environment_names_and_flags_flag_wins() -> None:
+    env = {
+        "MM_SERVICE_NAME": "svc",
+        "KV_STORE": "etcd:http://10.0.0.1:2379",
+        "MM_KVSTORE_PREFIX": "pre",
+        "MM_SVC_GRPC_PORT": "9000",
+        "INTERNAL_GRPC_SOCKET_PATH": "/tmp/rt.sock",
+        "INTERNAL_SERVING_GRPC_PORT": "8001",
+        "MESHD_INSTANCE_ID": "i-1",
+        "MM_LABELS": "mt:sklearn, gpu",
+    }
+    cfg = parse(["--grpc-port", "9100"], env)
+    assert cfg.grpc_port == 9100  # type: ignore[attr-defined]
+    assert cfg.runtime_endpoint == "unix:/tmp/rt.sock"  # type: ignore[attr-defined]
+    assert cfg.serving_endpoint == "8001"  # type: ignore[attr-defined]
+    assert cfg.instance_id == "i-1" and cfg.labels == ("mt:sklearn", "gpu")  # type: ignore[attr-defined]
+    assert cfg.key_prefix == "pre/svc"  # type: ignore[attr-defined]
+
+
+def test_kv_store_forms() -> None:
+    assert parse_kv_store("etcd:127.0.0.1:2379").url == "http://127.0.0.1:2379"
+    t = parse_kv_store(
+        'etcd:{"endpoints": "http://e1:2379,http://e2:2379", "root_prefix": "modelmesh-serving/mm_ns/ns"}'
+    )
+    assert (t.url, t.root_prefix) == ("http://e1:2379", "modelmesh-serving/mm_ns/ns")
+    for bad in ["zookeeper:x", "etcd:{bad json", 'etcd:{"x": 1}', "etcd:http://nohostport"]:
+        with pytest.raises(ConfigError):
+            parse_kv_store(bad)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"MM_SVC_GRPC_PORT": "abc"}, {"MESHD_PEER_PORT": "-1"}, {"INTERNAL_GRPC_PORT": "x"}, {"KV_STORE": "redis:x"}],
+)
+def test_bad_values_name_the_setting(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, env)
+    assert next(iter(env)) in str(e.value) or "KV_STORE" in str(e.value)
