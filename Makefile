@@ -1,35 +1,14 @@
-# The README's two commands are `make demo` and `make test`; both create .venv themselves.
-PYTHON ?= python3
-VENV := .venv
-BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
-
-.PHONY: demo test test-quick lint typecheck protos bench clean
-
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
-
-demo: $(STAMP)
-	$(BIN)/meshd demo
-
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
-
-test-quick: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
-
-lint: $(STAMP)
-	$(BIN)/ruff check meshd tests bench sim scripts
-	$(BIN)/mypy meshd
-
-protos: $(STAMP)
-	$(BIN)/python scripts/gen_protos.py
-
-bench: $(STAMP)
-	$(BIN)/python bench/proxy_overhead.py
-
+# Shortcuts for scripts/dev.py, which needs only Python (the README uses it directly).
+.PHONY: demo test quick bench protos clean
+demo:
+	python3 scripts/dev.py demo
+test:
+	python3 scripts/dev.py test
+quick:
+	python3 scripts/dev.py quick
+bench:
+	python3 scripts/dev.py bench
+protos:
+	python3 scripts/dev.py protos
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 
 from meshd.clock import Clock, wall_ms
-from meshd.errors import LoadFailed, MeshError, NotFound, Unavailable
+from meshd.errors import DataLoss, LoadFailed, MeshError, NotFound
 from meshd.ids import ModelInfo, check_id
 from meshd.kv.records import ModelRecord
 from meshd.local import LocalModels
@@ -32,7 +32,7 @@ class Management:
         check_id(model_id)
         corrupt = self.registry.corrupt_reason(model_id)
         if corrupt is not None:
-            raise Unavailable(f"stored record for model {model_id!r} is corrupt: {corrupt}")
+            raise DataLoss(f"stored record for model {model_id!r} is corrupt and was left untouched: {corrupt}")
         return model_status(
             self.registry.get(model_id),
             self.local.view(model_id),

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from meshd.errors import InvalidArgument, NotFound, RuntimeStatusError, Unavailable
+from meshd.errors import DataLoss, InvalidArgument, NotFound, RuntimeStatusError, Unavailable
 from meshd.kv.records import ModelRecord
 from meshd.local import LocalModels
 from meshd.proxy.headers import Metadata, RequestIds, runtime_metadata
@@ -49,7 +49,7 @@ class Router:
         if rec is None:
             corrupt = self.registry.corrupt_reason(model_id)
             if corrupt is not None:
-                raise Unavailable(f"stored record for model {model_id!r} is corrupt: {corrupt}")
+                raise DataLoss(f"stored record for model {model_id!r} is corrupt and was left untouched: {corrupt}")
             raise NotFound(f"model {model_id!r} not found")
         return rec
 

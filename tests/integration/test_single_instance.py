@@ -166,6 +166,51 @@ def test_bad_input_gets_clear_status_and_loses_nothing(
     assert close_enough(c.infer(m.id, ROWS), expected(m, ROWS))
 
 
+def test_corrupt_record_is_reported_untouched_and_the_instance_keeps_serving(
+    start_node: NodeFactory, models: list[GeneratedModel], etcd_server: EmbeddedEtcd, mesh: object
+) -> None:
+    c = start_node()
+    good = models[0]
+    c.register(good)
+    key = f"mm/{mesh.service}/registry/broken"  # type: ignore[attr-defined]
+    _put(etcd_server, key, b"{this is not json")
+    for _ in range(100):
+        try:
+            c.status("broken")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.DATA_LOSS and "corrupt" in (e.details() or "")
+            break
+        import time
+
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the corrupt record was never reported")
+    info = mm.ModelInfo(type="demo", path=str(good.path))
+    with pytest.raises(grpc.RpcError) as e:
+        c.mm.registerModel(mm.RegisterModelRequest(modelId="broken", modelInfo=info), timeout=10)
+    assert e.value.code() == grpc.StatusCode.DATA_LOSS
+    with pytest.raises(grpc.RpcError) as e:
+        c.infer("broken", ROWS)
+    assert e.value.code() == grpc.StatusCode.DATA_LOSS
+    assert _records(etcd_server, mesh.service)[key] == b"{this is not json"  # type: ignore[attr-defined]
+    assert close_enough(c.infer(good.id, ROWS), expected(good, ROWS))
+
+
+def _put(etcd: EmbeddedEtcd, key: str, value: bytes) -> None:
+    import asyncio
+
+    from meshd.kv.etcd import EtcdStore
+
+    async def write() -> None:
+        store = EtcdStore.from_url(etcd.url)
+        try:
+            await store.put(key, value)
+        finally:
+            await store.close()
+
+    asyncio.run(write())
+
+
 def _records(etcd: EmbeddedEtcd, service: str) -> dict[str, bytes]:
     import asyncio
 
