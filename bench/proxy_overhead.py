@@ -1,0 +1,470 @@
+"""What meshd costs on the inference path, next to a direct call and a bare Python proxy.
+
+    python bench/proxy_overhead.py [--duration S] [--repeat N] [--quick | --smoke]
+
+Starts etcd, one reference runtime (`python -m meshd.runtimes.demo`) and one meshd via
+LocalMesh in a temporary directory, plus `bench/bare_proxy.py` in front of the same
+runtime. Registers and loads (sync) one echo model, then, for payloads of ~100 B and
+1 MiB and concurrency 1, 8 and 64, drives three targets on that same warm model:
+
+    direct  the runtime's own port
+    bare    bare_proxy.py -> runtime       (what any Python gRPC hop costs)
+    meshd   meshd -> runtime               (what we cost)
+
+The load generator is this process (grpc.aio, one channel per target, N tasks each
+sending the same pre-serialised request bytes in a loop). Each case prints req/s,
+p50/p99 latency and CPU per request of the proxy and the runtime, from /proc/<pid>/stat
+utime+stime deltas over the measured window. Ratios are computed within each run and
+the medians across --repeat runs are printed (absolute numbers on a shared 2-core
+machine drift; ratios measured side by side drift much less). Targets run in a
+different order in each repeat so warm-up and drift do not favour one of them.
+
+Every child process is stopped by PID on exit, including on failure and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shlex
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import grpc
+
+# Runnable as a plain script from a checkout: make `meshd` importable.
+_REPO = Path(__file__).resolve().parent.parent
+if str(_REPO) not in sys.path:
+    sys.path.insert(0, str(_REPO))
+
+from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
+from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc  # noqa: E402
+from meshd.runtimes.models import make_echo_request, write_echo_model  # noqa: E402
+from meshd.testing.cluster import LocalMesh, Node  # noqa: E402
+from meshd.testing.procs import Child, free_port, port_open, wait_until  # noqa: E402
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+MODEL_ID = "bench-echo"
+TINY_PAYLOAD = 64  # raw tensor bytes; the serialised ModelInferRequest is ~100 B
+BIG_PAYLOAD = 1 << 20  # 1 MiB: well under meshd's 16 MiB and the runtime's 64 MiB limits
+CLIENT_MAX_MESSAGE = 64 << 20
+RPC_TIMEOUT_S = 30.0
+TARGETS = ("direct", "bare", "meshd")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
+
+
+# ---- CPU accounting ------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a whole process (all threads), in seconds."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = data[data.rindex(b")") + 2 :].split()
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def self_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+# ---- results ---------------------------------------------------------------------------------
+@dataclass
+class Measured:
+    """One target in one case in one run."""
+
+    requests: int
+    errors: int
+    window_s: float
+    latencies_s: list[float]
+    cpu_s: dict[str, float]  # process role -> CPU seconds over the window ("proxy", "runtime", "client")
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.window_s if self.window_s > 0 else 0.0
+
+    def pct_ms(self, q: float) -> float:
+        if not self.latencies_s:
+            return float("nan")
+        lat = sorted(self.latencies_s)
+        k = min(len(lat) - 1, max(0, round(q * (len(lat) - 1))))
+        return lat[k] * 1e3
+
+    def cpu_us_per_req(self, role: str) -> float:
+        if role not in self.cpu_s or not self.requests:
+            return float("nan")
+        return self.cpu_s[role] / self.requests * 1e6
+
+
+@dataclass(frozen=True)
+class Case:
+    payload_name: str
+    payload_bytes: int
+    concurrency: int
+
+
+@dataclass
+class Results:
+    runs: dict[tuple[Case, str], list[Measured]] = field(default_factory=dict)
+
+    def add(self, case: Case, target: str, m: Measured) -> None:
+        self.runs.setdefault((case, target), []).append(m)
+
+    def per_run(self, case: Case, target: str) -> list[Measured]:
+        return self.runs.get((case, target), [])
+
+
+def median(values: Sequence[float]) -> float:
+    vals = [v for v in values if v == v]  # drop NaN
+    return statistics.median(vals) if vals else float("nan")
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b and b == b and a == a else float("nan")
+
+
+# ---- load generation -------------------------------------------------------------------------
+async def drive(
+    channel: grpc.aio.Channel,
+    request: bytes,
+    metadata: tuple[tuple[str, str], ...],
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+    pids: dict[str, int],
+) -> Measured:
+    """N tasks sending `request` in a loop; only the window after warm-up is recorded."""
+    call = channel.unary_unary(INFER)  # no serialisers: bytes in, bytes out
+    recording = False
+    stop = False
+    latencies: list[float] = []
+    errors = 0  # in the window
+    all_errors = 0
+    expected_len = len(request)  # echo: the response is about the request's size
+    perf = time.perf_counter
+
+    async def worker() -> None:
+        nonlocal errors, all_errors
+        while not stop:
+            t0 = perf()
+            try:
+                resp = await call(request, metadata=metadata, timeout=RPC_TIMEOUT_S)
+            except grpc.aio.AioRpcError as e:
+                all_errors += 1
+                if recording:
+                    errors += 1
+                if all_errors > 100:
+                    raise RuntimeError(f"too many errors, last: {e.code().name}: {e.details()}") from None
+                continue
+            if recording:
+                latencies.append(perf() - t0)
+            elif len(resp) < expected_len // 2:  # sanity check, outside the window
+                raise RuntimeError(f"short response: {len(resp)} bytes for a {expected_len}-byte request")
+
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    try:
+        await _sleep_or_fail(warmup_s, tasks)
+        cpu0 = {role: cpu_seconds(pid) for role, pid in pids.items()}
+        client0 = self_cpu_seconds()
+        t0 = perf()
+        recording = True
+        await _sleep_or_fail(duration_s, tasks)
+        recording = False
+        t1 = perf()
+        cpu1 = {role: cpu_seconds(pid) for role, pid in pids.items()}
+        client1 = self_cpu_seconds()
+        stop = True
+        await asyncio.gather(*tasks)
+    finally:
+        stop = True
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    cpu = {role: cpu1[role] - cpu0[role] for role in pids}
+    cpu["client"] = client1 - client0
+    return Measured(len(latencies), errors, t1 - t0, latencies, cpu)
+
+
+async def _sleep_or_fail(seconds: float, tasks: list[asyncio.Task[None]]) -> None:
+    done, _ = await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_EXCEPTION)
+    for t in done:
+        t.result()  # raises a worker's error
+    if done:
+        raise RuntimeError("a load task stopped early")
+
+
+# ---- setup -----------------------------------------------------------------------------------
+def start_bare_proxy(log_dir: Path, runtime_port: int) -> tuple[Child, int]:
+    port = free_port()
+    argv = [sys.executable, str(Path(__file__).resolve().parent / "bare_proxy.py")]
+    child = Child("bare-proxy", [*argv, "--port", str(port), "--target", f"127.0.0.1:{runtime_port}"], log_dir)
+
+    def up() -> bool:
+        if not child.alive():
+            raise RuntimeError(f"bare proxy exited with {child.proc.returncode}:\n{child.log_tail()}")
+        return port_open(port)
+
+    try:
+        wait_until(up, 30.0, f"bare proxy on port {port}")
+    except BaseException:
+        child.stop()
+        raise
+    return child, port
+
+
+async def register_echo(node: Node, model_path: Path) -> None:
+    async with grpc.aio.insecure_channel(node.target) as ch:
+        stub = mm_grpc.ModelMeshStub(ch)
+        info = mm.ModelInfo(type="demo", path=str(model_path))
+        await stub.registerModel(
+            mm.RegisterModelRequest(modelId=MODEL_ID, modelInfo=info, loadNow=True, sync=True), timeout=60
+        )
+
+
+# ---- the run ---------------------------------------------------------------------------------
+@dataclass
+class Settings:
+    duration_s: float
+    warmup_s: float
+    repeat: int
+    payloads: list[tuple[str, int]]
+    concurrencies: list[int]
+
+
+async def run_all(settings: Settings, node: Node, bare: Child, bare_port: int, log: Callable[[str], None]) -> Results:
+    opts = [
+        ("grpc.max_receive_message_length", CLIENT_MAX_MESSAGE),
+        ("grpc.max_send_message_length", CLIENT_MAX_MESSAGE),
+    ]
+    addrs = {
+        "direct": f"127.0.0.1:{node.runtime_port}",
+        "bare": f"127.0.0.1:{bare_port}",
+        "meshd": node.target,
+    }
+    pids = {
+        "direct": {"runtime": node.runtime.pid},
+        "bare": {"proxy": bare.pid, "runtime": node.runtime.pid},
+        "meshd": {"proxy": node.meshd.pid, "runtime": node.runtime.pid},
+    }
+    # One channel (one HTTP/2 connection) per target, kept for the whole run.
+    channels = {t: grpc.aio.insecure_channel(a, options=opts) for t, a in addrs.items()}
+    metadata = (("mm-model-id", MODEL_ID),)
+    results = Results()
+    try:
+        for rep in range(settings.repeat):
+            order = TARGETS[rep % len(TARGETS) :] + TARGETS[: rep % len(TARGETS)]
+            for pname, pbytes in settings.payloads:
+                request = make_echo_request(MODEL_ID, pbytes).SerializeToString()
+                for conc in settings.concurrencies:
+                    case = Case(pname, pbytes, conc)
+                    for target in order:
+                        m = await drive(
+                            channels[target],
+                            request,
+                            metadata,
+                            conc,
+                            settings.warmup_s,
+                            settings.duration_s,
+                            pids[target],
+                        )
+                        results.add(case, target, m)
+                        log(
+                            f"  run {rep + 1}/{settings.repeat} {pname:>5} c={conc:<3} {target:<6} "
+                            f"{m.rps:9.0f} req/s  p50 {m.pct_ms(0.5):7.3f} ms  p99 {m.pct_ms(0.99):7.3f} ms"
+                            + (f"  errors {m.errors}" if m.errors else "")
+                        )
+    finally:
+        for ch in channels.values():
+            await ch.close()
+    return results
+
+
+# ---- report ----------------------------------------------------------------------------------
+def fmt(v: float, spec: str) -> str:
+    return "-" if v != v else format(v, spec)
+
+
+def report(results: Results, settings: Settings, command: str, elapsed_s: float) -> list[str]:
+    out: list[str] = []
+    cases = sorted({c for c, _ in results.runs}, key=lambda c: (c.payload_bytes, c.concurrency))
+    runs = settings.repeat
+    out.append("")
+    out.append(f"command: {command}")
+    out.append(
+        f"python {platform.python_version()}, grpcio {grpc.__version__}, {os.cpu_count()} cpus, "
+        f"{runs} run(s) x {settings.duration_s:g} s per case (+{settings.warmup_s:g} s warm-up); "
+        f"medians across runs; elapsed {elapsed_s:.0f} s"
+    )
+    out.append("")
+    out.append("Per target (CPU = utime+stime of that process over the window / requests)")
+    hdr = (
+        f"{'payload':>7} {'conc':>4} {'target':<6} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'proxy us/req':>12} {'runtime us/req':>14} {'proxy/runtime':>13} {'client us/req':>13} {'errors':>6}"
+    )
+    out.append(hdr)
+    out.append("-" * len(hdr))
+    for case in cases:
+        for target in TARGETS:
+            ms = results.per_run(case, target)
+            if not ms:
+                continue
+            proxy = median([m.cpu_us_per_req("proxy") for m in ms])
+            rt = median([m.cpu_us_per_req("runtime") for m in ms])
+            proxy_rt = median([ratio(m.cpu_us_per_req("proxy"), m.cpu_us_per_req("runtime")) for m in ms])
+            out.append(
+                f"{case.payload_name:>7} {case.concurrency:>4} {target:<6} "
+                f"{fmt(median([m.rps for m in ms]), '9.0f')} "
+                f"{fmt(median([m.pct_ms(0.5) for m in ms]), '8.3f')} "
+                f"{fmt(median([m.pct_ms(0.99) for m in ms]), '8.3f')} "
+                f"{fmt(proxy, '12.1f'):>12} {fmt(rt, '14.1f'):>14} "
+                f"{fmt(proxy_rt, '13.2f'):>13} "
+                f"{fmt(median([m.cpu_us_per_req('client') for m in ms]), '13.1f'):>13} "
+                f"{sum(m.errors for m in ms):>6}"
+            )
+        out.append("")
+
+    out.append("Ratios (computed within each run, then the median across runs)")
+    hdr2 = (
+        f"{'payload':>7} {'conc':>4} {'meshd/direct':>12} {'bare/direct':>11} {'meshd/bare':>10} "
+        f"{'+p50 meshd ms':>13} {'+p50 bare ms':>12} {'meshd cpu/rt':>12} {'bare cpu/rt':>11} {'meshd/bare cpu':>14}"
+    )
+    out.append("throughput ratios are req/s; cpu ratios are proxy CPU per request over the runtime's (or bare's)")
+    out.append(hdr2)
+    out.append("-" * len(hdr2))
+    summary: dict[tuple[str, int], dict[str, float]] = {}
+    for case in cases:
+        d, b, x = (results.per_run(case, t) for t in TARGETS)
+        n = min(len(d), len(b), len(x))
+        row = {
+            "md": median([ratio(x[i].rps, d[i].rps) for i in range(n)]),
+            "bd": median([ratio(b[i].rps, d[i].rps) for i in range(n)]),
+            "mb": median([ratio(x[i].rps, b[i].rps) for i in range(n)]),
+            "p50m": median([x[i].pct_ms(0.5) - d[i].pct_ms(0.5) for i in range(n)]),
+            "p50b": median([b[i].pct_ms(0.5) - d[i].pct_ms(0.5) for i in range(n)]),
+            "cm": median([ratio(x[i].cpu_us_per_req("proxy"), x[i].cpu_us_per_req("runtime")) for i in range(n)]),
+            "cb": median([ratio(b[i].cpu_us_per_req("proxy"), b[i].cpu_us_per_req("runtime")) for i in range(n)]),
+            "cmb": median([ratio(x[i].cpu_us_per_req("proxy"), b[i].cpu_us_per_req("proxy")) for i in range(n)]),
+        }
+        summary[(case.payload_name, case.concurrency)] = row
+        out.append(
+            f"{case.payload_name:>7} {case.concurrency:>4} {fmt(row['md'], '12.2f')} {fmt(row['bd'], '11.2f')} "
+            f"{fmt(row['mb'], '10.2f')} {fmt(row['p50m'], '+13.3f')} {fmt(row['p50b'], '+12.3f')} "
+            f"{fmt(row['cm'], '12.2f')} {fmt(row['cb'], '11.2f')} {fmt(row['cmb'], '14.2f')}"
+        )
+    out.append("")
+    tiny = settings.payloads[0][0]
+    c8 = summary.get((tiny, 8))
+    c1 = summary.get((tiny, 1))
+    if c8 and c1:
+        out.append(
+            f"summary: {tiny} requests, concurrency 8: meshd {c8['md']:.2f}x direct throughput "
+            f"(bare proxy {c8['bd']:.2f}x; meshd/bare {c8['mb']:.2f}), meshd CPU {c8['cm']:.2f}x the runtime's "
+            f"per request (bare {c8['cb']:.2f}x); concurrency 1 p50 +{c1['p50m']:.2f} ms (bare +{c1['p50b']:.2f} ms) "
+            f"[median of {runs} x {settings.duration_s:g} s, grpcio {grpc.__version__}, {os.cpu_count()} cpus]"
+        )
+    return out
+
+
+# ---- main ------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Settings]:
+    p = argparse.ArgumentParser(
+        prog="proxy_overhead.py", description="meshd vs a direct call vs a bare Python proxy, same runtime and model."
+    )
+    p.add_argument("--duration", type=float, help="measured seconds per case (default 3; --quick 0.5; --smoke 0.2)")
+    p.add_argument("--warmup", type=float, help="warm-up seconds per case before measuring (default 0.5)")
+    p.add_argument("--repeat", type=int, help="runs; medians are reported (default 3; --quick/--smoke 1)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="a short run (~30 s) for smoke testing")
+    mode.add_argument("--smoke", action="store_true", help="the shortest run that still covers every case")
+    p.add_argument("--keep-workdir", action="store_true", help="keep the temp dir (logs) after the run")
+    a = p.parse_args(argv)
+    if a.smoke:
+        duration, warmup, repeat = 0.2, 0.1, 1
+    elif a.quick:
+        duration, warmup, repeat = 0.5, 0.2, 1
+    else:
+        duration, warmup, repeat = 3.0, 0.5, 3
+    s = Settings(
+        duration_s=a.duration if a.duration is not None else duration,
+        warmup_s=a.warmup if a.warmup is not None else warmup,
+        repeat=a.repeat if a.repeat is not None else repeat,
+        payloads=[("100B", TINY_PAYLOAD), ("1MiB", BIG_PAYLOAD)],
+        concurrencies=[1, 8, 64],
+    )
+    if s.duration_s <= 0 or s.warmup_s < 0 or s.repeat < 1:
+        p.error("--duration must be > 0, --warmup >= 0, --repeat >= 1")
+    return a, s
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, settings = parse_args(argv)
+    command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["proxy_overhead.py", *argv])
+    # SIGTERM takes the same path as Ctrl-C, so the finally blocks stop every child.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    tmp = tempfile.TemporaryDirectory(prefix="meshd-bench-")
+    workdir = Path(tmp.name)
+    mesh = LocalMesh(workdir, service=f"bench-{uuid.uuid4().hex[:8]}")
+    try:
+        log(f"workdir {workdir}; starting etcd, runtime, meshd, bare proxy")
+        mesh.start_etcd()
+        # Capacity far beyond the one echo model, so nothing is ever evicted.
+        node = mesh.add_node("bench-a", runtime_args=["--capacity-bytes", str(1 << 30)])
+        bare, bare_port = start_bare_proxy(workdir / "logs", node.runtime_port)
+        try:
+            model_path = write_echo_model(workdir / "models" / f"{MODEL_ID}.json")
+            asyncio_run(register_echo(node, model_path))
+            log(
+                f"pids: meshd {node.meshd.pid}, runtime {node.runtime.pid}, bare proxy {bare.pid}; "
+                f"{settings.repeat} run(s) x 18 cases x {settings.warmup_s + settings.duration_s:g} s"
+            )
+            results = asyncio_run(run_all(settings, node, bare, bare_port, log))
+        finally:
+            bare.stop()
+    except KeyboardInterrupt:
+        log("interrupted; stopping children")
+        return 130
+    finally:
+        mesh.stop()
+        if args.keep_workdir:
+            log(f"kept {workdir}")
+        else:
+            tmp.cleanup()
+    for line in report(results, settings, command, time.monotonic() - started):
+        print(line)
+    return 0
+
+
+def asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
+    """uvloop when available: the load generator should not be the bottleneck it can avoid being."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    result: T = uvloop.run(coro)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
