@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 import grpc
 import pytest
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.kv.embedded import EmbeddedEtcd
+from meshd.kv.etcd import EtcdStore
 from meshd.runtimes.models import GeneratedModel, make_infer_request
+from meshd.testing.procs import wait_until
 
 from .conftest import NodeFactory, close_enough, expected
 
@@ -15,6 +21,7 @@ pytestmark = pytest.mark.slow
 
 ROWS = [[0.5, -1.0, 2.0, 0.25], [1.0, 1.0, 1.0, 1.0]]
 ST = mm.ModelStatusInfo
+T = TypeVar("T")
 
 
 def test_register_infer_and_status(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
@@ -55,13 +62,7 @@ def test_ensure_loaded_sync_async_and_unregister(start_node: NodeFactory, models
     c.mm.unregisterModel(mm.UnregisterModelRequest(modelId=a.id), timeout=10)
     c.mm.unregisterModel(mm.UnregisterModelRequest(modelId=a.id), timeout=10)
     assert c.status(a.id).status == ST.NOT_FOUND
-    for _ in range(100):
-        if c.runtime_loaded() == [b.id]:
-            break
-        import time
-
-        time.sleep(0.05)
-    assert c.runtime_loaded() == [b.id]
+    wait_until(lambda: c.runtime_loaded() == [b.id], 10, "the runtime to unload the unregistered model")
     with pytest.raises(grpc.RpcError) as e:
         c.mm.ensureLoaded(mm.EnsureLoadedRequest(modelId=a.id), timeout=10)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
@@ -174,17 +175,16 @@ def test_corrupt_record_is_reported_untouched_and_the_instance_keeps_serving(
     c.register(good)
     key = f"mm/{mesh.service}/registry/broken"  # type: ignore[attr-defined]
     _put(etcd_server, key, b"{this is not json")
-    for _ in range(100):
+
+    def reported() -> bool:
         try:
             c.status("broken")
         except grpc.RpcError as e:
             assert e.code() == grpc.StatusCode.DATA_LOSS and "corrupt" in (e.details() or "")
-            break
-        import time
+            return True
+        return False
 
-        time.sleep(0.05)
-    else:
-        raise AssertionError("the corrupt record was never reported")
+    wait_until(reported, 10, "the corrupt record to be reported")
     info = mm.ModelInfo(type="demo", path=str(good.path))
     with pytest.raises(grpc.RpcError) as e:
         c.mm.registerModel(mm.RegisterModelRequest(modelId="broken", modelInfo=info), timeout=10)
@@ -196,32 +196,24 @@ def test_corrupt_record_is_reported_untouched_and_the_instance_keeps_serving(
     assert close_enough(c.infer(good.id, ROWS), expected(good, ROWS))
 
 
-def _put(etcd: EmbeddedEtcd, key: str, value: bytes) -> None:
-    import asyncio
-
-    from meshd.kv.etcd import EtcdStore
-
-    async def write() -> None:
+def _with_store(etcd: EmbeddedEtcd, fn: Callable[[EtcdStore], Awaitable[T]]) -> T:
+    async def run() -> T:
         store = EtcdStore.from_url(etcd.url)
         try:
-            await store.put(key, value)
+            return await fn(store)
         finally:
             await store.close()
 
-    asyncio.run(write())
+    return asyncio.run(run())
+
+
+def _put(etcd: EmbeddedEtcd, key: str, value: bytes) -> None:
+    _with_store(etcd, lambda store: store.put(key, value))
 
 
 def _records(etcd: EmbeddedEtcd, service: str) -> dict[str, bytes]:
-    import asyncio
+    async def read(store: EtcdStore) -> dict[str, bytes]:
+        kvs, _ = await store.range_prefix(f"mm/{service}/")
+        return {kv.key: kv.value for kv in kvs}
 
-    from meshd.kv.etcd import EtcdStore
-
-    async def read() -> dict[str, bytes]:
-        store = EtcdStore.from_url(etcd.url)
-        try:
-            kvs, _ = await store.range_prefix(f"mm/{service}/")
-            return {kv.key: kv.value for kv in kvs}
-        finally:
-            await store.close()
-
-    return asyncio.run(read())
+    return _with_store(etcd, read)
