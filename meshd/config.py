@@ -52,6 +52,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("peer_port", "MESHD_PEER_PORT", "--peer-port", "internal peer gRPC port", "8080"),
     Setting("advertise_host", "MESHD_ADVERTISE_HOST", "--advertise-host", "address peers dial (default: pod IP)"),
     Setting("data_dir", "MESHD_DATA_DIR", "--data-dir", "embedded etcd and local state", "./.meshd"),
+    Setting("zone", "MM_ZONE", "--zone", "zone reported in the instance record", ""),
+    Setting(
+        "instance_ttl_s",
+        "MESHD_INSTANCE_TTL_S",
+        "--instance-ttl-s",
+        "lease TTL of the instance record (upstream 20 s)",
+        "20",
+    ),
     Setting(
         "runtime_ready_timeout_s",
         "MESHD_RUNTIME_READY_TIMEOUT_S",
@@ -85,6 +93,8 @@ class Config:
     advertise_host: str
     data_dir: Path
     runtime_ready_timeout_s: float
+    zone: str = ""
+    instance_ttl_s: int = 20
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -183,6 +193,8 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         advertise_host=advertise,
         data_dir=Path(need("data_dir")),
         runtime_ready_timeout_s=float(_int(name("runtime_ready_timeout_s"), need("runtime_ready_timeout_s"), 1)),
+        zone=raw["zone"] or "",
+        instance_ttl_s=_int(name("instance_ttl_s"), need("instance_ttl_s"), 2),
     )
 
 

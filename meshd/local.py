@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 
 from meshd.cache import CacheEntry, State, WeightedLRU, to_units
@@ -64,6 +64,7 @@ class LocalModels:
         self._unloading: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._space = asyncio.Event()  # replaced and set whenever room may have appeared
+        self.on_change: Callable[[], None] = lambda: None  # copies loaded or evicted (publish soon)
 
     # ---- the request path ------------------------------------------------------------
     async def ensure(self, model_id: str, record: ModelRecord, last_used_ms: int | None = None) -> CacheEntry:
@@ -179,6 +180,7 @@ class LocalModels:
             self.cache.set_state(model_id, State.LOADED, self.clock())
             self.counters.loads += 1
             fut.set_result(entry)
+            self.on_change()
         except LoadFailed as e:
             self.counters.load_failures += 1
             self.cache.set_state(model_id, State.FAILED, self.clock())
@@ -213,6 +215,8 @@ class LocalModels:
 
     # ---- eviction and unloading ------------------------------------------------------
     def _evict_all(self, victims: tuple[CacheEntry, ...] | list[CacheEntry]) -> None:
+        if victims:
+            self.on_change()
         for victim in victims:
             log.info("evicting %s (%d units)", victim.model_id, victim.units)
             self._schedule_unload(victim, count_eviction=True)

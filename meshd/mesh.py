@@ -18,10 +18,12 @@ from meshd._proto.meshd import peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2_grpc
 from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.peer import PeerServicer
+from meshd.clock import wall_ms
 from meshd.config import Config
+from meshd.instances import Identity, InstancePublisher, RpmMeter, instance_record
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.kv.etcd import EtcdStore
-from meshd.kv.records import ModelRecord, VModelRecord
+from meshd.kv.records import InstanceRecord, ModelRecord, VModelRecord
 from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
 from meshd.local import LocalModels
@@ -42,13 +44,16 @@ class Instance:
     config: Config
     embedded: EmbeddedEtcd | None = None
     store: KVStore | None = None
-    tables: list[Table[ModelRecord] | Table[VModelRecord]] = field(default_factory=list)
+    tables: list[Table[ModelRecord] | Table[VModelRecord] | Table[InstanceRecord]] = field(default_factory=list)
+    instances: Table[InstanceRecord] | None = None
+    publisher: InstancePublisher | None = None
     runtime: RuntimeClient | None = None
     local: LocalModels | None = None
     servers: list[grpc.aio.Server] = field(default_factory=list)
     serving_channel: grpc.aio.Channel | None = None
     grpc_port: int = 0
     peer_port: int = 0
+    shutting_down: bool = False
 
     async def start(self) -> None:
         cfg = self.config
@@ -56,7 +61,8 @@ class Instance:
         prefix = cfg.key_prefix
         models: Table[ModelRecord] = Table(self.store, f"{prefix}/registry/", ModelRecord.decode, ModelRecord.encode)
         vmodels: Table[VModelRecord] = Table(self.store, f"{prefix}/vmodels/", VModelRecord.decode, VModelRecord.encode)
-        for table in (models, vmodels):
+        self.instances = Table(self.store, f"{prefix}/instances/", InstanceRecord.decode, InstanceRecord.encode)
+        for table in (models, vmodels, self.instances):
             await table.start()
             self.tables.append(table)
         registry = Registry(models, vmodels)
@@ -78,6 +84,21 @@ class Instance:
             log.info("removed this instance from %d stale copy records", stale)
         models.listeners.append(self._on_model_change)
 
+        local = self.local
+        me = Identity(cfg.instance_id, f"{cfg.advertise_host}:{cfg.peer_port}", cfg.zone, cfg.labels, wall_ms())
+        meter = RpmMeter()
+
+        def build() -> InstanceRecord:
+            now = wall_ms()
+            rpm = meter.rpm(local.counters.requests, now)
+            q = local.queue
+            return instance_record(me, local.cache, q.threads, q.in_progress, rpm, self.shutting_down, now)
+
+        self.publisher = InstancePublisher(
+            self.store, f"{prefix}/instances/{cfg.instance_id}", build, cfg.instance_ttl_s
+        )
+        local.on_change = self.publisher.kick
+
         self.serving_channel = open_channel(cfg.serving_endpoint, cfg.max_msg_size)
         router = Router(self.local, registry, self.serving_channel)
         management = Management(cfg.instance_id, registry, self.local, cfg.load_failure_expiry_ms)
@@ -94,6 +115,7 @@ class Instance:
         for server in (external, internal):
             await server.start()
             self.servers.append(server)
+        await self.publisher.start()  # last: peers see the instance only once it serves
         log.info(
             "meshd instance %s serving: grpc %d, peer %d, registry %s/",
             cfg.instance_id,
@@ -131,6 +153,10 @@ class Instance:
 
     async def stop(self) -> None:
         grace = self.config.shutdown_timeout_ms / 1000
+        self.shutting_down = True
+        if self.publisher is not None:
+            with contextlib.suppress(Exception):
+                await self.publisher.stop()  # revokes the lease: the instance record goes at once
         for server in self.servers:
             await server.stop(min(grace, 5.0))
         if self.local is not None:

@@ -1,0 +1,157 @@
+"""This instance's record in `instances/` (SPEC §5), on its lease, republished on SPEC §6's
+cadence: when it changed materially, at most every 2 s, at least every 40 s while
+changed, and right after loads. `instance_record` and `publish_due` are pure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from meshd import __version__
+from meshd.cache import State, WeightedLRU
+from meshd.clock import Clock, wall_ms
+from meshd.kv.lease import LeaseKeeper
+from meshd.kv.records import InstanceRecord
+from meshd.kv.store import KVStore, StoreError
+
+log = logging.getLogger(__name__)
+
+PUBLISH_MIN_INTERVAL_MS = 2_000  # upstream: >= 2 s apart
+PUBLISH_MAX_INTERVAL_MS = 40_000  # upstream: every 40 s when changed
+INSTANCE_LEASE_TTL_S = 20  # upstream etcd session TTL
+
+
+def numeric_version(version: str) -> int:
+    """`1.2.3` -> 10203, so newer versions compare greater (placement prefers them)."""
+    parts = [int(p) if p.isdigit() else 0 for p in version.split(".")[:3]]
+    parts += [0] * (3 - len(parts))
+    return parts[0] * 10_000 + parts[1] * 100 + parts[2]
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    instance_id: str
+    location: str  # host:peer_port
+    zone: str
+    labels: tuple[str, ...]
+    start_ms: int
+
+
+def instance_record(
+    me: Identity,
+    cache: WeightedLRU,
+    loading_threads: int,
+    loading_in_progress: int,
+    rpm: int,
+    shutdown: bool,
+    now_ms: int,
+) -> InstanceRecord:
+    loaded = [e for e in cache.entries() if e.state is State.LOADED]
+    return InstanceRecord(
+        lru_time=cache.lru_ms(now_ms),
+        count=len(loaded),
+        capacity=cache.capacity_units,
+        used=cache.used_units,
+        loading_threads=loading_threads,
+        loading_in_progress=loading_in_progress,
+        rpm=rpm,
+        shutdown=shutdown,
+        start_time=me.start_ms,
+        version=numeric_version(__version__),
+        location=me.location,
+        zone=me.zone,
+        labels=list(me.labels),
+    )
+
+
+class RpmMeter:
+    """Requests per minute from samples of a running total (no per-request work)."""
+
+    def __init__(self, window_ms: int = 60_000) -> None:
+        self.window_ms = window_ms
+        self._samples: deque[tuple[int, int]] = deque()
+
+    def rpm(self, total: int, now_ms: int) -> int:
+        self._samples.append((now_ms, total))
+        while len(self._samples) > 2 and now_ms - self._samples[1][0] >= self.window_ms:
+            self._samples.popleft()
+        first_ms, first_total = self._samples[0]
+        elapsed = now_ms - first_ms
+        if elapsed <= 0:
+            return 0
+        return round((total - first_total) * 60_000 / elapsed)
+
+
+def material(r: InstanceRecord) -> InstanceRecord:
+    """The record without the fields that drift with every request (LRU time, request rate)."""
+    return replace(r, lru_time=0, rpm=0)
+
+
+def publish_due(last: InstanceRecord | None, new: InstanceRecord, last_ms: int, now_ms: int, forced: bool) -> bool:
+    if last is None:
+        return True
+    if now_ms - last_ms < PUBLISH_MIN_INTERVAL_MS:
+        return False
+    if forced or material(last) != material(new):
+        return True
+    return new != last and now_ms - last_ms >= PUBLISH_MAX_INTERVAL_MS
+
+
+class InstancePublisher:
+    """Keeps `instances/<id>` current on the instance's lease."""
+
+    def __init__(
+        self, store: KVStore, key: str, build: Callable[[], InstanceRecord], ttl_s: int, clock: Clock = wall_ms
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.build = build
+        self.clock = clock
+        self.lease = LeaseKeeper(store, ttl_s, on_new_lease=self._republish)
+        self.last: InstanceRecord | None = None
+        self.last_ms = 0
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.lease.start()
+        await self._put(self.build())
+        self._task = asyncio.create_task(self._run(), name="instance record")
+
+    def kick(self) -> None:
+        """Publish soon (after a load or an eviction), still at most every 2 s."""
+        self._kick.set()
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), PUBLISH_MIN_INTERVAL_MS / 1000)
+            forced = self._kick.is_set()
+            record = self.build()
+            if publish_due(self.last, record, self.last_ms, self.clock(), forced):
+                self._kick.clear()
+                try:
+                    await self._put(record)
+                except StoreError as e:
+                    log.warning("could not publish the instance record: %s", e)
+                    self.last = None  # publish again as soon as the store answers
+
+    async def _put(self, record: InstanceRecord) -> None:
+        await self.store.put(self.key, record.encode(), lease=self.lease.lease_id)
+        self.last, self.last_ms = record, self.clock()
+
+    async def _republish(self, lease_id: int) -> None:
+        await self._put(self.build())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        # Revoking the lease deletes the record at once: peers stop routing here.
+        await self.lease.stop(revoke=True)
