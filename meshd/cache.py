@@ -91,9 +91,19 @@ class WeightedLRU:
             return Admission(False, reason="already in the cache")
         if units > self.capacity_units:
             return Admission(False, reason=f"needs {units} units, the cache holds {self.capacity_units}")
-        victims = self._plan_eviction(units - self.free_units, exclude=model_id, newer_than=last_used_ms)
+        needed = units - self.free_units
+        victims = self._plan_eviction(needed, exclude=model_id, newer_than=last_used_ms)
         if victims is None:
-            return Admission(False, reason="no room: everything else is loading or more recently used", retryable=True)
+            # Worth waiting only if loads in progress, once evictable, could make the room.
+            loading = sum(e.units for e in self._entries.values() if e.state is State.LOADING)
+            evictable = sum(
+                e.units
+                for e in self._entries.values()
+                if e.state is not State.LOADING and e.last_used_ms <= last_used_ms and e.model_id != model_id
+            )
+            if loading + evictable >= needed:
+                return Admission(False, reason="no room until loads in progress finish", retryable=True)
+            return Admission(False, reason="no room: the cache is full of more recently used models")
         for victim in victims:
             self._drop(victim.model_id)
         self._entries[model_id] = CacheEntry(model_id, units, last_used_ms, State.LOADING, now_ms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from meshd.errors import InvalidArgument
@@ -9,19 +10,21 @@ from meshd.errors import InvalidArgument
 # Ids become etcd keys and gRPC header values; bound them so a bogus id is refused
 # clearly instead of failing deep in etcd (whose default request limit is 1.5 MiB).
 MAX_ID_BYTES = 1024
+# A record holds path and key; keep the whole ModelInfo well under etcd's request limit.
+MAX_MODEL_INFO_BYTES = 1 << 20
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # compiled: this runs on every request
 
 
 def check_id(value: str, what: str = "model id") -> str:
     if not value:
         raise InvalidArgument(f"{what} must not be empty")
-    encoded = value.encode("utf-8", "surrogatepass")
-    if len(encoded) > MAX_ID_BYTES:
-        raise InvalidArgument(f"{what} is {len(encoded)} bytes long; the limit is {MAX_ID_BYTES}")
     try:
-        value.encode("utf-8")
+        size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidArgument(f"{what} is not valid UTF-8") from None
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    if size > MAX_ID_BYTES:
+        raise InvalidArgument(f"{what} is {size} bytes long; the limit is {MAX_ID_BYTES}")
+    if _CONTROL.search(value):
         raise InvalidArgument(f"{what} must not contain control characters")
     return value
 
@@ -44,4 +47,7 @@ class ModelInfo:
     def check(self) -> ModelInfo:
         if not self.type:
             raise InvalidArgument("modelInfo.type must not be empty")
+        size = sum(len(x.encode("utf-8", "surrogatepass")) for x in (self.type, self.path, self.key))
+        if size > MAX_MODEL_INFO_BYTES:
+            raise InvalidArgument(f"modelInfo is {size} bytes; the limit is {MAX_MODEL_INFO_BYTES}")
         return self

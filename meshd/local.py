@@ -2,10 +2,17 @@
 
 `LocalModels.ensure` is the load-on-demand path: a hit touches the entry, a miss admits
 the model to the weighted LRU (evicting what the cache chooses), records the copy in the
-model record, loads it through the load queue and corrects its size. Evicted copies are
-removed from their records first (so nobody routes here), then unloaded once the
-requests they are serving have finished. A new load of a model waits for its pending
-unload, so the runtime never sees them out of order.
+model record, loads it through the load queue and corrects its size.
+
+Invariants kept here:
+- every runtime unload of a model goes through one tracked task per model
+  (`_unload_later`), and a new load of that model waits for it, so the runtime never
+  sees an unload overtake a newer load;
+- evicted copies leave the model record first (nobody routes here), then wait for the
+  requests they are serving, then are unloaded;
+- the future a load publishes is always resolved, whatever fails (store errors included),
+  and callers only ever wait on it through `asyncio.shield`, so one caller's
+  cancellation never cancels the load for the others.
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ from meshd.status import failure_expired
 log = logging.getLogger(__name__)
 
 UNLOAD_INFLIGHT_WAIT_S = 120.0  # upstream waits ~2 min for in-flight requests before unloading
+INFLIGHT_POLL_S = 0.05
+
+
+class NoRoom(Unavailable):
+    """The cache cannot take the model now (too big, or only newer models could make room)."""
 
 
 @dataclass(slots=True)
@@ -55,40 +67,48 @@ class LocalModels:
         self.registry = registry
         self.runtime = runtime
         self.info = info
-        self.queue = LoadQueue(runtime, info)
+        self.queue = LoadQueue(runtime, info, after_failure=lambda model_id: self._unload_later(model_id))
         self.cache = WeightedLRU(to_units(info.capacity_bytes))
         self.failure_expiry_ms = failure_expiry_ms
         self.clock = clock
         self.counters = Counters()
+        self.on_change: Callable[[], None] = lambda: None  # copies loaded or evicted (publish soon)
         self._loading: dict[str, asyncio.Future[CacheEntry]] = {}
+        self._wanted_last_used: dict[str, int] = {}  # newest use asked of a load not yet admitted
         self._unloading: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._space = asyncio.Event()  # replaced and set whenever room may have appeared
-        self.on_change: Callable[[], None] = lambda: None  # copies loaded or evicted (publish soon)
 
     # ---- the request path ------------------------------------------------------------
     async def ensure(self, model_id: str, record: ModelRecord, last_used_ms: int | None = None) -> CacheEntry:
         """The loaded local copy, loading it first on a miss. Raises LoadFailed/Unavailable."""
         now = self.clock()
+        used = now if last_used_ms is None else last_used_ms
+        entry = self.cache.get(model_id)
+        if entry is not None and entry.state is State.LOADED:
+            self.counters.hits += 1
+            self.cache.touch(model_id, used)
+            return entry
+        self.counters.misses += 1
         pending = self._loading.get(model_id)
         if pending is not None:
-            self.counters.misses += 1
-            return await asyncio.shield(pending)
-        entry = self.cache.get(model_id)
-        if entry is not None:
-            if entry.state is State.LOADED:
-                self.counters.hits += 1
-                self.cache.touch(model_id, now if last_used_ms is None else last_used_ms)
-                return entry
-            if not failure_expired(entry.since_ms, now, self.failure_expiry_ms):
-                raise LoadFailed(self._failure_message(model_id, record))
-        self.counters.misses += 1
-        return await asyncio.shield(self.start_load(model_id, record, now if last_used_ms is None else last_used_ms))
+            self._want(model_id, used)
+            try:
+                return await asyncio.shield(pending)
+            except NoRoom:
+                # That load was refused at an older last-used time (a background loadNow);
+                # this request is newer and may evict what that one could not.
+                if model_id in self._loading or model_id in self.cache:
+                    raise
+        elif entry is not None and not failure_expired(entry.since_ms, now, self.failure_expiry_ms):
+            raise LoadFailed(self._failure_message(model_id, record))
+        return await asyncio.shield(self.start_load(model_id, record, used))
 
     def start_load(self, model_id: str, record: ModelRecord, last_used_ms: int) -> asyncio.Future[CacheEntry]:
         """Begin loading here (or join the load under way); never waits."""
         pending = self._loading.get(model_id)
         if pending is not None:
+            self._want(model_id, last_used_ms)
             return pending
         entry = self.cache.get(model_id)
         fut: asyncio.Future[CacheEntry] = asyncio.get_running_loop().create_future()
@@ -101,9 +121,10 @@ class LocalModels:
             fut.set_exception(LoadFailed(self._failure_message(model_id, record)))
             return fut
         if entry is not None:  # an expired failure
-            self.cache.remove(model_id)
+            self._remove(model_id)
         self._loading[model_id] = fut
-        self._spawn(self._load(model_id, record, last_used_ms, fut))
+        self._wanted_last_used[model_id] = last_used_ms
+        self._spawn(self._load(model_id, record, fut))
         return fut
 
     def view(self, model_id: str) -> CacheEntry | None:
@@ -123,55 +144,64 @@ class LocalModels:
         """The runtime answered NOT_FOUND for a copy we hold: forget it so it reloads."""
         if self.cache.get(model_id) is entry:
             log.warning("runtime lost %s; dropping the copy", model_id)
-            self.cache.remove(model_id)
+            self._remove(model_id)
             self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
+            self.on_change()
 
     def drop(self, model_id: str) -> None:
-        """Unload the local copy (model unregistered)."""
-        entry = self.cache.remove(model_id)
+        """Unload the local copy (model unregistered). A load under way unloads when it ends."""
+        entry = self._remove(model_id)
         if entry is not None and entry.state is not State.LOADING:
-            self._schedule_unload(entry, count_eviction=False)
+            self._unload_later(model_id, entry)
+            self.on_change()
 
     # ---- loading -------------------------------------------------------------------
-    async def _admit(self, model_id: str, last_used_ms: int) -> None:
-        """Reserve room, waiting (up to the load timeout) while only loading entries fill it."""
-        deadline = asyncio.get_running_loop().time() + self.queue.timeout_s
+    def _want(self, model_id: str, last_used_ms: int) -> None:
+        if model_id in self._wanted_last_used and last_used_ms > self._wanted_last_used[model_id]:
+            self._wanted_last_used[model_id] = last_used_ms
+            self._space_changed()  # re-evaluate a waiting admission with the newer time
+
+    async def _admit(self, model_id: str) -> None:
+        """Reserve room, waiting (up to the load timeout) while loading entries fill it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.queue.timeout_s
         units = to_units(self.info.default_model_size)
         while True:
-            admission = self.cache.admit(model_id, units, last_used_ms, self.clock())
+            last_used = self._wanted_last_used.get(model_id, self.clock())
+            admission = self.cache.admit(model_id, units, last_used, self.clock())
             if admission.admitted:
                 self._evict_all(admission.evicted)
                 return
-            remaining = deadline - asyncio.get_running_loop().time()
+            remaining = deadline - loop.time()
             if not admission.retryable or remaining <= 0:
-                raise Unavailable(f"cannot load {model_id!r} here: {admission.reason}")
+                raise NoRoom(f"cannot load {model_id!r} here: {admission.reason}")
+            space = self._space
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._space.wait(), remaining)
+                async with asyncio.timeout(remaining):  # unlike wait_for, never swallows a cancel
+                    await space.wait()
 
     def _space_changed(self) -> None:
         event, self._space = self._space, asyncio.Event()
         event.set()
 
-    async def _load(
-        self, model_id: str, record: ModelRecord, last_used_ms: int, fut: asyncio.Future[CacheEntry]
-    ) -> None:
+    async def _load(self, model_id: str, record: ModelRecord, fut: asyncio.Future[CacheEntry]) -> None:
         admitted = False
         try:
-            await self._admit(model_id, last_used_ms)
+            await self._admit(model_id)
             admitted = True
+            self._wanted_last_used.pop(model_id, None)
             pending_unload = self._unloading.get(model_id)
             if pending_unload is not None:
                 await asyncio.shield(pending_unload)
             predicted = await self.runtime.predict_size(model_id, record.type, record.path, record.key)
-            if predicted:
+            if predicted and model_id in self.cache:
                 self._evict_all(self.cache.resize(model_id, to_units(predicted)))
-            start_ms = self.clock()
-            if not await self.registry.add_copy(model_id, self.instance_id, start_ms):
+            if not await self.registry.add_copy(model_id, self.instance_id, self.clock()):
                 raise NotFound(f"model {model_id!r} was unregistered")
             loaded = await self.queue.load(model_id, record.type, record.path, record.key)
             entry = self.cache.get(model_id)
             if entry is None:  # unregistered (or dropped) while loading
-                self._spawn(self._quiet_unload(model_id))
+                self._unload_later(model_id)
                 raise NotFound(f"model {model_id!r} was unregistered while loading")
             if loaded.size_bytes:
                 self._evict_all(self.cache.resize(model_id, to_units(loaded.size_bytes)))
@@ -179,30 +209,35 @@ class LocalModels:
                 self._spawn(self._size_later(model_id))
             self.cache.set_state(model_id, State.LOADED, self.clock())
             self.counters.loads += 1
-            fut.set_result(entry)
-            self.on_change()
+            _resolve(fut, entry)
         except LoadFailed as e:
             self.counters.load_failures += 1
             self.cache.set_state(model_id, State.FAILED, self.clock())
             log.warning("%s", e.message)
-            with contextlib.suppress(MeshError):
-                await self.registry.record_failure(model_id, self.instance_id, e.message, self.clock())
-            fut.set_exception(e)
-        except BaseException as e:
-            if admitted:
-                self.cache.remove(model_id)
-                self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
-            if isinstance(e, MeshError):
-                fut.set_exception(e)
-            elif isinstance(e, Exception):
+            try:  # recorded before answering, so a status read right after shows it
+                await self._quiet(self.registry.record_failure(model_id, self.instance_id, e.message, self.clock()))
+            finally:
+                _resolve(fut, e)
+        except asyncio.CancelledError:
+            self._forget_failed_admission(model_id, admitted)
+            _resolve(fut, Unavailable(f"load of {model_id!r} was cancelled (instance stopping)"))
+            raise
+        except Exception as e:
+            self._forget_failed_admission(model_id, admitted)
+            if not isinstance(e, MeshError):
                 log.exception("load of %s failed unexpectedly", model_id)
-                fut.set_exception(Unavailable(f"load of {model_id!r} failed: {e}"))
-            else:
-                fut.cancel()
-                raise
+                e = Unavailable(f"load of {model_id!r} failed: {e}")
+            _resolve(fut, e)
         finally:
             self._loading.pop(model_id, None)
+            self._wanted_last_used.pop(model_id, None)
             self._space_changed()  # the entry is now evictable, failed or gone
+            self.on_change()
+
+    def _forget_failed_admission(self, model_id: str, admitted: bool) -> None:
+        if admitted and self.cache.get(model_id) is not None:
+            self._remove(model_id)
+            self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
 
     async def _size_later(self, model_id: str) -> None:
         size = await self.runtime.model_size(model_id)
@@ -214,46 +249,56 @@ class LocalModels:
         return f"loading {model_id!r} failed recently here" + (f": {msg}" if msg else "")
 
     # ---- eviction and unloading ------------------------------------------------------
+    def _remove(self, model_id: str) -> CacheEntry | None:
+        entry = self.cache.remove(model_id)
+        if entry is not None:
+            self._space_changed()
+        return entry
+
     def _evict_all(self, victims: tuple[CacheEntry, ...] | list[CacheEntry]) -> None:
-        if victims:
-            self.on_change()
         for victim in victims:
             log.info("evicting %s (%d units)", victim.model_id, victim.units)
-            self._schedule_unload(victim, count_eviction=True)
+            if victim.state is State.LOADED:
+                self.counters.evictions += 1
+            self._unload_later(victim.model_id, victim)
+        if victims:
+            self._space_changed()
+            self.on_change()
 
-    def _schedule_unload(self, entry: CacheEntry, count_eviction: bool) -> None:
-        if count_eviction:
-            self.counters.evictions += 1
-        task = asyncio.get_running_loop().create_task(self._unload(entry))
-        self._unloading[entry.model_id] = task
+    def _unload_later(self, model_id: str, entry: CacheEntry | None = None) -> None:
+        """Unload from the runtime after any earlier unload of the same model (tracked)."""
+        previous = self._unloading.get(model_id)
+        task = asyncio.get_running_loop().create_task(self._unload(model_id, entry, previous))
+        self._unloading[model_id] = task
         self._tasks.add(task)
 
         def done(t: asyncio.Task[None]) -> None:
             self._tasks.discard(t)
-            if self._unloading.get(entry.model_id) is t:
-                del self._unloading[entry.model_id]
+            if self._unloading.get(model_id) is t:
+                del self._unloading[model_id]
 
         task.add_done_callback(done)
 
-    async def _unload(self, entry: CacheEntry) -> None:
-        await self._quiet(self.registry.remove_copy(entry.model_id, self.instance_id))
-        waited = 0.0
-        while entry.inflight > 0 and waited < UNLOAD_INFLIGHT_WAIT_S:
-            await asyncio.sleep(0.01)
-            waited += 0.01
-        await self._quiet_unload(entry.model_id)
-
-    async def _quiet_unload(self, model_id: str) -> None:
+    async def _unload(self, model_id: str, entry: CacheEntry | None, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        if entry is not None:
+            await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
+            waited = 0.0
+            while entry.inflight > 0 and waited < UNLOAD_INFLIGHT_WAIT_S:
+                await asyncio.sleep(INFLIGHT_POLL_S)
+                waited += INFLIGHT_POLL_S
         try:
             await self.runtime.unload(model_id)
         except Exception as e:
             log.warning("unload of %s failed: %s", model_id, e)
 
-    async def _quiet(self, coro: Awaitable[object]) -> None:
+    async def _quiet(self, work: Awaitable[object]) -> None:
+        """Registry bookkeeping that must not break the caller (logged, repaired later)."""
         try:
-            await coro
-        except MeshError as e:
-            log.warning("registry update failed: %s", e.message)
+            await work
+        except Exception as e:
+            log.warning("registry update failed: %s", e)
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -271,15 +316,22 @@ class LocalModels:
 
     async def close(self, deregister: bool = True) -> None:
         """Stop background work; with `deregister`, remove this instance's copies from records."""
-        for fut in list(self._loading.values()):
-            fut.cancel()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if deregister:
             for entry in self.cache.entries():
                 await self._quiet(self.registry.remove_copy(entry.model_id, self.instance_id))
-        await self.queue.drain()
+
+
+def _resolve(fut: asyncio.Future[CacheEntry], outcome: CacheEntry | BaseException) -> None:
+    """Settle the load's future unless it is already settled."""
+    if fut.done():
+        return
+    if isinstance(outcome, BaseException):
+        fut.set_exception(outcome)
+    else:
+        fut.set_result(outcome)
 
 
 def _consume_exception(fut: asyncio.Future[CacheEntry]) -> None:

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 
 from meshd.clock import Clock, wall_ms
-from meshd.errors import DataLoss, LoadFailed, MeshError, NotFound
+from meshd.errors import LoadFailed, MeshError
 from meshd.ids import ModelInfo, check_id
 from meshd.kv.records import ModelRecord
 from meshd.local import LocalModels
@@ -30,11 +30,11 @@ class Management:
 
     def status(self, model_id: str) -> StatusView:
         check_id(model_id)
-        corrupt = self.registry.corrupt_reason(model_id)
-        if corrupt is not None:
-            raise DataLoss(f"stored record for model {model_id!r} is corrupt and was left untouched: {corrupt}")
+        record = self.registry.get(model_id)
+        if record is None and self.registry.corrupt_reason(model_id) is not None:
+            self.registry.require(model_id)  # raises DATA_LOSS naming the problem
         return model_status(
-            self.registry.get(model_id),
+            record,
             self.local.view(model_id),
             self.instance_id,
             self.clock(),
@@ -59,9 +59,7 @@ class Management:
 
     async def ensure_loaded(self, model_id: str, last_used_ms: int, sync: bool) -> StatusView:
         check_id(model_id)
-        record = self.registry.get(model_id)
-        if record is None:
-            raise NotFound(f"model {model_id!r} not found")
+        record = self.registry.require(model_id)
         await self._load(model_id, record, last_used_ms or self.clock(), sync)
         return self.status(model_id)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from meshd.errors import AlreadyExists, DataLoss, FailedPrecondition, Unavailable
+from meshd.errors import AlreadyExists, DataLoss, FailedPrecondition, NotFound, Unavailable
 from meshd.ids import ModelInfo
 from meshd.kv.records import ModelRecord, RecordError, VModelRecord
-from meshd.kv.store import StoreUnavailable
+from meshd.kv.store import StoreError
 from meshd.kv.table import KEEP, Keep, Table
 
 T = TypeVar("T")
@@ -35,6 +35,16 @@ class Registry:
     def get(self, model_id: str) -> ModelRecord | None:
         return self.models.get(model_id)
 
+    def require(self, model_id: str) -> ModelRecord:
+        """The record, or NOT_FOUND; DATA_LOSS when the stored value is corrupt."""
+        rec = self.models.get(model_id)
+        if rec is None:
+            corrupt = self.models.corrupt.get(model_id)
+            if corrupt is not None:
+                raise DataLoss(f"stored record for model {model_id!r} is corrupt and was left untouched: {corrupt}")
+            raise NotFound(f"model {model_id!r} not found")
+        return rec
+
     def corrupt_reason(self, model_id: str) -> str | None:
         return self.models.corrupt.get(model_id)
 
@@ -43,7 +53,8 @@ class Registry:
             return await table.update(item_id, fn)
         except RecordError as e:
             raise DataLoss(f"stored record for {item_id!r} is corrupt and was left untouched: {e}") from None
-        except StoreUnavailable as e:
+        except StoreError as e:
+            # Unreachable, overloaded (etcd NOSPACE) or refusing: retryable for the client.
             raise Unavailable(f"model registry unavailable: {e}") from None
 
     async def register(self, model_id: str, info: ModelInfo, last_used_ms: int) -> ModelRecord:

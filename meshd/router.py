@@ -13,15 +13,14 @@ from typing import Any
 
 import grpc
 
-from meshd.errors import DataLoss, InvalidArgument, NotFound, RuntimeStatusError, Unavailable
-from meshd.kv.records import ModelRecord
+from meshd.errors import InvalidArgument, NotFound, RuntimeStatusError, Unavailable
 from meshd.local import LocalModels
 from meshd.proxy.headers import Metadata, RequestIds, runtime_metadata
 from meshd.registry import Registry
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 8  # upstream's routing iterations per request (SPEC §6)
+MAX_CACHED_METHODS = 1024  # bounds memory when any method is allowed
 
 UnaryCall = Callable[..., Any]
 
@@ -44,21 +43,13 @@ class Router:
             raise Unavailable(f"vmodel {ids.vmodel_id!r} has no active model yet")
         return vrec.active_model
 
-    def record(self, model_id: str) -> ModelRecord:
-        rec = self.registry.get(model_id)
-        if rec is None:
-            corrupt = self.registry.corrupt_reason(model_id)
-            if corrupt is not None:
-                raise DataLoss(f"stored record for model {model_id!r} is corrupt and was left untouched: {corrupt}")
-            raise NotFound(f"model {model_id!r} not found")
-        return rec
-
     def _callable(self, method: str) -> UnaryCall:
         call = self._unary.get(method)
         if call is None:
             # Raw bytes both ways: no (de)serializer, the request is never parsed.
             call = self.channel.unary_unary(method, request_serializer=None, response_deserializer=None)
-            self._unary[method] = call
+            if len(self._unary) < MAX_CACHED_METHODS:  # method names may be client-chosen
+                self._unary[method] = call
         return call
 
     async def unary(
@@ -67,10 +58,11 @@ class Router:
         """Forward one unary call; `remaining_s` is the client's deadline (None: none)."""
         self.local.counters.requests += 1
         model_id = self.resolve(ids)
-        record = self.record(model_id)
+        record = self.registry.require(model_id)
         metadata = runtime_metadata(forward, model_id)
         call = self._callable(method)
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        reloaded = False
+        while True:
             entry = await self.local.ensure(model_id, record)
             self.local.acquire(entry)
             try:
@@ -78,13 +70,15 @@ class Router:
                 return response
             except grpc.aio.AioRpcError as e:
                 code = e.code()
-                if code == grpc.StatusCode.NOT_FOUND and attempt < MAX_ATTEMPTS:
-                    # The runtime no longer has the copy (lost in a restart): reload and retry.
+                if code == grpc.StatusCode.NOT_FOUND and not reloaded:
+                    # The runtime may have lost the copy (it restarted): reload once and retry.
+                    # A NOT_FOUND from a fresh copy is the runtime's own answer (an unknown
+                    # version, say) and goes to the client unchanged.
                     self.local.lost(model_id, entry)
+                    reloaded = True
                     continue
                 if code == grpc.StatusCode.INTERNAL and "deserializ" in (e.details() or "").lower():
                     raise InvalidArgument(f"the runtime could not parse the request: {e.details()}") from None
                 raise RuntimeStatusError(code, e.details() or code.name) from None
             finally:
                 self.local.release(entry)
-        raise Unavailable(f"model {model_id!r}: the runtime lost its copy on all {MAX_ATTEMPTS} attempts")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from meshd._proto.meshd import peer_pb2 as pb
 from meshd._proto.meshd import peer_pb2_grpc as pb_grpc
 from meshd.api.grpc_errors import statuses
 from meshd.cache import UNIT_BYTES, State
-from meshd.errors import NotFound
+from meshd.errors import LoadFailed
+from meshd.ids import check_id
 from meshd.local import LocalModels
 from meshd.registry import Registry
 
@@ -24,12 +27,12 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
     @statuses
     async def InternalOperation(self, request: Any, context: Any) -> Any:
         if request.load:
-            record = self.registry.get(request.modelId)
-            if record is None:
-                raise NotFound(f"model {request.modelId!r} not found")
+            record = self.registry.require(check_id(request.modelId))
             fut = self.local.start_load(request.modelId, record, request.lastUsed or self.local.clock())
             if request.sync:
-                await fut
+                # Shielded: a caller's deadline must not cancel the load others wait on.
+                with contextlib.suppress(LoadFailed):
+                    await asyncio.shield(fut)
         entry = self.local.cache.get(request.modelId)
         if entry is None:
             state = pb.InternalOpResponse.NOT_HERE

@@ -156,6 +156,11 @@ class EtcdStore:
         try:
             yield
         except grpc.aio.AioRpcError as e:
+            # grpc reports a call cancelled with its task as CANCELLED; that is the task's
+            # cancellation, not a store error, and must not be swallowed by error handling.
+            task = asyncio.current_task()
+            if e.code() == grpc.StatusCode.CANCELLED and task is not None and task.cancelling():
+                raise asyncio.CancelledError from e
             raise _map_rpc_error(e, what) from e
 
     # -- KVStore ---------------------------------------------------------------------
@@ -335,5 +340,6 @@ class EtcdStore:
                     call.cancel()
                     self._watch_calls.discard(call)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closed_event.wait(), backoff)
+                async with asyncio.timeout(backoff):  # wait_for could swallow a cancel here
+                    await self._closed_event.wait()
             backoff = min(backoff * 2, BACKOFF_MAX_S)

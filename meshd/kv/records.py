@@ -37,8 +37,10 @@ def _typed(raw: Any, name: str, kind: type, default: Any) -> Any:
 def _load_object(data: bytes) -> dict[str, Any]:
     try:
         obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RecordError(f"not valid JSON: {e}") from None
+    except (ValueError, RecursionError) as e:
+        # ValueError covers bad UTF-8, bad JSON and integers too long to convert;
+        # RecursionError, nesting deeper than the parser allows.
+        raise RecordError(f"not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
     if not isinstance(obj, dict):
         raise RecordError("not a JSON object")
     return obj

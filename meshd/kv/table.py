@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from meshd.kv.records import RecordError
-from meshd.kv.store import Compacted, Delete, KeyValue, KVStore, StoreUnavailable, put_if
+from meshd.kv.store import Compacted, Delete, KeyValue, KVStore, StoreError, StoreUnavailable, put_if
 from meshd.kv.store import Compare as _Compare
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,8 @@ class Table(Generic[R]):
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((revision, fut))
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await fut
         except TimeoutError:
             raise StoreUnavailable(f"mirror of {self.prefix} did not reach revision {revision}") from None
 
@@ -115,7 +116,7 @@ class Table(Generic[R]):
         else:
             kv = KeyValue(key, entry.raw, entry.mod_revision, 0)
         for _ in range(MAX_CAS_ATTEMPTS):
-            current = self._decode(kv.value) if kv is not None else None  # raises RecordError
+            current = self._decode_or_raise(kv.value) if kv is not None else None
             result = fn(current)
             if isinstance(result, Keep):
                 return current
@@ -132,6 +133,14 @@ class Table(Generic[R]):
             kv = await self.store.get(key)
         raise StoreUnavailable(f"gave up updating {key} after {MAX_CAS_ATTEMPTS} conflicting writes")
 
+    def _decode_or_raise(self, value: bytes) -> R:
+        try:
+            return self._decode(value)
+        except RecordError:
+            raise
+        except Exception as e:
+            raise RecordError(f"{type(e).__name__}: {e}") from None
+
     # ---- mirror maintenance ------------------------------------------------------------
     def _apply(self, key: str, value: bytes | None, mod_revision: int) -> None:
         item_id = key[len(self.prefix) :]
@@ -143,11 +152,13 @@ class Table(Generic[R]):
         else:
             try:
                 new_record = self._decode(value)
-            except RecordError as e:
-                # Reported, never fatal: the id is listed as corrupt and skipped.
+            except Exception as e:  # RecordError, or anything a decoder did not foresee
+                # Reported, never fatal: the id is listed as corrupt and skipped. Listeners
+                # are not told: a corrupt overwrite is not a deletion (copies stay loaded).
                 log.error("corrupt record at %s: %s", key, e)
                 self.corrupt[item_id] = str(e)
                 self.entries.pop(item_id, None)
+                return
             else:
                 self.corrupt.pop(item_id, None)
                 self.entries[item_id] = Entry(new_record, mod_revision, value)
@@ -203,6 +214,14 @@ class Table(Generic[R]):
                 log.warning("watch on %s interrupted: %s", self.prefix, e)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Never let the mirror freeze silently: log, re-list, and watch again.
+                log.exception("watch on %s failed; re-listing", self.prefix)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                await self._relist_until_ok()
             else:
                 return  # the store closed the watch (shutdown)
 
@@ -212,6 +231,6 @@ class Table(Generic[R]):
             try:
                 await self._relist()
                 return
-            except StoreUnavailable:
+            except StoreError:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

@@ -112,6 +112,9 @@ def test_records_survive_meshd_restart(start_node: NodeFactory, models: list[Gen
     for m in models[:3]:
         c.register(m)
     c.infer(models[0].id, ROWS)
+    # A loaded model and a pending instance-record publish must not stop SIGTERM from
+    # ending meshd promptly (stop() SIGKILLs after 10 s, which would return -9).
+    assert c.node.meshd.stop() == 0, c.node.meshd.log_tail()
     mesh.restart_meshd(c.node)  # type: ignore[attr-defined]
     c.channel.close()
     c.channel = grpc.insecure_channel(c.node.target)
