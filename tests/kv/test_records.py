@@ -76,6 +76,8 @@ def test_vmodel_and_instance_records_round_trip() -> None:
         b'{"type": "t", "refs": true}',
         b'{"type": "t", "fails": {"a": 1}}',
         b"\xff\xfe",
+        b'{"type": "t", "lu": 1' + b"1" * 5000 + b"}",  # int too long for Python to convert
+        b"[" * 100_000,  # nesting deeper than the JSON parser's recursion limit
     ],
 )
 def test_corrupt_model_records_raise_record_error(raw: bytes) -> None:

@@ -107,6 +107,11 @@ async def test_corrupt_values_are_reported_and_never_overwritten(store: KVStore,
             await t.update("bad", lambda rec: ModelRecord(type="t"))
         kv = await store.get(etcd_prefix + "registry/bad")
         assert kv is not None and kv.value == b"{not json"
+        # Valid JSON the decoder cannot take must not stop the mirror either.
+        for nasty in (b'{"type": "t", "lu": 1' + b"1" * 5000 + b"}", b"[" * 100_000):
+            rev = await store.put(etcd_prefix + "registry/nasty", nasty)
+            await t.wait_for(rev)
+            assert "nasty" in t.corrupt
         # Repaired by someone else: the mirror picks it up.
         rev = await store.put(etcd_prefix + "registry/bad", ModelRecord(type="ok").encode())
         await t.wait_for(rev)
@@ -127,9 +132,19 @@ async def test_compaction_while_not_watching_is_repaired_by_relisting(store: KVS
     await store.txn([], [Delete(etcd_prefix + "registry/b")])
     rev = await store.put(etcd_prefix + "x", b"1")
     await store.compact(rev)
-    t._task = asyncio.create_task(t._watch())  # resume from the stale revision
+    relists = 0
+    relist = t._relist
+
+    async def counting_relist() -> None:
+        nonlocal relists
+        relists += 1
+        await relist()
+
+    t._relist = counting_relist  # type: ignore[method-assign]
+    t._task = asyncio.create_task(t._watch())  # resume from the stale, compacted revision
     try:
         await eventually(lambda: t.get("c") is not None and t.get("b") is None)
+        assert relists == 1  # repaired by re-listing, not by replaying history
         assert sorted(i for i, _ in t.items()) == ["a", "c"]
         assert removed == ["b"]
     finally:
