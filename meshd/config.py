@@ -53,6 +53,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("advertise_host", "MESHD_ADVERTISE_HOST", "--advertise-host", "address peers dial (default: pod IP)"),
     Setting("data_dir", "MESHD_DATA_DIR", "--data-dir", "embedded etcd and local state", "./.meshd"),
     Setting("zone", "MM_ZONE", "--zone", "zone reported in the instance record", ""),
+    Setting("default_vmodel_owner", "MM_DEFAULT_VMODEL_OWNER", "--default-vmodel-owner", "owner of new vmodels", ""),
     Setting(
         "instance_ttl_s",
         "MESHD_INSTANCE_TTL_S",
@@ -95,6 +96,7 @@ class Config:
     runtime_ready_timeout_s: float
     zone: str = ""
     instance_ttl_s: int = 20
+    default_vmodel_owner: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -201,6 +203,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         data_dir=Path(need("data_dir")),
         runtime_ready_timeout_s=float(_int(name("runtime_ready_timeout_s"), need("runtime_ready_timeout_s"), 1)),
         zone=raw["zone"] or "",
+        default_vmodel_owner=raw["default_vmodel_owner"] or "",
         instance_ttl_s=_int(name("instance_ttl_s"), need("instance_ttl_s"), 2),
     )
 

@@ -71,7 +71,11 @@ def instance_record(
 
 
 class RpmMeter:
-    """Requests per minute from samples of a running total (no per-request work)."""
+    """Requests in the last minute, from samples of a running total (no per-request work).
+
+    Counted, not extrapolated: a burst of 3 requests in the first second of an instance's
+    life is 3 rpm, not 180 (an extrapolated rate made fresh instances look hot to placement).
+    """
 
     def __init__(self, window_ms: int = 60_000) -> None:
         self.window_ms = window_ms
@@ -79,13 +83,10 @@ class RpmMeter:
 
     def rpm(self, total: int, now_ms: int) -> int:
         self._samples.append((now_ms, total))
-        while len(self._samples) > 2 and now_ms - self._samples[1][0] >= self.window_ms:
+        # Keep the newest sample at least a window old as the baseline.
+        while len(self._samples) > 1 and now_ms - self._samples[1][0] >= self.window_ms:
             self._samples.popleft()
-        first_ms, first_total = self._samples[0]
-        elapsed = now_ms - first_ms
-        if elapsed <= 0:
-            return 0
-        return round((total - first_total) * 60_000 / elapsed)
+        return total - self._samples[0][1]
 
 
 def material(r: InstanceRecord) -> InstanceRecord:

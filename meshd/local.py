@@ -44,7 +44,8 @@ class NoRoom(Unavailable):
 
 @dataclass(slots=True)
 class Counters:
-    requests: int = 0
+    requests: int = 0  # arrived here (external or from peers)
+    served: int = 0  # served by this instance's runtime (what its rpm reports)
     hits: int = 0
     misses: int = 0
     loads: int = 0

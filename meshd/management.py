@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 from meshd.clock import Clock, wall_ms
 from meshd.errors import LoadFailed, MeshError
@@ -20,8 +22,15 @@ from meshd.status import StatusView, model_status
 
 class Management:
     def __init__(
-        self, instance_id: str, registry: Registry, local: LocalModels, failure_expiry_ms: int, clock: Clock = wall_ms
+        self,
+        instance_id: str,
+        registry: Registry,
+        local: LocalModels,
+        failure_expiry_ms: int,
+        clock: Clock = wall_ms,
+        live_instances: Callable[[], AbstractSet[str]] | None = None,
     ) -> None:
+        self.live_instances = live_instances
         self.instance_id = instance_id
         self.registry = registry
         self.local = local
@@ -39,6 +48,7 @@ class Management:
             self.instance_id,
             self.clock(),
             self.failure_expiry_ms,
+            self.live_instances() if self.live_instances is not None else None,
         )
 
     async def register(

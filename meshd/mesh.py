@@ -18,8 +18,11 @@ from meshd._proto.meshd import peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2_grpc
 from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.peer import PeerServicer
+from meshd.cache import to_units
 from meshd.clock import wall_ms
+from meshd.cluster import Cluster
 from meshd.config import Config
+from meshd.copies import CopyCounter
 from meshd.instances import Identity, InstancePublisher, RpmMeter, instance_record
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.kv.etcd import EtcdStore
@@ -28,15 +31,30 @@ from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
 from meshd.local import LocalModels
 from meshd.management import Management
+from meshd.peers import Peers
+from meshd.placement.serving import assume_loaded_ms
+from meshd.placement.view import ClusterView
 from meshd.proxy.handler import InferenceHandler, MethodPolicy
+from meshd.proxy.peer_handler import PeerInferenceHandler
 from meshd.registry import Registry
 from meshd.router import Router
 from meshd.runtime.client import RuntimeClient
 from meshd.runtime.endpoints import channel_options, open_channel
+from meshd.vmodels import VModels
 
 log = logging.getLogger(__name__)
 
 KV_STARTUP_TIMEOUT_S = 20.0  # upstream fails fast when the KV store is unreachable at start
+TRANSITION_CHECK_S = 1.0
+
+
+def _live_copies(record: ModelRecord, view: ClusterView) -> int:
+    return sum(1 for iid in record.instance_ids if view.live(iid))
+
+
+def _has_copy(registry: Registry, model_id: str) -> bool:
+    rec = registry.get(model_id)
+    return rec is not None and bool(rec.instance_ids)
 
 
 @dataclass
@@ -51,6 +69,11 @@ class Instance:
     local: LocalModels | None = None
     servers: list[grpc.aio.Server] = field(default_factory=list)
     serving_channel: grpc.aio.Channel | None = None
+    peers: Peers | None = None
+    vmodels: VModels | None = None
+    router: Router | None = None
+    copies: CopyCounter | None = None
+    background: list[asyncio.Task[None]] = field(default_factory=list)
     grpc_port: int = 0
     peer_port: int = 0
     shutting_down: bool = False
@@ -90,7 +113,7 @@ class Instance:
 
         def build() -> InstanceRecord:
             now = wall_ms()
-            rpm = meter.rpm(local.counters.requests, now)
+            rpm = meter.rpm(local.counters.served, now)  # forwarded requests are not load here
             q = local.queue
             return instance_record(me, local.cache, q.threads, q.in_progress, rpm, self.shutting_down, now)
 
@@ -100,22 +123,53 @@ class Instance:
         local.on_change = self.publisher.kick
 
         self.serving_channel = open_channel(cfg.serving_endpoint, cfg.max_msg_size)
-        router = Router(self.local, registry, self.serving_channel)
-        management = Management(cfg.instance_id, registry, self.local, cfg.load_failure_expiry_ms)
+        self.peers = Peers(cfg.max_msg_size)
+        cluster = Cluster(
+            cfg.instance_id,
+            self.instances,
+            self.peers,
+            assume_loaded_ms(info.loading_timeout_ms),
+            to_units(info.default_model_size),
+        )
+        router = Router(self.local, registry, self.serving_channel, cluster, self.peers, cfg.load_failure_expiry_ms)
+        self.copies = CopyCounter(registry, cluster, self.local, self.peers)
+
+        async def ensure_loading(model_id: str) -> None:
+            if not _has_copy(registry, model_id):  # a load under way or done counts
+                await router.place(model_id)
+
+        self.vmodels = VModels(
+            registry,
+            cfg.default_vmodel_owner,
+            self.copies,
+            ensure_loading,
+            failure_expiry_ms=cfg.load_failure_expiry_ms,
+        )
+        self.router = router
+        management = Management(
+            cfg.instance_id,
+            registry,
+            self.local,
+            cfg.load_failure_expiry_ms,
+            live_instances=lambda: cluster.view().instances.keys(),
+        )
 
         external = grpc.aio.server(options=channel_options(cfg.max_msg_size))
-        model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(ModelMeshServicer(management), external)
+        servicer = ModelMeshServicer(management, self.vmodels, sync_timeout_s=info.loading_timeout_ms / 1000 * 2)
+        model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(servicer, external)
         policy = MethodPolicy(set(info.method_infos), info.allow_any_method)
         external.add_generic_rpc_handlers([InferenceHandler(router, policy)])
         self.grpc_port = external.add_insecure_port(f"0.0.0.0:{cfg.grpc_port}")
 
         internal = grpc.aio.server(options=channel_options(cfg.max_msg_size))
         peer_pb2_grpc.add_MeshPeerServicer_to_server(PeerServicer(cfg.instance_id, self.local, registry), internal)
+        internal.add_generic_rpc_handlers([PeerInferenceHandler(router, policy)])
         self.peer_port = internal.add_insecure_port(f"0.0.0.0:{cfg.peer_port}")
         for server in (external, internal):
             await server.start()
             self.servers.append(server)
         await self.publisher.start()  # last: peers see the instance only once it serves
+        self.background.append(asyncio.create_task(self._transitions(), name="vmodel transitions"))
         log.info(
             "meshd instance %s serving: grpc %d, peer %d, registry %s/",
             cfg.instance_id,
@@ -151,9 +205,36 @@ class Instance:
         if new is None and self.local is not None and model_id in self.local.cache:
             self.local.drop(model_id)
 
+    async def _transitions(self) -> None:
+        """Move vmodels to their targets once loaded (every instance; each switch is a CAS).
+
+        Targets get copies placed up to the active model's count; a leader will own this
+        once elected (issue 3), until then every instance may place (placement spreads).
+        """
+        assert self.vmodels is not None and self.router is not None and self.copies is not None
+        while True:
+            await asyncio.sleep(TRANSITION_CHECK_S)
+            try:
+                wanted = self.vmodels.transition_targets()
+                if not wanted:
+                    continue
+                vtable = self.router.registry.vmodels
+                actives = [v.active_model for _, v in vtable.items() if v.active_model != v.target_model]
+                await self.copies.refresh([*wanted, *actives])
+                for target, count in wanted.items():
+                    rec = self.router.registry.get(target)
+                    if rec is not None and _live_copies(rec, self.router.cluster.view()) < count:
+                        await self.router.place(target)
+                await self.vmodels.complete_transitions()
+            except Exception:
+                log.exception("vmodel transition check failed")
+
     async def stop(self) -> None:
         grace = self.config.shutdown_timeout_ms / 1000
         self.shutting_down = True
+        for task in self.background:
+            task.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
         if self.publisher is not None:
             with contextlib.suppress(Exception):
                 await self.publisher.stop()  # revokes the lease: the instance record goes at once
@@ -166,6 +247,8 @@ class Instance:
             await table.stop()
         if self.serving_channel is not None:
             await self.serving_channel.close()
+        if self.peers is not None:
+            await self.peers.close()
         if self.runtime is not None:
             await self.runtime.close()
         if self.store is not None:

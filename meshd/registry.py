@@ -48,6 +48,20 @@ class Registry:
     def corrupt_reason(self, model_id: str) -> str | None:
         return self.models.corrupt.get(model_id)
 
+    async def fetch(self, model_id: str) -> ModelRecord:
+        """A linearizable read, for a record the mirror has not seen yet (just registered
+        through another instance). NOT_FOUND / DATA_LOSS like `require`."""
+        try:
+            kv = await self.models.store.get(self.models.key(model_id))
+        except StoreError as e:
+            raise Unavailable(f"model registry unavailable: {e}") from None
+        if kv is None:
+            raise NotFound(f"model {model_id!r} not found")
+        try:
+            return ModelRecord.decode(kv.value)
+        except RecordError as e:
+            raise DataLoss(f"stored record for model {model_id!r} is corrupt and was left untouched: {e}") from None
+
     async def _update(self, table: Table[T], item_id: str, fn: Callable[[T | None], T | Keep | None]) -> T | None:
         try:
             return await table.update(item_id, fn)

@@ -1,37 +1,94 @@
 """Routes one inference call to a copy of its model and forwards the raw bytes.
 
-On this (single-instance) path: resolve vmodel to model, find the record, make sure a
-local copy is loaded (loading on a miss), forward, and reload when the runtime says the
-copy is gone. The mesh issue adds peers, reroute and retry across instances here.
+External calls (`unary`): a loaded local copy serves at once (each peer hop costs as much
+as the first). Otherwise a live copy elsewhere serves, chosen by placement; with no copy
+anywhere, placement picks where to load, here or on a peer asked to load and serve.
+Failures reroute with the failing instance excluded, up to 8 attempts (upstream's
+iteration count): a peer that is gone, a copy that is not there, a load that failed.
+Exhausted attempts answer UNAVAILABLE naming the model and what was tried, never INTERNAL.
+
+Forwarded calls (`serve_forwarded`) arrive on the internal port from a peer that chose
+this instance: serve the local copy, or load it first when asked to.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
-from meshd.errors import InvalidArgument, NotFound, RuntimeStatusError, Unavailable
-from meshd.local import LocalModels
+from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
+from meshd.cache import CacheEntry, State
+from meshd.cluster import Cluster
+from meshd.errors import InvalidArgument, LoadFailed, MeshError, NotFound, RuntimeStatusError, Unavailable
+from meshd.kv.records import ModelRecord
+from meshd.local import LocalModels, NoRoom
+from meshd.peers import Peers
+from meshd.placement.rank import LoadRequest, choose_load_target
+from meshd.placement.serving import choose_copy
 from meshd.proxy.headers import Metadata, RequestIds, runtime_metadata
 from meshd.registry import Registry
+from meshd.status import failure_expired
 
 log = logging.getLogger(__name__)
 
+MAX_ATTEMPTS = 8  # upstream's routing iterations per request (SPEC §6)
+MAX_RECENT_FAILURES = 3  # upstream gives up loading after 3 recent failures (SPEC §6)
 MAX_CACHED_METHODS = 1024  # bounds memory when any method is allowed
+RECENT_PLACEMENT_MS = 5_000  # longer than instance records take to show a load (>= 2 s)
+FRESH_COPY_MS = 1000  # a NOT_FOUND from a copy younger than this is the runtime's own answer
+
+# Internal metadata, only ever read on the internal port (the external one strips meshd-*).
+HOP = "meshd-hop"  # instance id of the forwarding peer
+MODE = "meshd-mode"  # "serve": only a loaded copy here; "load": load here first if needed
+REASON = "meshd-reason"  # trailing metadata on a refusal: why, so the sender reroutes
+NOT_HERE = "not-here"
+LOAD_FAILED = "load-failed"
 
 UnaryCall = Callable[..., Any]
 
 
+class Refused(Exception):
+    """An instance could not serve (gone, no copy, load failed): reroute.
+
+    `exclude`: do not try that instance again for this request (False when retrying
+    there may work, e.g. its runtime lost a copy and it can reload it).
+    """
+
+    def __init__(self, message: str, exclude: bool = True) -> None:
+        super().__init__(message)
+        self.exclude = exclude
+
+
 class Router:
-    def __init__(self, local: LocalModels, registry: Registry, serving_channel: grpc.aio.Channel) -> None:
+    def __init__(
+        self,
+        local: LocalModels,
+        registry: Registry,
+        serving_channel: grpc.aio.Channel,
+        cluster: Cluster,
+        peers: Peers,
+        failure_expiry_ms: int,
+        rng: random.Random | None = None,
+    ) -> None:
         self.local = local
         self.registry = registry
         self.channel = serving_channel
+        self.cluster = cluster
+        self.peers = peers
+        self.failure_expiry_ms = failure_expiry_ms
+        self.rng = rng or random.Random()
+        self.self_id = local.instance_id
         self._unary: dict[str, UnaryCall] = {}
+        self.inflight: dict[str, int] = {}  # requests this instance has in flight per peer
+        self._placed: deque[tuple[int, str]] = deque()  # (ms, instance) of loads placed lately
+        self.forwarded = 0  # external requests served by a peer (share of peer hops)
 
+    # ---- lookups ---------------------------------------------------------------------
     def resolve(self, ids: RequestIds) -> str:
         if ids.model_id is not None:
             return ids.model_id
@@ -39,11 +96,47 @@ class Router:
         vrec = self.registry.vmodels.get(ids.vmodel_id)
         if vrec is None:
             raise NotFound(f"vmodel {ids.vmodel_id!r} not found")
-        if not vrec.active_model:
-            raise Unavailable(f"vmodel {ids.vmodel_id!r} has no active model yet")
         return vrec.active_model
 
-    def _callable(self, method: str) -> UnaryCall:
+    async def place(self, model_id: str, exclude: frozenset[str] = frozenset()) -> str | None:
+        """Start loading one more copy somewhere (placement's choice); never waits for it."""
+        record = await self.record(model_id)
+        view = self.cluster.view()
+        holders = frozenset(i for i in record.instance_ids if i == self.self_id or view.live(i))
+        target = choose_load_target(
+            view,
+            LoadRequest(
+                model_id=model_id,
+                model_type=record.type,
+                size_units=self.cluster.default_units,
+                exclude=exclude | holders,
+                required_labels=frozenset(),
+                preferred_labels=frozenset(),
+                prefer_self=False,
+                recent_placements=self._recent_placements(view.now_ms),
+            ),
+            self.rng,
+        )
+        if target is None:
+            return None
+        self._placed_on(target, view.now_ms)
+        if target == self.self_id:
+            self.local.start_load(model_id, record, self.local.clock())
+            return target
+        inst = view.get(target)
+        assert inst is not None
+        stub = peer_pb2_grpc.MeshPeerStub(self.peers.get(target, inst.location).channel)
+        await stub.InternalOperation(peer_pb2.InternalOpRequest(modelId=model_id, load=True), timeout=10)
+        return target
+
+    async def record(self, model_id: str) -> ModelRecord:
+        """The model's record; a strong read when the mirror has not seen it yet."""
+        rec = self.registry.get(model_id)
+        if rec is not None:
+            return rec
+        return await self.registry.fetch(model_id)
+
+    def _runtime_call(self, method: str) -> UnaryCall:
         call = self._unary.get(method)
         if call is None:
             # Raw bytes both ways: no (de)serializer, the request is never parsed.
@@ -52,33 +145,233 @@ class Router:
                 self._unary[method] = call
         return call
 
+    # ---- external calls ----------------------------------------------------------------
     async def unary(
         self, method: str, request: bytes, ids: RequestIds, forward: Metadata, remaining_s: float | None
     ) -> bytes:
-        """Forward one unary call; `remaining_s` is the client's deadline (None: none)."""
+        """Serve one external unary call; `remaining_s` is the client's deadline (None: none)."""
         self.local.counters.requests += 1
         model_id = self.resolve(ids)
-        record = self.registry.require(model_id)
-        metadata = runtime_metadata(forward, model_id)
-        call = self._callable(method)
-        reloaded = False
-        while True:
-            entry = await self.local.ensure(model_id, record)
-            self.local.acquire(entry)
+        entry = self.local.cache.get(model_id)
+        if entry is not None and entry.state is State.LOADED:  # the common case, kept short
+            self.local.counters.hits += 1
+            self.local.cache.touch(model_id, self.local.clock())
+            metadata = runtime_metadata(forward, model_id)
             try:
-                response: bytes = await call(request, metadata=metadata, timeout=remaining_s)
-                return response
-            except grpc.aio.AioRpcError as e:
-                code = e.code()
-                if code == grpc.StatusCode.NOT_FOUND and not reloaded:
-                    # The runtime may have lost the copy (it restarted): reload once and retry.
-                    # A NOT_FOUND from a fresh copy is the runtime's own answer (an unknown
-                    # version, say) and goes to the client unchanged.
-                    self.local.lost(model_id, entry)
-                    reloaded = True
-                    continue
-                if code == grpc.StatusCode.INTERNAL and "deserializ" in (e.details() or "").lower():
-                    raise InvalidArgument(f"the runtime could not parse the request: {e.details()}") from None
-                raise RuntimeStatusError(code, e.details() or code.name) from None
-            finally:
-                self.local.release(entry)
+                return await self._serve_entry(entry, method, request, model_id, metadata, remaining_s)
+            except Refused:
+                pass  # the runtime lost it; route as a miss below
+        record = await self.record(model_id)
+        metadata = runtime_metadata(forward, model_id)
+        return await self._route(method, request, model_id, record, metadata, remaining_s, ids.balanced)
+
+    async def _route(
+        self,
+        method: str,
+        request: bytes,
+        model_id: str,
+        record: ModelRecord,
+        metadata: Metadata,
+        remaining_s: float | None,
+        balanced: bool,
+    ) -> bytes:
+        excluded: set[str] = set()
+        tried: list[str] = []
+        for _ in range(MAX_ATTEMPTS):
+            record = self.registry.get(model_id) or record
+            view = self.cluster.view()
+            now = view.now_ms
+            entry = self.local.cache.get(model_id)
+            local_loaded = entry is not None and entry.state is State.LOADED and self.self_id not in excluded
+            copies = {
+                iid: start
+                for iid, start in record.instance_ids.items()
+                if iid not in excluded and (iid == self.self_id or view.live(iid))
+            }
+            target = choose_copy(
+                view,
+                copies,
+                self.inflight,
+                excluded,
+                self.cluster.assume_loaded_ms,
+                local_loaded,
+                balanced,
+            )
+            mode = "serve"
+            if target is None:
+                expiry = self.failure_expiry_ms
+                recent = [i for i, ms in record.failed_in.items() if not failure_expired(ms, now, expiry)]
+                if len(recent) >= MAX_RECENT_FAILURES:
+                    raise Unavailable(self._given_up(model_id, record, recent))
+                target = choose_load_target(
+                    view,
+                    LoadRequest(
+                        model_id=model_id,
+                        model_type=record.type,
+                        size_units=self.cluster.default_units,
+                        exclude=frozenset(excluded | set(recent)),
+                        required_labels=frozenset(),
+                        preferred_labels=frozenset(),
+                        prefer_self=balanced,
+                        recent_placements=self._recent_placements(now),
+                    ),
+                    self.rng,
+                )
+                mode = "load"
+                if target is not None:
+                    self._placed_on(target, now)
+                if target is None:
+                    if self.self_id in excluded:
+                        break
+                    target = self.self_id  # nothing better known (alone, or records not yet seen)
+            try:
+                if target == self.self_id:
+                    return await self._load_and_serve_local(method, request, model_id, record, metadata, remaining_s)
+                self.forwarded += 1
+                return await self._forward(target, method, request, model_id, metadata, remaining_s, mode)
+            except Refused as e:
+                log.info("rerouting %s away from %s: %s", model_id, target, e)
+                tried.append(f"{target} ({mode}): {e}")
+                if e.exclude:
+                    excluded.add(target)
+        raise Unavailable(
+            f"model {model_id!r}: no instance could serve it after {len(tried)} attempts: "
+            + ("; ".join(tried) or "no live instance")
+        )
+
+    def _recent_placements(self, now_ms: int) -> dict[str, int]:
+        while self._placed and now_ms - self._placed[0][0] > RECENT_PLACEMENT_MS:
+            self._placed.popleft()
+        counts: dict[str, int] = {}
+        for _, iid in self._placed:
+            counts[iid] = counts.get(iid, 0) + 1
+        return counts
+
+    def _placed_on(self, target: str, now_ms: int) -> None:
+        self._placed.append((now_ms, target))
+
+    def _given_up(self, model_id: str, record: ModelRecord, recent: list[str]) -> str:
+        msgs = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)
+        return f"model {model_id!r} failed to load on {len(recent)} instances recently ({msgs})"
+
+    # ---- serving here ----------------------------------------------------------------
+    async def _load_and_serve_local(
+        self,
+        method: str,
+        request: bytes,
+        model_id: str,
+        record: ModelRecord,
+        metadata: Metadata,
+        remaining_s: float | None,
+    ) -> bytes:
+        try:
+            entry = await self.local.ensure(model_id, record)
+        except (LoadFailed, NoRoom) as e:
+            raise Refused(e.message) from None
+        # Serve through this entry even if a concurrent load evicted it meanwhile: the
+        # request counts as in flight, and the unload waits for in-flight requests.
+        return await self._serve_entry(entry, method, request, model_id, metadata, remaining_s)
+
+    async def _serve_entry(
+        self,
+        entry: CacheEntry,
+        method: str,
+        request: bytes,
+        model_id: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+    ) -> bytes:
+        """Forward to the runtime through a loaded local copy."""
+        self.local.acquire(entry)
+        self.local.counters.served += 1
+        try:
+            response: bytes = await self._runtime_call(method)(request, metadata=metadata, timeout=remaining_s)
+            return response
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.NOT_FOUND and entry.since_ms < self.local.clock() - FRESH_COPY_MS:
+                # The runtime lost a copy it had for a while (it restarted): drop it and
+                # reroute; loading here again is allowed. NOT_FOUND from a fresh copy is the
+                # runtime's own answer (an unknown version, say) and goes to the client.
+                self.local.lost(model_id, entry)
+                raise Refused(f"the runtime no longer has {model_id!r}", exclude=False) from None
+            if code == grpc.StatusCode.INTERNAL and "deserializ" in (e.details() or "").lower():
+                raise InvalidArgument(f"the runtime could not parse the request: {e.details()}") from None
+            raise RuntimeStatusError(code, e.details() or code.name) from None
+        finally:
+            self.local.release(entry)
+
+    # ---- peers -----------------------------------------------------------------------
+    async def _forward(
+        self,
+        target: str,
+        method: str,
+        request: bytes,
+        model_id: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+        mode: str,
+    ) -> bytes:
+        inst = self.cluster.view().get(target)
+        if inst is None or not inst.location:
+            raise Refused(f"{target} is not live")
+        call = self.peers.get(target, inst.location).unary(method)
+        md = (*metadata, (HOP, self.self_id), (MODE, mode))
+        self.inflight[target] = self.inflight.get(target, 0) + 1
+        try:
+            response: bytes = await call(request, metadata=md, timeout=remaining_s)
+            return response
+        except grpc.aio.AioRpcError as e:
+            reason = _reason(e)
+            if reason is not None:
+                raise Refused(f"{reason}: {e.details()}") from None
+            if e.code() == grpc.StatusCode.UNAVAILABLE and "meshd" not in (e.details() or ""):
+                raise Refused(f"unreachable: {e.details()}") from None  # the peer is gone
+            raise RuntimeStatusError(e.code(), e.details() or e.code().name) from None
+        finally:
+            self.inflight[target] -= 1
+
+    async def serve_forwarded(
+        self, method: str, request: bytes, model_id: str, mode: str, metadata: Metadata, remaining_s: float | None
+    ) -> bytes:
+        """A peer's call: serve from the local copy (loading first in "load" mode).
+
+        Refusals carry `meshd-reason` in the trailing metadata so the peer reroutes.
+        """
+        self.local.counters.requests += 1
+        entry: CacheEntry | None
+        if mode == "load":
+            record = await self.record(model_id)
+            try:
+                entry = await self.local.ensure(model_id, record)  # served even if evicted since
+            except LoadFailed as e:
+                raise PeerRefusal(LOAD_FAILED, e.message) from None
+            except NoRoom as e:
+                raise PeerRefusal(NOT_HERE, e.message) from None
+        else:
+            entry = self.local.cache.get(model_id)
+            if entry is None or entry.state is not State.LOADED:
+                raise PeerRefusal(NOT_HERE, f"no loaded copy of {model_id!r} on {self.self_id}")
+            self.local.counters.hits += 1
+            self.local.cache.touch(model_id, self.local.clock())
+        try:
+            return await self._serve_entry(entry, method, request, model_id, metadata, remaining_s)
+        except Refused as e:
+            raise PeerRefusal(NOT_HERE, str(e)) from None
+
+
+class PeerRefusal(MeshError):
+    """Answered to a peer: UNAVAILABLE with the reason in trailing metadata."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"meshd: {message}")
+        self.reason = reason
+
+
+def _reason(e: grpc.aio.AioRpcError) -> str | None:
+    for key, value in e.trailing_metadata() or ():
+        if key == REASON:
+            return value if isinstance(value, str) else value.decode()
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from meshd.cache import CacheEntry, State
@@ -47,11 +48,13 @@ def model_status(
     self_id: str,
     now_ms: int,
     failure_expiry_ms: int,
+    live: AbstractSet[str] | None = None,
 ) -> StatusView:
     """Status across the mesh as this instance sees it.
 
     The local copy's state is known exactly; other instances' copies are taken as loaded
-    (their state is theirs to report). Unexpired failures count; newest copies first.
+    (their state is theirs to report) while the instance is live (`live`: ids with a
+    record, None: all). Unexpired failures count; newest copies first.
     """
     if record is None:
         return NOT_FOUND
@@ -64,7 +67,7 @@ def model_status(
                 local.state, ModelStatus.LOADING_FAILED
             )
             copies.append(CopyView(iid, state, start_ms))
-        else:
+        elif live is None or iid in live:
             copies.append(CopyView(iid, ModelStatus.LOADED, start_ms))
     if local is not None and local.state is State.LOADING and self_id not in record.instance_ids:
         copies.append(CopyView(self_id, ModelStatus.LOADING, local.since_ms))

@@ -49,11 +49,13 @@ def test_publish_cadence() -> None:
     assert publish_due(first, first, 1000, 3000, True)  # forced after a load
 
 
-def test_rpm_meter() -> None:
+def test_rpm_meter_counts_the_last_minute_without_extrapolating() -> None:
     m = RpmMeter()
     assert m.rpm(0, 0) == 0
-    assert m.rpm(100, 30_000) == 200
-    assert m.rpm(100, 120_000) == 0  # no requests in the last minute
+    assert m.rpm(3, 1_000) == 3  # a burst right after start is not 180 rpm
+    assert m.rpm(100, 30_000) == 100
+    assert m.rpm(250, 61_000) == 247  # baseline moved to the sample a minute old (t=1 s)
+    assert m.rpm(250, 200_000) == 0  # nothing in the last minute
 
 
 async def test_lease_keeper_regrants_and_reattaches_after_expiry() -> None:

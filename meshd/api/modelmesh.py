@@ -10,6 +10,7 @@ from meshd.api.grpc_errors import statuses
 from meshd.ids import ModelInfo
 from meshd.management import Management
 from meshd.status import StatusView
+from meshd.vmodels import SetVModel, VModels, VModelStatusView
 
 
 def status_message(view: StatusView) -> Any:
@@ -23,9 +24,25 @@ def status_message(view: StatusView) -> Any:
     )
 
 
+def vmodel_message(m: Management, view: VModelStatusView) -> Any:
+    msg = mm.VModelStatusInfo(
+        status=view.status.name,
+        activeModelId=view.active_model_id,
+        targetModelId=view.target_model_id,
+        owner=view.owner,
+    )
+    if view.active_model_id:
+        msg.activeModelStatus.CopyFrom(status_message(m.status(view.active_model_id)))
+    if view.target_model_id:
+        msg.targetModelStatus.CopyFrom(status_message(m.status(view.target_model_id)))
+    return msg
+
+
 class ModelMeshServicer(mm_grpc.ModelMeshServicer):  # type: ignore[misc]
-    def __init__(self, management: Management) -> None:
+    def __init__(self, management: Management, vmodels: VModels, sync_timeout_s: float) -> None:
         self.m = management
+        self.v = vmodels
+        self.sync_timeout_s = sync_timeout_s
 
     @statuses
     async def registerModel(self, request: Any, context: Any) -> Any:
@@ -51,3 +68,32 @@ class ModelMeshServicer(mm_grpc.ModelMeshServicer):  # type: ignore[misc]
     @statuses
     async def ensureLoaded(self, request: Any, context: Any) -> Any:
         return status_message(await self.m.ensure_loaded(request.modelId, request.lastUsedTime, request.sync))
+
+    @statuses
+    async def setVModel(self, request: Any, context: Any) -> Any:
+        info = request.modelInfo if request.HasField("modelInfo") else None
+        req = SetVModel(
+            vmodel_id=request.vModelId,
+            target_model_id=request.targetModelId,
+            update_only=request.updateOnly,
+            model_info=ModelInfo(info.type, info.path, info.key) if info is not None else None,
+            auto_delete_target=request.autoDeleteTargetModel,
+            load_now=request.loadNow,
+            force=request.force,
+            sync=request.sync,
+            expected_target_model_id=request.expectedTargetModelId,
+            owner=request.owner,
+        )
+        view = await self.v.set_vmodel(req)
+        if request.sync and view.active_model_id != view.target_model_id:
+            view = await self.v.wait_transition(request.vModelId, request.targetModelId, self.sync_timeout_s)
+        return vmodel_message(self.m, view)
+
+    @statuses
+    async def deleteVModel(self, request: Any, context: Any) -> Any:
+        await self.v.delete_vmodel(request.vModelId, request.owner)
+        return mm.DeleteVModelResponse()
+
+    @statuses
+    async def getVModelStatus(self, request: Any, context: Any) -> Any:
+        return vmodel_message(self.m, self.v.status(request.vModelId, request.owner))

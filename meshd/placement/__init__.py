@@ -1,5 +1,21 @@
 """Placement decisions (pure, clock-injected): where to load, which copy serves, copy scaling.
 
-The mesh issue fills this in; the single-instance path needs none of it yet, and the
-simulator (sim/) will drive exactly this code.
+No I/O, no asyncio: each function reads plain data (a `ClusterView` snapshot with its
+`now_ms`, record fields) and returns a decision; randomness comes only from an injected
+`random.Random`. The daemon's mechanisms act on the answers; the simulator (sim/) drives
+exactly this code. Public names, by module:
+
+- `view`: `InstanceView`, `ClusterView` -- the snapshot every decision reads.
+- `rank`: `LoadRequest`, `choose_load_target(view, req, rng) -> str | None` (where a cache
+  miss loads), `placement_key(inst, now_ms, newest_version, *, default_model_units,
+  min_churn_age_ms)` (upstream's PLACEMENT_ORDER), `is_full`, `full_threshold_units`,
+  `rank`, `shortlist`, `hot_factor`, `drop_hot`, `min_churn_age_ms`.
+- `serving`: `choose_copy(view, copies, inflight, exclude, assume_loaded_ms, local_loaded,
+  balanced) -> str | None` (which copy serves), `assume_loaded_ms(loading_timeout_ms)`.
+- `scaling`: `ModelPolicy`, `want_second_copy`, `extra_copies_for_load`,
+  `should_drop_copy`, `missing_copies`, `cluster_free_ratio`, `global_lru_ms`,
+  `cache_age_ms`, `cluster_has_room`, `idle_before_drop_ms`.
+- `constraints`: `TypeConstraints.parse(text)`, `TypeConstraints.for_type(model_type) ->
+  (required, preferred)`, `parse_labels` (MM_LABELS).
+- `modelkey`: `policy_from_key(key) -> ModelPolicy` (the `"meshd"` object in ModelInfo.key).
 """

@@ -1,0 +1,65 @@
+"""Channels to peer instances' internal ports, one per live instance, made on first use.
+
+A channel is replaced when the instance's advertised location changes and closed when
+its record disappears (lease gone). Raw-bytes callables are cached per method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from meshd.runtime.endpoints import channel_options
+
+MAX_CACHED_METHODS = 1024
+
+
+class PeerChannel:
+    def __init__(self, location: str, max_message_bytes: int) -> None:
+        self.location = location
+        self.channel = grpc.aio.insecure_channel(location, options=channel_options(max_message_bytes))
+        self._unary: dict[str, Callable[..., Any]] = {}
+
+    def unary(self, method: str) -> Callable[..., Any]:
+        call = self._unary.get(method)
+        if call is None:
+            call = self.channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+            if len(self._unary) < MAX_CACHED_METHODS:
+                self._unary[method] = call
+        return call
+
+
+class Peers:
+    def __init__(self, max_message_bytes: int) -> None:
+        self.max_message_bytes = max_message_bytes
+        self._channels: dict[str, PeerChannel] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def get(self, instance_id: str, location: str) -> PeerChannel:
+        peer = self._channels.get(instance_id)
+        if peer is None or peer.location != location:
+            if peer is not None:
+                self._close_later(peer)
+            peer = self._channels[instance_id] = PeerChannel(location, self.max_message_bytes)
+        return peer
+
+    def forget(self, instance_id: str) -> None:
+        peer = self._channels.pop(instance_id, None)
+        if peer is not None:
+            self._close_later(peer)
+
+    def _close_later(self, peer: PeerChannel) -> None:
+        task = asyncio.get_running_loop().create_task(peer.channel.close(grace=5.0))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        for peer in self._channels.values():
+            with contextlib.suppress(Exception):
+                await peer.channel.close()
+        self._channels.clear()
+        await asyncio.gather(*self._closing, return_exceptions=True)

@@ -1,0 +1,238 @@
+"""Copy scaling: when a model should gain or lose copies. Decisions only; nothing is done here.
+
+Each instance evaluates these periodically for the copies it holds (upstream: the rate
+check every 10 s for scale-up, the janitor every 6 min for scale-down) and acts on the
+answers through the mechanisms. Owns `ModelPolicy` (meshd's per-model min/max copies and
+size override, beyond upstream), the cluster-wide free ratio and LRU helpers, and the rules:
+
+- `want_second_copy`: 1 -> 2 when a model is used again 7-40 min after an earlier use and
+  the cluster has room (upstream's "regular use" heuristic, SPEC §6).
+- `extra_copies_for_load`: more copies when each copy serves more than the scale-up
+  threshold (MM_SCALEUP_RPM_THRESHOLD, 2000 rpm).
+- `should_drop_copy`: give a copy back when the cluster is nearly full (<= 5 % free), the
+  model is idle, and this holder is the worse placement.
+- `missing_copies`: copies to add to honour a policy's min_copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from meshd.placement.rank import DEFAULT_MIN_CHURN_AGE_MS, placement_key
+from meshd.placement.view import ClusterView, InstanceView
+
+# ModelMesh SECOND_COPY_MIN_AGE_SECS / SECOND_COPY_MAX_AGE_SECS (mm.min/max_second_copy_age_secs):
+# a single-copy model used now that was also used 7-40 min ago gets a second copy.
+SECOND_COPY_MIN_AGE_MS = 420_000  # 7 min
+SECOND_COPY_MAX_AGE_MS = 2_400_000  # 40 min
+# ModelMesh rateTrackingTask: "used now" means requests since the last rate check (every 10 s).
+RATE_CHECK_INTERVAL_MS = 10_000
+# ModelMesh scale-up: only when the cluster is >= 10 % free, or its global LRU is older than 20 h
+# (so the extra copy evicts nothing anyone used recently).
+SCALE_UP_MIN_FREE_RATIO = 0.10
+SCALE_UP_MIN_GLOBAL_LRU_AGE_MS = 20 * 3_600_000
+# ModelMesh DEFAULT_SCALEUP_RPM / MM_SCALEUP_RPM_THRESHOLD: per-copy rate above which copies are added.
+DEFAULT_SCALE_UP_RPM_THRESHOLD = 2000
+# ModelMesh scale-up: at most max(2, instances/3) copies added per step.
+SCALE_UP_MIN_STEP = 2
+SCALE_UP_STEP_DIVISOR = 3
+# ModelMesh janitor: scale down only when the instance set is <= 5 % free.
+SCALE_DOWN_MAX_FREE_RATIO = 0.05
+# ModelMesh SECOND_COPY_REMOVE_MAX_AGE_MS: a second copy idle for min(10 h, 10 % of the cache
+# age) is removed.
+SCALE_DOWN_MAX_IDLE_MS = 10 * 3_600_000
+SCALE_DOWN_IDLE_AGE_DIVISOR = 10
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPolicy:
+    """meshd's per-model copy policy (upstream has none: one copy per pod at most).
+
+    `min_copies`: copies kept while the model is loaded at all (scale-down never goes
+    below it; `missing_copies` tops up to it). `max_copies`: 0 means one per instance.
+    `declared_size_bytes`: the model's memory size as the user declared it (meshd key
+    `size_bytes`); `disk_size_bytes`: upstream's `disk_size_bytes` key field, a weaker hint.
+    """
+
+    min_copies: int = 1
+    max_copies: int = 0
+    declared_size_bytes: int | None = None
+    disk_size_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_copies < 0:
+            raise ValueError(f"min_copies must be >= 0, got {self.min_copies}")
+        if self.max_copies < 0:
+            raise ValueError(f"max_copies must be >= 0 (0 = one per instance), got {self.max_copies}")
+        if self.max_copies and self.min_copies > self.max_copies:
+            raise ValueError(f"min_copies ({self.min_copies}) exceeds max_copies ({self.max_copies})")
+        for name, value in (("size_bytes", self.declared_size_bytes), ("disk_size_bytes", self.disk_size_bytes)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+
+    @property
+    def size_hint_bytes(self) -> int | None:
+        """The best size hint: the declared size, else the disk size, else None."""
+        return self.declared_size_bytes if self.declared_size_bytes is not None else self.disk_size_bytes
+
+    def copy_limit(self, instances: int) -> int:
+        """Most copies allowed with `instances` live instances (never more than one each)."""
+        return instances if self.max_copies == 0 else min(self.max_copies, instances)
+
+
+DEFAULT_POLICY = ModelPolicy()
+
+
+# ---- cluster-wide figures -------------------------------------------------------------------
+def _serving(view: ClusterView) -> list[InstanceView]:
+    return [i for i in view.instances.values() if not i.shutdown]
+
+
+def cluster_free_ratio(view: ClusterView) -> float:
+    """Free units over capacity across live instances that are not shutting down (0 if none)."""
+    insts = _serving(view)
+    capacity = sum(max(0, i.capacity) for i in insts)
+    if capacity <= 0:
+        return 0.0
+    return sum(max(0, i.free) for i in insts) / capacity
+
+
+def global_lru_ms(view: ClusterView) -> int:
+    """Oldest LRU time across live instances (now when none reports one)."""
+    times = [i.lru_time for i in view.instances.values() if i.lru_time > 0]
+    return min(times) if times else view.now_ms
+
+
+def cache_age_ms(view: ClusterView) -> int:
+    """How long ago the least recently used loaded model anywhere was used."""
+    return max(0, view.now_ms - global_lru_ms(view))
+
+
+def cluster_has_room(view: ClusterView) -> bool:
+    """Room for an extra copy: >= 10 % free, or nothing used in the last 20 h would be evicted."""
+    return cluster_free_ratio(view) >= SCALE_UP_MIN_FREE_RATIO or cache_age_ms(view) > SCALE_UP_MIN_GLOBAL_LRU_AGE_MS
+
+
+def _live_copies(view: ClusterView, copies: Mapping[str, int]) -> list[InstanceView]:
+    """Holders that are live and not shutting down (a leaving holder's copy is going away)."""
+    out: list[InstanceView] = []
+    for iid in copies:
+        inst = view.get(iid)
+        if inst is not None and not inst.shutdown:
+            out.append(inst)
+    return out
+
+
+# ---- scale-up -------------------------------------------------------------------------------
+def want_second_copy(
+    view: ClusterView,
+    *,
+    copies: int,
+    last_used_ms: int,
+    prior_use_ms: int | None,
+    candidates: int,
+    policy: ModelPolicy = DEFAULT_POLICY,
+) -> bool:
+    """Upstream's 1 -> 2 rule: used now, and also used 7-40 min ago, and there is room.
+
+    `copies`: live copies now (the rule only applies at exactly one). `last_used_ms`: the
+    latest use; "now" means within the last rate-check interval (10 s). `prior_use_ms`: the
+    use before the current spell of use (None: never used before), which must be 7-40 min
+    ago: a one-off or a short burst does not earn a second copy, regular use does.
+    `candidates`: instances that could take the copy (live, not holding it, allowed by
+    type constraints). Also needs the policy to allow two copies and the cluster to have
+    room (`cluster_has_room`).
+    """
+    now = view.now_ms
+    if copies != 1 or candidates < 1 or prior_use_ms is None:
+        return False
+    if policy.copy_limit(len(_serving(view))) < 2:
+        return False
+    if now - last_used_ms > RATE_CHECK_INTERVAL_MS:
+        return False
+    if not SECOND_COPY_MIN_AGE_MS <= now - prior_use_ms <= SECOND_COPY_MAX_AGE_MS:
+        return False
+    return cluster_has_room(view)
+
+
+def extra_copies_for_load(
+    rpm_per_copy: int,
+    copies: int,
+    threshold_rpm: int,
+    candidates: int,
+    instances_total: int,
+    policy: ModelPolicy = DEFAULT_POLICY,
+) -> int:
+    """Copies to add because each copy serves more than `threshold_rpm` (0 if none).
+
+    Upstream: at or above the threshold, add min(rpm / threshold, candidates) copies,
+    at most max(2, instances / 3) in one step; meshd also stops at the policy's max copies.
+    """
+    if threshold_rpm <= 0 or rpm_per_copy < threshold_rpm or copies < 1:
+        return 0
+    wanted = min(rpm_per_copy // threshold_rpm, candidates)
+    step = max(SCALE_UP_MIN_STEP, instances_total // SCALE_UP_STEP_DIVISOR)
+    room = policy.copy_limit(instances_total) - copies
+    return max(0, min(wanted, step, room))
+
+
+# ---- scale-down -----------------------------------------------------------------------------
+def idle_before_drop_ms(view: ClusterView) -> int:
+    """Upstream's idle time before an extra copy goes: min(10 h, 10 % of the cache age)."""
+    return min(SCALE_DOWN_MAX_IDLE_MS, cache_age_ms(view) // SCALE_DOWN_IDLE_AGE_DIVISOR)
+
+
+def should_drop_copy(
+    view: ClusterView,
+    *,
+    copies: Mapping[str, int],
+    last_used_ms: int,
+    default_model_units: int,
+    policy: ModelPolicy = DEFAULT_POLICY,
+    idle_ms: int | None = None,
+    min_churn_age_ms: int = DEFAULT_MIN_CHURN_AGE_MS,
+) -> bool:
+    """Whether this instance (`view.self_id`) should unload its copy of an idle model.
+
+    All of: this instance holds a copy (in `copies`, the record's instance ids) and is not
+    shutting down (drain handles that); the cluster is <= 5 % free; the model has not been
+    used for `idle_ms` (None: upstream's min(10 h, 10 % of the cache age)); more live
+    copies than max(1, min_copies), so the result never goes below min_copies and the last
+    copy is left to eviction; and this instance is the worst placement among the live
+    holders by `placement_key` (upstream's 2 -> 1 rule, applied to any count: only one
+    holder, the worst, drops per evaluation round, so holders do not all drop at once).
+    """
+    me = view.get(view.self_id)
+    if me is None or me.shutdown or view.self_id not in copies:
+        return False
+    holders = _live_copies(view, copies)
+    if len(holders) <= max(1, policy.min_copies):
+        return False
+    if cluster_free_ratio(view) > SCALE_DOWN_MAX_FREE_RATIO:
+        return False
+    threshold = idle_before_drop_ms(view) if idle_ms is None else idle_ms
+    if view.now_ms - last_used_ms < threshold:
+        return False
+    newest = max(h.version for h in holders)
+    worst = max(
+        holders,
+        key=lambda h: placement_key(
+            h, view.now_ms, newest, default_model_units=default_model_units, min_churn_age_ms=min_churn_age_ms
+        ),
+    )
+    return worst.instance_id == view.self_id
+
+
+# ---- policy floor ---------------------------------------------------------------------------
+def missing_copies(copies: int, policy: ModelPolicy, live_instances: int) -> int:
+    """Copies to add so a model has min(min_copies, live instances) copies (beyond upstream).
+
+    A model with no copy and a floor of one (the default) is left alone: models load on
+    demand, as upstream's do, so the default policy never loads every registered model.
+    A floor above one is kept even from zero copies (the user asked for it explicitly).
+    """
+    if copies <= 0 and policy.min_copies <= 1:
+        return 0
+    target = min(policy.min_copies, policy.copy_limit(live_instances), live_instances)
+    return max(0, target - max(0, copies))

@@ -1,0 +1,75 @@
+"""The internal port's generic handler: inference forwarded by peers, original method and bytes.
+
+Only requests marked by a peer (`meshd-hop`) are taken; the model id is the concrete one
+the peer resolved (`mm-model-id-bin`). Refusals carry `meshd-reason` so the peer reroutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from meshd.errors import InvalidArgument, MeshError
+from meshd.ids import decode_id
+from meshd.proxy.handler import MAX_CACHED_METHODS, MethodPolicy
+from meshd.proxy.headers import INTERNAL_PREFIX, MODEL_ID, MODEL_ID_BIN, Metadata
+from meshd.router import HOP, MODE, REASON, PeerRefusal, Router
+
+
+def parse_peer_metadata(metadata: Any) -> tuple[str, str, Metadata]:
+    """(model id, mode, headers for the runtime) of a forwarded call."""
+    hop = mode = None
+    model_id: str | None = None
+    runtime_md: list[tuple[str, str | bytes]] = []
+    for key, value in metadata:
+        if key == HOP:
+            hop = value
+        elif key == MODE:
+            mode = value
+        elif key.startswith(INTERNAL_PREFIX) or key.startswith("grpc-") or key in ("content-type", "user-agent"):
+            continue
+        else:
+            if key == MODEL_ID_BIN:
+                model_id = decode_id(value if isinstance(value, bytes) else value.encode())
+            elif key == MODEL_ID and model_id is None:
+                model_id = value if isinstance(value, str) else value.decode()
+            runtime_md.append((key, value))
+    if hop is None or model_id is None or mode not in ("serve", "load"):
+        raise InvalidArgument("not a meshd peer call (the internal port serves peers only)")
+    return model_id, mode, tuple(runtime_md)
+
+
+class PeerInferenceHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
+    def __init__(self, router: Router, policy: MethodPolicy) -> None:
+        self.router = router
+        self.policy = policy
+        self._handlers: dict[str, Any] = {}
+
+    def service(self, handler_call_details: Any) -> Any:
+        method: str = handler_call_details.method
+        handler = self._handlers.get(method)
+        if handler is None:
+            if not self.policy.allowed(method):
+                return None
+            handler = grpc.unary_unary_rpc_method_handler(self._unary(method))
+            if len(self._handlers) < MAX_CACHED_METHODS:
+                self._handlers[method] = handler
+        return handler
+
+    def _unary(self, method: str) -> Callable[[bytes, Any], Any]:
+        router = self.router
+
+        async def handle(request: bytes, context: Any) -> bytes:
+            try:
+                model_id, mode, metadata = parse_peer_metadata(context.invocation_metadata())
+                return await router.serve_forwarded(method, request, model_id, mode, metadata, context.time_remaining())
+            except PeerRefusal as e:
+                await context.abort(e.code, e.message, trailing_metadata=((REASON, e.reason),))
+                raise
+            except MeshError as e:
+                await context.abort(e.code, e.message)
+                raise
+
+        return handle

@@ -1,0 +1,134 @@
+"""Three meshd instances and three reference runtimes on one etcd: one mesh."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
+from meshd._proto.mmesh import model_mesh_pb2 as mm
+from meshd.runtimes.models import GeneratedModel, generate_models
+from meshd.testing.procs import wait_until
+
+from .conftest import MODEL_SIZE, Client, NodeFactory, close_enough, expected
+
+pytestmark = pytest.mark.slow
+
+ROWS = [[1.0, 2.0, 3.0, 4.0]]
+ST = mm.ModelStatusInfo
+
+
+def three(start_node: NodeFactory, **kw: object) -> list[Client]:
+    return [start_node(f"inst-{n}", **kw) for n in "abc"]  # type: ignore[arg-type]
+
+
+def load_on(c: Client, model_id: str) -> None:
+    """Place a copy on this instance explicitly (the internal load-here operation)."""
+    with grpc.insecure_channel(f"127.0.0.1:{c.node.peer_port}") as ch:
+        req = peer_pb2.InternalOpRequest(modelId=model_id, load=True, sync=True)
+        state = peer_pb2_grpc.MeshPeerStub(ch).InternalOperation(req, timeout=30).state
+    assert state == peer_pb2.InternalOpResponse.LOADED
+
+
+def copies(c: Client, model_id: str) -> set[str]:
+    return {x.location for x in c.status(model_id).modelCopyInfos if x.copyStatus == ST.LOADED}
+
+
+def test_a_model_loaded_on_one_instance_is_served_through_each_other(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    a, b, c = three(start_node)
+    m = models[0]
+    a.register(m)
+    load_on(a, m.id)
+    for client in (b, c, a):
+        assert close_enough(client.infer(m.id, ROWS), expected(m, ROWS))
+    # Served by the one copy: nothing else loaded it.
+    assert a.runtime_loaded() == [m.id] and b.runtime_loaded() == [] and c.runtime_loaded() == []
+    assert copies(b, m.id) == {"inst-a"}
+
+
+def test_concurrent_cold_loads_spread_over_the_instances(start_node: NodeFactory, tmp_path: object) -> None:
+    nodes = three(start_node, capacity_models=30)
+    models = generate_models(tmp_path / "many", 30, size_bytes=MODEL_SIZE)  # type: ignore[operator]
+    for m in models:
+        nodes[0].register(m)
+    barrier = threading.Barrier(30)
+
+    def cold(i: int) -> bool:
+        m = models[i]
+        barrier.wait()
+        return close_enough(nodes[i % 3].infer(m.id, ROWS), expected(m, ROWS))
+
+    with ThreadPoolExecutor(30) as pool:
+        assert all(pool.map(cold, range(30)))
+    loads = Counter({n.node.instance_id: len(n.runtime_loaded()) for n in nodes})
+    assert sum(loads.values()) == 30
+    assert max(loads.values()) <= 15, loads  # no instance took more than half
+
+
+def test_kill_9_under_traffic_loses_no_request(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
+    a, b, c = three(start_node, settings={"instance_ttl_s": 2})
+    shared, only_on_b = models[:3], models[3]
+    for m in [*shared, only_on_b]:
+        a.register(m)
+    for m in shared:
+        load_on(b, m.id)
+        load_on(c, m.id)
+    load_on(b, only_on_b.id)
+    failures: list[str] = []
+    served = Counter[str]()
+    stop = threading.Event()
+
+    def traffic(client: Client) -> None:
+        i = 0
+        while not stop.is_set():
+            m = shared[i % len(shared)]
+            i += 1
+            try:
+                assert close_enough(client.infer(m.id, ROWS), expected(m, ROWS))
+                served[client.node.instance_id] += 1
+            except Exception as e:  # every failure is a finding
+                failures.append(f"{client.node.instance_id} {m.id}: {e}")
+
+    threads = [threading.Thread(target=traffic, args=(cl,)) for cl in (a, c)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    b.node.meshd.kill()
+    b.node.runtime.kill()
+    time.sleep(3.0)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not failures, failures[:5]
+    assert served["inst-a"] > 10 and served["inst-c"] > 10
+    # The model whose only copy died is served again (reloaded on a survivor).
+    assert close_enough(a.infer(only_on_b.id, ROWS), expected(only_on_b, ROWS))
+    wait_until(lambda: "inst-b" not in copies(a, shared[0].id), 15, "the dead copy to leave the status")
+
+
+def test_a_load_failure_on_one_instance_loads_elsewhere_and_is_reported(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    m = models[0]
+    a = start_node("inst-a", runtime_args=["--fail-load", m.id])
+    b = start_node("inst-b")
+    a.register(m)
+    # Make a try first (its runtime refuses this model); the failure lands in the record.
+    with grpc.insecure_channel(f"127.0.0.1:{a.node.peer_port}") as ch:
+        req = peer_pb2.InternalOpRequest(modelId=m.id, load=True, sync=True)
+        state = peer_pb2_grpc.MeshPeerStub(ch).InternalOperation(req, timeout=30).state
+    assert state == peer_pb2.InternalOpResponse.FAILED
+    # A request through a is served: placement excludes the instance that failed.
+    assert close_enough(a.infer(m.id, ROWS), expected(m, ROWS))
+    st = a.status(m.id)
+    assert st.status == ST.LOADED
+    assert any("injected load failure" in e for e in st.errors), st
+    assert ("inst-a", ST.LOADING_FAILED) in {(x.location, x.copyStatus) for x in st.modelCopyInfos}
+    assert b.runtime_loaded() == [m.id] and a.runtime_loaded() == []
