@@ -39,7 +39,7 @@ class CopyCounter:
     async def refresh(self, model_ids: Iterable[str]) -> None:
         ids = list(dict.fromkeys(model_ids))
         results = await asyncio.gather(*(self._count(mid) for mid in ids))
-        self.counts = dict(zip(ids, results, strict=True))
+        self.counts.update(zip(ids, results, strict=True))  # merge: concurrent refreshes share it
 
     async def _count(self, model_id: str) -> int:
         record = self.registry.get(model_id)

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from meshd.errors import InvalidArgument
+from meshd.placement.modelkey import policy_from_key
 
 # Ids become etcd keys and gRPC header values; bound them so a bogus id is refused
 # clearly instead of failing deep in etcd (whose default request limit is 1.5 MiB).
@@ -50,4 +51,8 @@ class ModelInfo:
         size = sum(len(x.encode("utf-8", "surrogatepass")) for x in (self.type, self.path, self.key))
         if size > MAX_MODEL_INFO_BYTES:
             raise InvalidArgument(f"modelInfo is {size} bytes; the limit is {MAX_MODEL_INFO_BYTES}")
+        try:
+            policy_from_key(self.key)  # meshd's own "meshd" object must be valid; the rest is opaque
+        except ValueError as e:
+            raise InvalidArgument(f"modelInfo.key: {e}") from None
         return self

@@ -27,6 +27,7 @@ from meshd.cache import CacheEntry, State, WeightedLRU, to_units
 from meshd.clock import Clock, wall_ms
 from meshd.errors import LoadFailed, MeshError, NotFound, Unavailable
 from meshd.kv.records import ModelRecord
+from meshd.placement.modelkey import policy_from_key
 from meshd.registry import Registry
 from meshd.runtime.client import RuntimeClient, RuntimeInfo
 from meshd.runtime.loader import LoadQueue
@@ -162,11 +163,20 @@ class LocalModels:
             self._wanted_last_used[model_id] = last_used_ms
             self._space_changed()  # re-evaluate a waiting admission with the newer time
 
-    async def _admit(self, model_id: str) -> None:
+    def initial_units(self, record: ModelRecord) -> int:
+        """What a model is taken to weigh before the runtime says: its declared size
+        (`"meshd": {"size_bytes"}` or upstream's `disk_size_bytes` in the key), else the
+        runtime's default model size."""
+        try:
+            hint = policy_from_key(record.key).size_hint_bytes
+        except ValueError:
+            hint = None  # validated at registration; a record written by other tools may differ
+        return to_units(hint or self.info.default_model_size)
+
+    async def _admit(self, model_id: str, units: int) -> None:
         """Reserve room, waiting (up to the load timeout) while loading entries fill it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.queue.timeout_s
-        units = to_units(self.info.default_model_size)
         while True:
             last_used = self._wanted_last_used.get(model_id, self.clock())
             admission = self.cache.admit(model_id, units, last_used, self.clock())
@@ -188,7 +198,7 @@ class LocalModels:
     async def _load(self, model_id: str, record: ModelRecord, fut: asyncio.Future[CacheEntry]) -> None:
         admitted = False
         try:
-            await self._admit(model_id)
+            await self._admit(model_id, self.initial_units(record))
             admitted = True
             self._wanted_last_used.pop(model_id, None)
             pending_unload = self._unloading.get(model_id)

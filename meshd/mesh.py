@@ -155,7 +155,9 @@ class Instance:
         )
 
         external = grpc.aio.server(options=channel_options(cfg.max_msg_size))
-        servicer = ModelMeshServicer(management, self.vmodels, sync_timeout_s=info.loading_timeout_ms / 1000 * 2)
+        servicer = ModelMeshServicer(
+            management, self.vmodels, info.loading_timeout_ms / 1000 * 2, count_copies=self.copies.refresh
+        )
         model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(servicer, external)
         policy = MethodPolicy(set(info.method_infos), info.allow_any_method)
         external.add_generic_rpc_handlers([InferenceHandler(router, policy)])

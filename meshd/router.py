@@ -108,7 +108,7 @@ class Router:
             LoadRequest(
                 model_id=model_id,
                 model_type=record.type,
-                size_units=self.cluster.default_units,
+                size_units=self.local.initial_units(record),
                 exclude=exclude | holders,
                 required_labels=frozenset(),
                 preferred_labels=frozenset(),
@@ -208,7 +208,7 @@ class Router:
                     LoadRequest(
                         model_id=model_id,
                         model_type=record.type,
-                        size_units=self.cluster.default_units,
+                        size_units=self.local.initial_units(record),
                         exclude=frozenset(excluded | set(recent)),
                         required_labels=frozenset(),
                         preferred_labels=frozenset(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm
@@ -39,10 +40,17 @@ def vmodel_message(m: Management, view: VModelStatusView) -> Any:
 
 
 class ModelMeshServicer(mm_grpc.ModelMeshServicer):  # type: ignore[misc]
-    def __init__(self, management: Management, vmodels: VModels, sync_timeout_s: float) -> None:
+    def __init__(
+        self,
+        management: Management,
+        vmodels: VModels,
+        sync_timeout_s: float,
+        count_copies: Callable[[list[str]], Awaitable[None]],
+    ) -> None:
         self.m = management
         self.v = vmodels
         self.sync_timeout_s = sync_timeout_s
+        self.count_copies = count_copies  # refresh loaded-copy counts the switch rule reads
 
     @statuses
     async def registerModel(self, request: Any, context: Any) -> Any:
@@ -84,6 +92,8 @@ class ModelMeshServicer(mm_grpc.ModelMeshServicer):  # type: ignore[misc]
             expected_target_model_id=request.expectedTargetModelId,
             owner=request.owner,
         )
+        current = self.v.status(request.vModelId)
+        await self.count_copies([m for m in (current.active_model_id, request.targetModelId) if m])
         view = await self.v.set_vmodel(req)
         if request.sync and view.active_model_id != view.target_model_id:
             view = await self.v.wait_transition(request.vModelId, request.targetModelId, self.sync_timeout_s)

@@ -12,7 +12,7 @@ import pytest
 
 from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
-from meshd.runtimes.models import GeneratedModel, generate_models
+from meshd.runtimes.models import GeneratedModel, decode_infer_response, generate_models, make_infer_request
 from meshd.testing.procs import wait_until
 
 from .conftest import MODEL_SIZE, Client, NodeFactory, close_enough, expected
@@ -132,3 +132,65 @@ def test_a_load_failure_on_one_instance_loads_elsewhere_and_is_reported(
     assert any("injected load failure" in e for e in st.errors), st
     assert ("inst-a", ST.LOADING_FAILED) in {(x.location, x.copyStatus) for x in st.modelCopyInfos}
     assert b.runtime_loaded() == [m.id] and a.runtime_loaded() == []
+
+
+def test_a_vmodel_switch_under_traffic_fails_nothing_and_waits_for_the_load(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    a, b, c = three(start_node)
+    old, new = models[0], models[1]
+    a.register(old)
+    # The new target takes 1.5 s to load: a request that reached it early would wait.
+    slow = mm.ModelInfo(type="demo", path=str(new.path), key='{"load_delay_ms": 1500}')
+    a.mm.registerModel(mm.RegisterModelRequest(modelId=new.id, modelInfo=slow), timeout=10)
+    st = a.mm.setVModel(mm.SetVModelRequest(vModelId="vm", targetModelId=old.id), timeout=10)
+    assert (st.status, st.activeModelId) == (mm.VModelStatusInfo.DEFINED, old.id)
+    load_on(a, old.id)
+    before = sum(cl.stats().misses for cl in (a, b, c))
+    answers: dict[str, list[str]] = {"inst-b": [], "inst-c": []}
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def traffic(client: Client) -> None:
+        mine = answers[client.node.instance_id]
+        while not stop.is_set():
+            try:
+                out = client.v2.ModelInfer(
+                    make_infer_request("vm", ROWS), metadata=(("mm-vmodel-id", "vm"),), timeout=30
+                )
+                got = decode_infer_response(out)
+                mine.append(
+                    "old"
+                    if close_enough(got, expected(old, ROWS))
+                    else "new"
+                    if close_enough(got, expected(new, ROWS))
+                    else "?"
+                )
+            except Exception as e:
+                failures.append(str(e))
+
+    threads = [threading.Thread(target=traffic, args=(cl,)) for cl in (b, c)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    st = a.mm.setVModel(mm.SetVModelRequest(vModelId="vm", targetModelId=new.id), timeout=10)
+    assert st.status == mm.VModelStatusInfo.TRANSITIONING and st.activeModelId == old.id
+    wait_until(
+        lambda: a.mm.getVModelStatus(mm.GetVModelStatusRequest(vModelId="vm"), timeout=10).activeModelId == new.id,
+        30,
+        "the vmodel to switch",
+    )
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not failures, failures[:3]
+    for client, seq in answers.items():
+        # Each client's requests are sequential: old answers, then new ones, never back.
+        switch = seq.index("new") if "new" in seq else len(seq)
+        assert seq[0] == "old" and seq[-1] == "new", (client, seq[:3], seq[-3:])
+        assert set(seq[:switch]) == {"old"} and set(seq[switch:]) == {"new"}, (client, seq)
+    # No client request waited for a load: the new target was loaded before any reached it.
+    assert sum(cl.stats().misses for cl in (a, b, c)) == before
+    st = a.mm.getVModelStatus(mm.GetVModelStatusRequest(vModelId="vm"), timeout=10)
+    assert (st.status, st.activeModelId, st.targetModelId) == (mm.VModelStatusInfo.DEFINED, new.id, new.id)

@@ -1,0 +1,586 @@
+"""A 3-instance mesh against one instance: same models, same Zipf traffic, same per-instance cache.
+
+    python bench/cluster_load.py [--models N] [--cache-models K] [--requests R] [--concurrency C]
+                                 [--zipf S] [--load-delay-ms D] [--warmup W] [--seed X] [--quick]
+
+Writes N generated demo models (meshd.runtimes.models.generate_models) and one seeded request
+sequence: W warm-up requests then R measured ones, each for a model drawn from a Zipf(S)
+popularity over the N models, each with its own random input row. Then runs two scenarios, one
+after the other, each in its own LocalMesh (own etcd, own processes):
+
+    mesh    etcd + 3 meshd, each beside its own reference runtime sized for K models;
+            request i goes to instance i % 3's external port (clients spread round-robin)
+    single  etcd + 1 meshd + 1 runtime sized for K models (the same per-instance capacity);
+            every request goes to it
+
+Every model is registered (no load) before traffic. With the defaults the traffic uses more
+models than one instance holds (60 models, 12 per instance: the mesh holds 36, one instance 12).
+C client tasks send the sequence in order through one channel per instance; every answer is
+checked against the model file (y = W x + b, and bias[0] is the model's index, so an answer
+from the wrong model is caught too). Figures cover the measured requests only: InstanceStats
+are read from every instance before and after and the difference is used.
+
+Per scenario: throughput, hit ratio (hits / (hits + misses) summed over instances), "served
+without a load" (1 - loads / R), loads, evictions, errors and wrong answers (both must be 0),
+p50/p99 latency, the share of requests that took a peer hop ((sum of InstanceStats.requests
+over instances - R) / R: an instance counts requests from clients and from peers alike, so
+every forwarded attempt, including a refused one that was rerouted, adds one), and meshd and
+runtime CPU per request (utime + stime from /proc over the measured window). A per-instance
+block shows how requests, loads and evictions spread over the mesh.
+
+Every child process is stopped by PID on exit, including on failure and Ctrl-C. Exit status
+0 only when both scenarios ran without errors or wrong answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import platform
+import random
+import shlex
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import grpc
+
+# Runnable as a plain script from a checkout: make `meshd` importable.
+_REPO = Path(__file__).resolve().parent.parent
+if str(_REPO) not in sys.path:
+    sys.path.insert(0, str(_REPO))
+
+from meshd._proto.inference import grpc_predict_v2_pb2 as pb  # noqa: E402
+from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
+from meshd.demo import percentile, zipf_weights  # noqa: E402
+from meshd.runtimes.models import (  # noqa: E402
+    DemoModel,
+    decode_infer_response,
+    generate_models,
+    make_infer_request,
+    pack_f32,
+    unpack_f32,
+)
+from meshd.testing.cluster import LocalMesh, MeshClient, Node, StartFailed  # noqa: E402
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+MODEL_SIZE_BYTES = 4 << 20  # what each model reports when loaded; capacity = K x this
+MESH_INSTANCES = 3
+RPC_TIMEOUT_S = 60.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
+
+
+# ---- CPU accounting --------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a whole process (all threads), in seconds; NaN if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return float("nan")
+    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = data[data.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+# ---- the workload ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Planned:
+    model_id: str
+    request: bytes  # serialised ModelInferRequest
+    expected: tuple[float, ...]  # the one output row the model file says
+
+
+@dataclass(frozen=True)
+class Workload:
+    paths: dict[str, Path]
+    warmup: list[Planned]
+    measured: list[Planned]
+    distinct_measured: int
+
+
+def build_workload(directory: Path, n_models: int, warmup: int, requests: int, zipf: float, seed: int) -> Workload:
+    generated = generate_models(directory, n_models, size_bytes=MODEL_SIZE_BYTES)
+    models = {g.id: DemoModel.load(g.path) for g in generated}
+    ids = [g.id for g in generated]
+    rng = random.Random(seed)
+    # Popularity rank -> model: shuffled, so the hot models are not simply the lowest ids.
+    ranked = ids[:]
+    rng.shuffle(ranked)
+    plan = rng.choices(ranked, weights=zipf_weights(len(ranked), zipf), k=warmup + requests)
+    planned: list[Planned] = []
+    for model_id in plan:
+        model = models[model_id]
+        # The runtime sees float32 inputs: compute the expectation from exactly those.
+        row = unpack_f32(pack_f32(rng.uniform(-1.0, 1.0) for _ in range(model.inputs)))
+        req = make_infer_request(model_id, [row]).SerializeToString()
+        planned.append(Planned(model_id, req, tuple(model.predict([row])[0])))
+    measured = planned[warmup:]
+    return Workload({g.id: g.path for g in generated}, planned[:warmup], measured, len({p.model_id for p in measured}))
+
+
+def answer_ok(got: Sequence[float], expected: Sequence[float]) -> bool:
+    return len(got) == len(expected) and all(
+        math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-4) for a, b in zip(got, expected, strict=True)
+    )
+
+
+# ---- results ---------------------------------------------------------------------------------
+@dataclass
+class Tally:
+    ok: int = 0
+    wrong: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    first_errors: list[str] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)
+
+    @property
+    def n_errors(self) -> int:
+        return sum(self.errors.values())
+
+
+STAT_FIELDS = ("requests", "hits", "misses", "loads", "loadFailures", "evictions")
+
+
+@dataclass
+class InstanceDelta:
+    instance_id: str
+    client_requests: int  # sent to this instance's external port by the load generator
+    counts: dict[str, int]  # STAT_FIELDS over the measured window
+    loaded_models: int  # at the end
+    used_bytes: int
+    capacity_bytes: int
+    meshd_cpu_s: float
+    runtime_cpu_s: float
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    instances: int
+    requests: int
+    elapsed_s: float
+    tally: Tally
+    per_instance: list[InstanceDelta]
+    setup_s: float = 0.0
+    warmup_s: float = 0.0
+
+    def total(self, key: str) -> int:
+        return sum(d.counts[key] for d in self.per_instance)
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.elapsed_s if self.elapsed_s > 0 else float("nan")
+
+    @property
+    def hit_ratio(self) -> float:
+        h, m = self.total("hits"), self.total("misses")
+        return h / (h + m) if h + m else float("nan")
+
+    @property
+    def no_load_share(self) -> float:
+        return 1.0 - self.total("loads") / self.requests if self.requests else float("nan")
+
+    @property
+    def peer_hop_share(self) -> float:
+        return (self.total("requests") - self.requests) / self.requests if self.requests else float("nan")
+
+    def cpu_ms_per_req(self, role: str) -> float:
+        s = sum(d.meshd_cpu_s if role == "meshd" else d.runtime_cpu_s for d in self.per_instance)
+        return s / self.requests * 1e3 if self.requests else float("nan")
+
+
+# ---- driving traffic -------------------------------------------------------------------------
+async def send_all(
+    planned: list[Planned],
+    channels: list[grpc.aio.Channel],
+    concurrency: int,
+    tally: Tally | None,
+    on_done: Callable[[int], None] = lambda n: None,
+) -> None:
+    """Send `planned` in order, request i to channels[i % len(channels)], `concurrency` in flight.
+
+    Every answer is checked; with `tally` None (warm-up) the first error or wrong answer aborts.
+    """
+    calls = [ch.unary_unary(INFER) for ch in channels]  # bytes in, bytes out
+    next_index = 0
+    done = 0
+    perf = time.perf_counter
+
+    async def worker() -> None:
+        nonlocal next_index, done
+        while next_index < len(planned):
+            i = next_index
+            next_index += 1
+            p = planned[i]
+            t0 = perf()
+            try:
+                raw = await calls[i % len(calls)](
+                    p.request, metadata=(("mm-model-id", p.model_id),), timeout=RPC_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as e:
+                msg = f"request {i} ({p.model_id}) -> instance {i % len(calls)}: {e.code().name}: {e.details()}"
+                if tally is None:
+                    raise RuntimeError(f"warm-up failed: {msg}") from None
+                tally.errors[e.code().name] = tally.errors.get(e.code().name, 0) + 1
+                if len(tally.first_errors) < 5:
+                    tally.first_errors.append(msg)
+                continue
+            finally:
+                done += 1
+                on_done(done)
+            elapsed_ms = (perf() - t0) * 1e3
+            try:
+                got = decode_infer_response(pb.ModelInferResponse.FromString(raw))
+                ok = len(got) == 1 and answer_ok(got[0], p.expected)
+            except ValueError:
+                ok = False
+            if tally is None:
+                if not ok:
+                    raise RuntimeError(f"warm-up: wrong answer for request {i} ({p.model_id})")
+                continue
+            tally.latencies_ms.append(elapsed_ms)
+            if ok:
+                tally.ok += 1
+            else:
+                tally.wrong += 1
+                if len(tally.first_errors) < 5:
+                    tally.first_errors.append(f"request {i} ({p.model_id}): wrong answer")
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def progress_printer(label: str, total: int, log: Callable[[str], None]) -> Callable[[int], None]:
+    shown = 0
+
+    def on_done(n: int) -> None:
+        nonlocal shown
+        if n * 4 // total > shown:
+            shown = n * 4 // total
+            log(f"    {label}: {n}/{total}")
+
+    return on_done
+
+
+async def run_traffic(
+    name: str,
+    nodes: list[Node],
+    workload: Workload,
+    concurrency: int,
+    log: Callable[[str], None],
+) -> ScenarioResult:
+    clients = [MeshClient.open(n) for n in nodes]
+    channels = [c.channel for c in clients]
+    try:
+        t_reg = time.perf_counter()
+        for model_id, path in workload.paths.items():
+            await clients[0].mm.registerModel(
+                mm.RegisterModelRequest(modelId=model_id, modelInfo=mm.ModelInfo(type="demo", path=str(path))),
+                timeout=30,
+            )
+        log(f"  [{name}] registered {len(workload.paths)} models in {time.perf_counter() - t_reg:.1f} s")
+
+        t_warm = time.perf_counter()
+        if workload.warmup:
+            await send_all(
+                workload.warmup,
+                channels,
+                concurrency,
+                None,
+                progress_printer(f"[{name}] warm-up", len(workload.warmup), log),
+            )
+        warmup_s = time.perf_counter() - t_warm
+
+        before = [await c.stats() for c in clients]
+        cpu0 = [(cpu_seconds(n.meshd.pid), cpu_seconds(n.runtime.pid)) for n in nodes]
+        tally = Tally()
+        t0 = time.perf_counter()
+        await send_all(
+            workload.measured,
+            channels,
+            concurrency,
+            tally,
+            progress_printer(f"[{name}] measured", len(workload.measured), log),
+        )
+        elapsed = time.perf_counter() - t0
+        cpu1 = [(cpu_seconds(n.meshd.pid), cpu_seconds(n.runtime.pid)) for n in nodes]
+        after = [await c.stats() for c in clients]
+
+        n_req = len(workload.measured)
+        per_instance = [
+            InstanceDelta(
+                instance_id=nodes[k].instance_id,
+                client_requests=len(range(k, n_req, len(nodes))),
+                counts={f: getattr(after[k], f) - getattr(before[k], f) for f in STAT_FIELDS},
+                loaded_models=len(after[k].loadedModels),
+                used_bytes=after[k].usedBytes,
+                capacity_bytes=after[k].capacityBytes,
+                meshd_cpu_s=cpu1[k][0] - cpu0[k][0],
+                runtime_cpu_s=cpu1[k][1] - cpu0[k][1],
+            )
+            for k in range(len(nodes))
+        ]
+        return ScenarioResult(name, len(nodes), n_req, elapsed, tally, per_instance, warmup_s=warmup_s)
+    finally:
+        for c in clients:
+            await c.close()
+
+
+def run_scenario(
+    name: str,
+    instances: int,
+    args: argparse.Namespace,
+    workload: Workload,
+    workdir: Path,
+    log: Callable[[str], None],
+) -> ScenarioResult:
+    mesh = LocalMesh(workdir / name, service=f"bench-{name}-{uuid.uuid4().hex[:8]}")
+    t_setup = time.perf_counter()
+    try:
+        mesh.start_etcd()
+        runtime_args = [
+            "--capacity-bytes",
+            str(args.cache_models * MODEL_SIZE_BYTES),
+            "--load-delay-ms",
+            str(args.load_delay_ms),
+            # meshd reserves the runtime's default model size for a load until the runtime
+            # reports the real one; make that estimate right so the cache does not over-admit.
+            "--default-model-size",
+            str(MODEL_SIZE_BYTES),
+        ]
+        nodes = [mesh.add_node(f"{name}-{i}", runtime_args=runtime_args) for i in range(instances)]
+        setup_s = time.perf_counter() - t_setup
+        log(
+            f"  [{name}] up in {setup_s:.1f} s: etcd pid {mesh.etcd.pid if mesh.etcd else '?'}; "
+            + "; ".join(f"{n.instance_id} meshd pid {n.meshd.pid} runtime pid {n.runtime.pid}" for n in nodes)
+        )
+        result = asyncio_run(run_traffic(name, nodes, workload, args.concurrency, log))
+        result.setup_s = setup_s
+        if result.tally.n_errors or result.tally.wrong:
+            dump_logs(mesh, log)
+        return result
+    except BaseException:
+        dump_logs(mesh, log)
+        raise
+    finally:
+        stop_uninterrupted(mesh)
+
+
+def stop_uninterrupted(mesh: LocalMesh) -> None:
+    """mesh.stop() with SIGINT/SIGTERM held back until it is done.
+
+    A second Ctrl-C (or the SIGTERM after one) arriving while children are being stopped
+    would otherwise abort stop_all half-way and leave the rest running; the held signal
+    is delivered (as KeyboardInterrupt) once every child is gone.
+    """
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        mesh.stop()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def dump_logs(mesh: LocalMesh, log: Callable[[str], None], per_file: int = 30) -> None:
+    """The warning/error lines of every child's log (stderr), for a failed run."""
+    log_dir = mesh.workdir / "logs"
+    if not log_dir.is_dir():
+        return
+    keys = ("ERROR", "WARNING", "Traceback", "Error", "CRITICAL")
+    for path in sorted(log_dir.glob("*.log")):
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        hits = [ln for ln in lines if any(k in ln for k in keys)]
+        if hits:
+            log(f"  --- {path} ({len(hits)} warning/error lines, last {min(per_file, len(hits))}) ---")
+            for ln in hits[-per_file:]:
+                log(f"    {ln}")
+
+
+# ---- report ----------------------------------------------------------------------------------
+def fmt(v: float, spec: str) -> str:
+    return "-" if v != v else format(v, spec)
+
+
+def report(
+    results: list[ScenarioResult], args: argparse.Namespace, workload: Workload, command: str, elapsed_s: float
+) -> list[str]:
+    out: list[str] = []
+    out.append("")
+    out.append(f"command: {command}")
+    out.append(
+        f"python {platform.python_version()}, grpcio {grpc.__version__}, {os.cpu_count()} cpus; "
+        f"{args.models} models x {MODEL_SIZE_BYTES >> 20} MiB, cache {args.cache_models} models per instance, "
+        f"zipf {args.zipf:g}, load delay {args.load_delay_ms} ms, concurrency {args.concurrency}, "
+        f"{len(workload.warmup)} warm-up + {len(workload.measured)} measured requests "
+        f"({workload.distinct_measured} distinct models), seed {args.seed}; elapsed {elapsed_s:.0f} s"
+    )
+    out.append("")
+    hdr = (
+        f"{'scenario':<8} {'inst':>4} {'cached':>6} {'req/s':>7} {'hit%':>6} {'no-load%':>8} {'loads':>6} "
+        f"{'evict':>6} {'errors':>6} {'wrong':>5} {'p50 ms':>8} {'p99 ms':>8} {'peer-hop%':>9} "
+        f"{'meshd ms/req':>12} {'rt ms/req':>9}"
+    )
+    out.append(hdr)
+    out.append("-" * len(hdr))
+    for r in results:
+        lat = r.tally.latencies_ms
+        out.append(
+            f"{r.name:<8} {r.instances:>4} {r.instances * args.cache_models:>6} {fmt(r.rps, '7.1f')} "
+            f"{fmt(100 * r.hit_ratio, '6.1f')} {fmt(100 * r.no_load_share, '8.1f')} {r.total('loads'):>6} "
+            f"{r.total('evictions'):>6} {r.tally.n_errors:>6} {r.tally.wrong:>5} "
+            f"{fmt(percentile(lat, 50) if lat else float('nan'), '8.1f')} "
+            f"{fmt(percentile(lat, 99) if lat else float('nan'), '8.1f')} "
+            f"{fmt(100 * r.peer_hop_share, '9.1f')} "
+            f"{fmt(r.cpu_ms_per_req('meshd'), '12.2f')} {fmt(r.cpu_ms_per_req('runtime'), '9.2f')}"
+        )
+    out.append("")
+    out.append(
+        "hit% = hits/(hits+misses) over instances; no-load% = 1 - loads/requests; "
+        "peer-hop% = (sum of instance requests - client requests)/client requests; "
+        "ms/req = process CPU (all instances) per client request"
+    )
+    out.append("")
+    out.append("per instance (measured window)")
+    hdr2 = (
+        f"{'instance':<10} {'client req':>10} {'requests':>8} {'hits':>6} {'misses':>6} {'loads':>6} "
+        f"{'loadFail':>8} {'evict':>6} {'loaded':>6} {'used/cap MiB':>13}"
+    )
+    out.append(hdr2)
+    out.append("-" * len(hdr2))
+    for r in results:
+        for d in r.per_instance:
+            c = d.counts
+            out.append(
+                f"{d.instance_id:<10} {d.client_requests:>10} {c['requests']:>8} {c['hits']:>6} {c['misses']:>6} "
+                f"{c['loads']:>6} {c['loadFailures']:>8} {c['evictions']:>6} {d.loaded_models:>6} "
+                f"{f'{d.used_bytes >> 20}/{d.capacity_bytes >> 20}':>13}"
+            )
+    for r in results:
+        if r.tally.n_errors or r.tally.wrong:
+            out.append("")
+            out.append(f"{r.name}: {r.tally.n_errors} errors {r.tally.errors}, {r.tally.wrong} wrong answers; first:")
+            out.extend(f"  {m}" for m in r.tally.first_errors)
+    by_name = {r.name: r for r in results}
+    if "mesh" in by_name and "single" in by_name:
+        m, s = by_name["mesh"], by_name["single"]
+        out.append("")
+        out.append(
+            f"summary: mesh of {m.instances} {m.rps / s.rps:.2f}x the throughput of one instance "
+            f"({m.rps:.0f} vs {s.rps:.0f} req/s); loads {m.total('loads')} vs {s.total('loads')}; "
+            f"hit ratio {100 * m.hit_ratio:.1f}% vs {100 * s.hit_ratio:.1f}%; "
+            f"{100 * m.peer_hop_share:.1f}% of mesh requests took a peer hop"
+        )
+    return out
+
+
+# ---- main ------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="cluster_load.py",
+        description="A 3-instance mesh vs one instance under the same Zipf traffic and per-instance cache size.",
+    )
+    p.add_argument("--models", type=int, help="models registered (default 60; --quick 24)")
+    p.add_argument("--cache-models", type=int, help="models one instance holds (default 12; --quick 4)")
+    p.add_argument("--requests", type=int, help="measured requests per scenario (default 3000; --quick 300)")
+    p.add_argument("--warmup", type=int, help="warm-up requests before measuring (default 500; --quick 60)")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    p.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of model popularity (default 1.0)")
+    p.add_argument("--load-delay-ms", type=int, help="the runtime's simulated load time (default 100; --quick 50)")
+    p.add_argument("--seed", type=int, default=7, help="seed of the request sequence (default 7)")
+    p.add_argument("--scenarios", default="mesh,single", help="comma-separated subset of mesh,single (default both)")
+    p.add_argument("--quick", action="store_true", help="a short run (~30 s) for smoke testing")
+    p.add_argument("--keep-workdir", action="store_true", help="keep the temp dir (logs) after the run")
+    a = p.parse_args(argv)
+    quick = a.quick
+    defaults = {
+        "models": 24 if quick else 60,
+        "cache_models": 4 if quick else 12,
+        "requests": 300 if quick else 3000,
+        "warmup": 60 if quick else 500,
+        "load_delay_ms": 50 if quick else 100,
+    }
+    for k, v in defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if min(a.models, a.cache_models, a.requests, a.concurrency) < 1 or a.warmup < 0 or a.load_delay_ms < 0:
+        p.error("--models, --cache-models, --requests, --concurrency must be >= 1; --warmup, --load-delay-ms >= 0")
+    a.scenario_list = [s.strip() for s in a.scenarios.split(",") if s.strip()]
+    if not a.scenario_list or any(s not in ("mesh", "single") for s in a.scenario_list):
+        p.error("--scenarios takes mesh, single or both")
+    return a
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["cluster_load.py", *argv])
+    # SIGTERM takes the same path as Ctrl-C, so the finally blocks stop every child.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    tmp = tempfile.TemporaryDirectory(prefix="meshd-cluster-bench-")
+    workdir = Path(tmp.name)
+    results: list[ScenarioResult] = []
+    try:
+        workload = build_workload(workdir / "models", args.models, args.warmup, args.requests, args.zipf, args.seed)
+        log(
+            f"workdir {workdir}; {args.models} models, {len(workload.warmup)} warm-up + "
+            f"{len(workload.measured)} measured requests ({workload.distinct_measured} distinct models)"
+        )
+        sizes = {"mesh": MESH_INSTANCES, "single": 1}
+        for name in args.scenario_list:
+            log(f"scenario {name}: {sizes[name]} instance(s)")
+            r = run_scenario(name, sizes[name], args, workload, workdir, log)
+            log(
+                f"  [{name}] {r.requests} requests in {r.elapsed_s:.1f} s ({r.rps:.1f} req/s), "
+                f"{r.tally.n_errors} errors, {r.tally.wrong} wrong"
+            )
+            results.append(r)
+    except KeyboardInterrupt:
+        log("interrupted; stopped every child")
+        return 130
+    except StartFailed as e:
+        log(f"could not start the mesh: {e}")
+        return 1
+    finally:
+        if args.keep_workdir:
+            log(f"kept {workdir}")
+        else:
+            tmp.cleanup()
+    for line in report(results, args, workload, command, time.monotonic() - started):
+        print(line)
+    bad = any(r.tally.n_errors or r.tally.wrong for r in results)
+    return 1 if bad else 0
+
+
+def asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
+    """uvloop when available: the load generator should not be the bottleneck it can avoid being."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    result: T = uvloop.run(coro)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
