@@ -145,6 +145,10 @@ class InstancePublisher:
                     log.warning("could not publish the instance record: %s", e)
                     self.last = None  # publish again as soon as the store answers
 
+    async def publish_now(self) -> None:
+        """Publish at once, outside the cadence (the shutdown flag must reach peers now)."""
+        await self._put(self.build())
+
     async def _put(self, record: InstanceRecord) -> None:
         await self.store.put(self.key, record.encode(), lease=self.lease.lease_id)
         self.last, self.last_ms = record, self.clock()

@@ -325,14 +325,18 @@ class LocalModels:
             await self._quiet(self.registry.remove_copy(mid, self.instance_id))
         return len(stale)
 
+    async def deregister_copies(self) -> None:
+        """Remove this instance from the records of every copy it holds (copies stay loaded)."""
+        for entry in self.cache.entries():
+            await self._quiet(self.registry.remove_copy(entry.model_id, self.instance_id))
+
     async def close(self, deregister: bool = True) -> None:
         """Stop background work; with `deregister`, remove this instance's copies from records."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if deregister:
-            for entry in self.cache.entries():
-                await self._quiet(self.registry.remove_copy(entry.model_id, self.instance_id))
+            await self.deregister_copies()
 
 
 def _resolve(fut: asyncio.Future[CacheEntry], outcome: CacheEntry | BaseException) -> None:

@@ -18,7 +18,7 @@ from meshd._proto.meshd import peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2_grpc
 from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.peer import PeerServicer
-from meshd.cache import to_units
+from meshd.cache import State, to_units
 from meshd.clock import wall_ms
 from meshd.cluster import Cluster
 from meshd.config import Config
@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 KV_STARTUP_TIMEOUT_S = 20.0  # upstream fails fast when the KV store is unreachable at start
 TRANSITION_CHECK_S = 1.0
+DRAIN_POLL_S = 0.25
+DRAIN_RESERVE_S = 5.0  # upstream stops waiting for reloads 5 s before the shutdown deadline
 
 
 def _live_copies(record: ModelRecord, view: ClusterView) -> int:
@@ -231,17 +233,73 @@ class Instance:
             except Exception:
                 log.exception("vmodel transition check failed")
 
-    async def stop(self) -> None:
+    async def drain(self, budget_s: float) -> None:
+        """Hand this instance's models to others before leaving (SIGTERM).
+
+        The shutdown flag goes out at once (placement stops choosing this instance), then
+        its models are loaded elsewhere most recently used first, while this instance
+        keeps serving them, until each has a loaded copy elsewhere or the budget is spent.
+        Upstream refuses held models during drain (modelmesh#142); meshd keeps serving.
+        """
+        if self.local is None or self.router is None or self.copies is None or self.publisher is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
+        with contextlib.suppress(Exception):
+            await self.publisher.publish_now()
+        held = sorted(
+            (e for e in self.local.cache.entries() if e.state is State.LOADED),
+            key=lambda e: e.last_used_ms,
+            reverse=True,
+        )
+        me = frozenset({self.config.instance_id})
+        local = self.local
+        copies = self.copies
+
+        def elsewhere(model_id: str) -> int:
+            entry = local.cache.get(model_id)
+            return copies(model_id) - int(entry is not None and entry.state is State.LOADED)
+
+        pending = [e.model_id for e in held]
+        log.info("draining %d models", len(pending))
+        for model_id in pending:
+            try:
+                await self.copies.refresh([model_id])
+                if elsewhere(model_id) == 0:
+                    await self.router.place(model_id, exclude=me)
+            except Exception as e:
+                log.warning("could not place %s elsewhere: %s", model_id, e)
+        while pending and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+            try:
+                await self.copies.refresh(pending)
+            except Exception as e:
+                log.warning("drain progress check failed: %s", e)
+                continue
+            pending = [m for m in pending if elsewhere(m) == 0]
+        if pending:
+            log.warning("drain budget spent; %d models have no other copy yet", len(pending))
+        else:
+            log.info("drained: every model held here is loaded elsewhere")
+
+    async def stop(self, drain: bool = True) -> None:
+        """Stop; with `drain` (SIGTERM) hand held models to other instances first."""
         grace = self.config.shutdown_timeout_ms / 1000
         self.shutting_down = True
         for task in self.background:
             task.cancel()
         await asyncio.gather(*self.background, return_exceptions=True)
+        if drain and self.local is not None and self.servers:
+            await self.drain(max(grace - DRAIN_RESERVE_S, 0.0))
+            # Leave the records first so peers stop routing here, then let requests in
+            # flight finish, then disappear.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.local.deregister_copies(), DRAIN_RESERVE_S)
+        for server in self.servers:
+            await server.stop(min(grace, 5.0))
         if self.publisher is not None:
             with contextlib.suppress(Exception):
                 await self.publisher.stop()  # revokes the lease: the instance record goes at once
-        for server in self.servers:
-            await server.stop(min(grace, 5.0))
         if self.local is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.local.close(deregister=True), max(grace, 1.0))
@@ -263,9 +321,17 @@ async def serve(config: Config) -> None:
     """Run one instance until SIGTERM or SIGINT."""
     instance = Instance(config)
     stop = asyncio.Event()
+    drain = True
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        nonlocal drain
+        # SIGTERM (Kubernetes stopping the pod) drains; SIGINT (Ctrl-C) stops at once.
+        drain = drain and sig is signal.SIGTERM
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         await instance.start()
         print(
@@ -275,4 +341,4 @@ async def serve(config: Config) -> None:
         await stop.wait()
         log.info("stopping")
     finally:
-        await instance.stop()
+        await instance.stop(drain=drain and stop.is_set())

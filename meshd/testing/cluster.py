@@ -6,6 +6,7 @@ processes the same way and stop every one of them by PID.
 
 from __future__ import annotations
 
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,7 @@ class LocalMesh:
             }
         )
         child = self.children.start(name or instance_id, [sys.executable, "-m", "meshd", "serve"], env)
+        child.teardown_signal = signal.SIGINT  # tearing a test mesh down: no drain
         self._wait_port(child, grpc_port)
         return child
 

@@ -45,6 +45,7 @@ class Child:
         log_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # closed in stop()
         full_env = {**os.environ, **(env or {})}
+        self.teardown_signal = signal.SIGTERM  # what `Children.stop_all` sends
         self.proc = subprocess.Popen(
             self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
         )
@@ -98,7 +99,7 @@ class Children:
 
     def stop_all(self) -> None:
         for child in reversed(self.items):
-            child.stop()
+            child.stop(sig=child.teardown_signal)
 
     def __enter__(self) -> Children:
         return self

@@ -194,3 +194,43 @@ def test_a_vmodel_switch_under_traffic_fails_nothing_and_waits_for_the_load(
     assert sum(cl.stats().misses for cl in (a, b, c)) == before
     st = a.mm.getVModelStatus(mm.GetVModelStatusRequest(vModelId="vm"), timeout=10)
     assert (st.status, st.activeModelId, st.targetModelId) == (mm.VModelStatusInfo.DEFINED, new.id, new.id)
+
+
+def test_sigterm_under_traffic_hands_models_over_and_fails_nothing(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    a, b, c = three(start_node)
+    held = models[:3]
+    for m in held:
+        a.register(m)
+        load_on(b, m.id)  # b holds the only copies
+    failures: list[str] = []
+    served = Counter[str]()
+    stop = threading.Event()
+
+    def traffic(client: Client) -> None:
+        i = 0
+        while not stop.is_set():
+            m = held[i % len(held)]
+            i += 1
+            try:
+                assert close_enough(client.infer(m.id, ROWS), expected(m, ROWS))
+                served[client.node.instance_id] += 1
+            except Exception as e:
+                failures.append(f"{client.node.instance_id} {m.id}: {e}")
+
+    threads = [threading.Thread(target=traffic, args=(cl,)) for cl in (a, c)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    assert b.node.meshd.stop() == 0, b.node.meshd.log_tail()  # SIGTERM, exits by itself
+    # Before b exited, every model it held was loaded elsewhere.
+    elsewhere = set(a.runtime_loaded()) | set(c.runtime_loaded())
+    assert {m.id for m in held} <= elsewhere, elsewhere
+    assert "drained: every model held here is loaded elsewhere" in b.node.meshd.log_path.read_text()
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not failures, failures[:5]
+    assert served["inst-a"] > 10 and served["inst-c"] > 10
