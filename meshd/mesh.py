@@ -260,13 +260,20 @@ class Instance:
             entry = local.cache.get(model_id)
             return copies(model_id) - int(entry is not None and entry.state is State.LOADED)
 
-        pending = [e.model_id for e in held]
-        log.info("draining %d models", len(pending))
-        for model_id in pending:
+        pending: list[str] = []
+        homeless = 0
+        log.info("draining %d models", len(held))
+        for entry in held:
+            model_id = entry.model_id
             try:
                 await self.copies.refresh([model_id])
-                if elsewhere(model_id) == 0:
-                    await self.router.place(model_id, exclude=me)
+                if elsewhere(model_id) > 0:
+                    continue
+                if await self.router.place(model_id, exclude=me) is None:
+                    log.warning("no other instance can take %s; it goes with this one", model_id)
+                    homeless += 1
+                    continue
+                pending.append(model_id)
             except Exception as e:
                 log.warning("could not place %s elsewhere: %s", model_id, e)
         while pending and loop.time() < deadline:
@@ -277,8 +284,8 @@ class Instance:
                 log.warning("drain progress check failed: %s", e)
                 continue
             pending = [m for m in pending if elsewhere(m) == 0]
-        if pending:
-            log.warning("drain budget spent; %d models have no other copy yet", len(pending))
+        if pending or homeless:
+            log.warning("drain ended with %d models not loaded elsewhere", len(pending) + homeless)
         else:
             log.info("drained: every model held here is loaded elsewhere")
 
