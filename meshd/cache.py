@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass
 
 UNIT_BYTES = 8192  # upstream ModelMesh's 8 KiB cache unit (SPEC §6)
+USE_SPELL_GAP_MS = 10_000  # uses further apart than upstream's rate-check interval are separate spells
 
 
 def to_units(nbytes: int) -> int:
@@ -35,6 +36,8 @@ class CacheEntry:
     state: State = State.LOADING
     since_ms: int = 0  # when it entered its current state
     inflight: int = 0  # requests being served from this copy
+    served: int = 0  # requests served from this copy (the scaler samples it for rates)
+    prior_use_ms: int | None = None  # last use before the current spell of use
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,8 @@ class WeightedLRU:
     def touch(self, model_id: str, now_ms: int) -> None:
         entry = self._entries.get(model_id)
         if entry is not None and entry.last_used_ms < now_ms:
+            if now_ms - entry.last_used_ms > USE_SPELL_GAP_MS:
+                entry.prior_use_ms = entry.last_used_ms  # a new spell of use begins
             entry.last_used_ms = now_ms
 
     def admit(self, model_id: str, units: int, last_used_ms: int, now_ms: int) -> Admission:

@@ -53,6 +53,20 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("advertise_host", "MESHD_ADVERTISE_HOST", "--advertise-host", "address peers dial (default: pod IP)"),
     Setting("data_dir", "MESHD_DATA_DIR", "--data-dir", "embedded etcd and local state", "./.meshd"),
     Setting("zone", "MM_ZONE", "--zone", "zone reported in the instance record", ""),
+    Setting(
+        "scaleup_rpm_threshold",
+        "MM_SCALEUP_RPM_THRESHOLD",
+        "--scaleup-rpm-threshold",
+        "requests/min per copy above which copies are added",
+        "2000",
+    ),
+    Setting("rate_check_ms", "MESHD_RATE_CHECK_MS", "--rate-check-ms", "copy-scaling check interval", "10000"),
+    Setting(
+        "copy_idle_ms",
+        "MESHD_COPY_IDLE_MS",
+        "--copy-idle-ms",
+        "idle time before an extra copy may go when the cluster is full (default: upstream's rule)",
+    ),
     Setting("default_vmodel_owner", "MM_DEFAULT_VMODEL_OWNER", "--default-vmodel-owner", "owner of new vmodels", ""),
     Setting(
         "instance_ttl_s",
@@ -97,6 +111,9 @@ class Config:
     zone: str = ""
     instance_ttl_s: int = 20
     default_vmodel_owner: str = ""
+    scaleup_rpm_threshold: int = 2000
+    rate_check_ms: int = 10_000
+    copy_idle_ms: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -204,6 +221,9 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         runtime_ready_timeout_s=float(_int(name("runtime_ready_timeout_s"), need("runtime_ready_timeout_s"), 1)),
         zone=raw["zone"] or "",
         default_vmodel_owner=raw["default_vmodel_owner"] or "",
+        scaleup_rpm_threshold=_int(name("scaleup_rpm_threshold"), need("scaleup_rpm_threshold"), 1),
+        rate_check_ms=_int(name("rate_check_ms"), need("rate_check_ms"), 100),
+        copy_idle_ms=_int(name("copy_idle_ms"), raw["copy_idle_ms"], 0) if raw["copy_idle_ms"] else None,
         instance_ttl_s=_int(name("instance_ttl_s"), need("instance_ttl_s"), 2),
     )
 

@@ -150,6 +150,15 @@ class LocalModels:
             self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
             self.on_change()
 
+    def shed(self, model_id: str) -> bool:
+        """Unload a loaded copy the scaler no longer wants (counted as an eviction)."""
+        entry = self.cache.get(model_id)
+        if entry is None or entry.state is not State.LOADED:
+            return False
+        self._remove(model_id)
+        self._evict_all([entry])
+        return True
+
     def drop(self, model_id: str) -> None:
         """Unload the local copy (model unregistered). A load under way unloads when it ends."""
         entry = self._remove(model_id)

@@ -40,6 +40,7 @@ from meshd.registry import Registry
 from meshd.router import Router
 from meshd.runtime.client import RuntimeClient
 from meshd.runtime.endpoints import channel_options, open_channel
+from meshd.scaler import Scaler, ScalerConfig
 from meshd.vmodels import VModels
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,14 @@ class Instance:
             self.servers.append(server)
         await self.publisher.start()  # last: peers see the instance only once it serves
         self.background.append(asyncio.create_task(self._transitions(), name="vmodel transitions"))
+        scaler = Scaler(
+            ScalerConfig(cfg.rate_check_ms, cfg.scaleup_rpm_threshold, cfg.copy_idle_ms),
+            self.local,
+            registry,
+            cluster,
+            router,
+        )
+        self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
         log.info(
             "meshd instance %s serving: grpc %d, peer %d, registry %s/",
             cfg.instance_id,

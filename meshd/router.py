@@ -284,6 +284,7 @@ class Router:
         """Forward to the runtime through a loaded local copy."""
         self.local.acquire(entry)
         self.local.counters.served += 1
+        entry.served += 1
         try:
             response: bytes = await self._runtime_call(method)(request, metadata=metadata, timeout=remaining_s)
             return response

@@ -9,21 +9,24 @@ Scheme
   pure function of the keys). Every candidate mirrors the prefix through a watch and
   re-evaluates after each revision, so all views at one revision name the same leader.
 * A candidate leads only while (a) its mirror says so, (b) the key in the mirror is the one
-  *it* created (same create_revision; a stale key of an earlier incarnation with the same
-  id is not adopted unless it is on this candidate's current lease), and (c) it confirmed
-  that key in the store (a linearizable read, or its creation) less than one TTL ago.
-* When its key goes (the lease expired while the process was frozen or cut off, or it
-  resigned), the candidate re-creates it on its current lease and so goes to the back of
-  the line. With a shared `LeaseKeeper` the re-grant is noticed by polling `lease_id`.
+  *it* created (same create_revision; a key with its id left on another lease by an earlier
+  incarnation is waited out, one on its current lease adopted), and (c) it confirmed the key
+  less than one TTL ago. Confirming = reading the key, then keeping its lease alive: a
+  keep-alive sent at t that succeeds keeps the key until at least t + TTL, so while (c)
+  holds no one else can have seen the key go (barring clock-rate drift against etcd's).
+* The own key is checked every TTL/3 and at once when the watch shows it deleted. When it is
+  gone (its lease expired while the process was frozen or cut off), the candidate creates
+  it again on its current lease, and so goes to the back of the line. A shared
+  `LeaseKeeper`'s re-grant is picked up from its `lease_id` at the next check.
 
-Stepping down after a freeze: the own key is re-read every TTL/3. A process frozen past
-its TTL finds on resume that its last confirmation is older than the TTL, so `is_leader`
-is already False (it is time-guarded) before anything else runs, and the next check calls
-`on_change(False)`; the watch then delivers the deletion of its key (the lease expired) and
-the check finds the key gone, so it re-enters at the back of the line. The same guard turns
-a store outage longer than the TTL into lost leadership; leadership returns once the key is
-confirmed again. Leader-only writes that must not race a successor can include `fence()`
-(a Compare on the leader's own key) in their transactions.
+Stepping down after a freeze: leadership lasts one TTL past the last confirmation unless
+renewed, whatever else happens. A process frozen past its TTL resumes with `is_leader`
+already False (the property checks the clock), a timer fires `on_change(False)` first
+thing, and the check then finds the key gone (etcd expired the lease) and re-joins at the
+back of the line; the resumed watch delivers the deletion as well. The same guard turns a
+store outage (or a hung store call) longer than the TTL into lost leadership; it comes back
+once the key is confirmed again. Leader-only writes that must not race a successor can add
+`fence()` (a Compare on the leader's own key) to their transactions.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from meshd.kv.store import (
     Event,
     KeyValue,
     KVStore,
+    LeaseExpired,
     StoreError,
     StoreUnavailable,
     delete_if,
@@ -73,7 +77,8 @@ class Election:
     `lease`: share the instance's `LeaseKeeper` (already started; the owner starts and
     stops it, and its TTL is the one that counts); without it the election keeps its own
     lease of `ttl_s` seconds. `on_change(leading)` runs whenever this candidate's
-    leadership changes, from the election's tasks (or from `start()`/`resign()`/`stop()`).
+    leadership changes, from the event loop: the election's tasks and timer, or
+    `start()`/`resign()`/`stop()`.
     """
 
     def __init__(
@@ -113,6 +118,7 @@ class Election:
         self._kick = asyncio.Event()
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self._expiry: asyncio.TimerHandle | None = None
 
     # ---- state ---------------------------------------------------------------------
     @property
@@ -146,6 +152,7 @@ class Election:
         return Compare(self.key, self._own_rev) if self.is_leader else None
 
     async def wait_until_leader(self) -> None:
+        """Return once this candidate leads; RuntimeError if the election is (or gets) stopped."""
         while not self.is_leader:
             if not self._running:
                 raise RuntimeError("election is not running")
@@ -165,7 +172,11 @@ class Election:
                 await self._check_own_key()
             await self._relist()
         except BaseException:
-            self._running = False
+            self._running = self._campaigning = False
+            if self._own_rev:
+                with contextlib.suppress(StoreError):
+                    await delete_if(self.store, self.key, self._own_rev)
+                self._own_rev = 0
             if self._own_lease:
                 await self.lease.stop(revoke=True)
             raise
@@ -182,6 +193,8 @@ class Election:
         with it, a fresh key puts it at the back of the line. If the store fails, the
         error propagates and the delete is retried in the background.
         """
+        if not self._running:
+            raise RuntimeError("election is not running")
         self._campaigning = rejoin
         if self._own_rev:
             self._stale_rev, self._own_rev = self._own_rev, 0
@@ -240,6 +253,12 @@ class Election:
                     self.on_change(leading)
                 except Exception:
                     log.exception("election on_change hook failed")
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self._leading:  # re-evaluate when the confirmation runs out, even if a store call hangs
+            remaining = self._confirmed_at + self.ttl_s - self._clock()
+            self._expiry = asyncio.get_running_loop().call_later(max(remaining, 0.0), self._evaluate)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -263,30 +282,53 @@ class Election:
 
     async def _check_own_key(self) -> None:
         """Confirm the own key in the store, or (re-)create it on the current lease."""
-        own_rev, sent = self._own_rev, self._clock()
+        own_rev = self._own_rev
         kv = await self.store.get(self.key)
         if self._own_rev != own_rev:
             return  # the watch changed our state meanwhile; look again next time
-        if kv is not None and own_rev and kv.create_revision == own_rev:
-            self._confirmed_at = sent
-            return
-        if kv is not None and self.lease.lease_id and kv.lease == self.lease.lease_id:
-            # Our lease, so this process's key (e.g. left by an earlier Election object).
-            self._own_rev, self._confirmed_at = kv.create_revision, sent
+        if kv is not None and (
+            (own_rev and kv.create_revision == own_rev)
+            # On our current lease, so this process's key (e.g. an earlier Election's): adopt it.
+            or (self.lease.lease_id and kv.lease == self.lease.lease_id)
+        ):
+            self._own_rev = kv.create_revision
+            await self._confirm(kv.create_revision, kv.lease)
             return
         if own_rev:
             log.warning("%s: election key %s is gone or replaced", self.candidate_id, self.key)
             self._own_rev = 0
         if kv is not None:
             return  # held by an earlier incarnation on another lease: wait for it to expire
+        lease_id = self.lease.lease_id
+        res = await put_if(self.store, self.key, self.value, 0, lease=lease_id)
+        if not res.succeeded:
+            self._kick.set()  # created by someone meanwhile: look at it again
+        elif self._campaigning:
+            self._own_rev = res.revision
+            await self._confirm(res.revision, lease_id)
+        else:  # resigned while the create was in flight: take it back
+            self._stale_rev = res.revision
+            self._kick.set()
+
+    async def _confirm(self, rev: int, lease_id: int) -> None:
+        """Keep alive the lease of the own key (known to exist, created at `rev`).
+
+        A keep-alive sent at t that succeeds means the lease, and so the key, lives until at
+        least t + TTL (only an explicit delete could remove it sooner): that is how long the
+        leadership may be trusted without hearing from the store again.
+        """
         sent = self._clock()
-        res = await put_if(self.store, self.key, self.value, 0, lease=self.lease.lease_id)
-        if res.succeeded:
-            if self._campaigning:
-                self._own_rev, self._confirmed_at = res.revision, sent
-            else:  # resigned while the create was in flight: take it back
-                self._stale_rev = res.revision
-                self._kick.set()
+        if lease_id:
+            try:
+                await self.store.keep_alive(lease_id)
+            except LeaseExpired:
+                if self._own_rev == rev:
+                    log.warning("%s: the lease of election key %s expired", self.candidate_id, self.key)
+                    self._own_rev = 0
+                    self._kick.set()
+                return
+        if self._own_rev == rev:
+            self._confirmed_at = sent
 
     async def _tend(self) -> None:
         while True:

@@ -234,3 +234,50 @@ def test_sigterm_under_traffic_hands_models_over_and_fails_nothing(
         t.join(30)
     assert not failures, failures[:5]
     assert served["inst-a"] > 10 and served["inst-c"] > 10
+
+
+def test_copies_follow_load_and_policy(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
+    settings: dict[str, str | int] = {"scaleup_rpm_threshold": 30, "rate_check_ms": 500, "copy_idle_ms": 1500}
+    nodes = three(start_node, capacity_models=3, settings=settings)
+    a = nodes[0]
+    hot, capped, *fillers = models
+    a.register(hot)
+    pinned = mm.ModelInfo(type="demo", path=str(capped.path), key='{"meshd": {"min_copies": 2, "max_copies": 2}}')
+    a.mm.registerModel(mm.RegisterModelRequest(modelId=capped.id, modelInfo=pinned), timeout=10)
+    for f in fillers:
+        a.register(f)
+
+    def holders(model_id: str) -> set[str]:
+        return {n.node.instance_id for n in nodes if model_id in n.runtime_loaded()}
+
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def traffic() -> None:
+        while not stop.is_set():
+            for m in (hot, capped):
+                try:
+                    assert close_enough(a.infer(m.id, ROWS), expected(m, ROWS))
+                except Exception as e:
+                    failures.append(str(e))
+
+    t = threading.Thread(target=traffic)
+    t.start()
+    try:
+        # Hot: a copy on every instance. Capped: exactly its max of two, never three.
+        wait_until(lambda: len(holders(hot.id)) == 3 and len(holders(capped.id)) == 2, 30, "copies for load")
+    finally:
+        stop.set()
+        t.join(30)
+    assert not failures, failures[:3]
+    assert len(holders(capped.id)) == 2
+    # Fill every instance to capacity (3 models each) without evicting anything.
+    spare = iter(fillers)
+    for n in nodes:
+        for _ in range(3 - len(n.runtime_loaded())):
+            load_on(n, next(spare).id)
+    assert all(len(n.runtime_loaded()) == 3 for n in nodes)
+    # Full and idle: the hot model sheds extra copies down to one; capped keeps its min of 2.
+    wait_until(lambda: len(holders(hot.id)) == 1, 30, "idle copies to be dropped")
+    time.sleep(2)  # a few more scaling rounds
+    assert len(holders(hot.id)) == 1 and len(holders(capped.id)) == 2
