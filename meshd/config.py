@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from meshd.placement.constraints import TypeConstraints
+
 
 class ConfigError(ValueError):
     pass
@@ -53,6 +55,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("advertise_host", "MESHD_ADVERTISE_HOST", "--advertise-host", "address peers dial (default: pod IP)"),
     Setting("data_dir", "MESHD_DATA_DIR", "--data-dir", "embedded etcd and local state", "./.meshd"),
     Setting("zone", "MM_ZONE", "--zone", "zone reported in the instance record", ""),
+    Setting(
+        "type_constraints", "MM_TYPE_CONSTRAINTS", "--type-constraints", "JSON: model type -> required/preferred labels"
+    ),
+    Setting(
+        "type_constraints_path",
+        "MM_TYPE_CONSTRAINTS_PATH",
+        "--type-constraints-path",
+        "file with the type constraints JSON",
+    ),
     Setting(
         "scaleup_rpm_threshold",
         "MM_SCALEUP_RPM_THRESHOLD",
@@ -111,6 +122,7 @@ class Config:
     zone: str = ""
     instance_ttl_s: int = 20
     default_vmodel_owner: str = ""
+    type_constraints: TypeConstraints = field(default_factory=TypeConstraints)
     scaleup_rpm_threshold: int = 2000
     rate_check_ms: int = 10_000
     copy_idle_ms: int | None = None
@@ -221,11 +233,26 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         runtime_ready_timeout_s=float(_int(name("runtime_ready_timeout_s"), need("runtime_ready_timeout_s"), 1)),
         zone=raw["zone"] or "",
         default_vmodel_owner=raw["default_vmodel_owner"] or "",
+        type_constraints=_type_constraints(raw["type_constraints"], raw["type_constraints_path"]),
         scaleup_rpm_threshold=_int(name("scaleup_rpm_threshold"), need("scaleup_rpm_threshold"), 1),
         rate_check_ms=_int(name("rate_check_ms"), need("rate_check_ms"), 100),
         copy_idle_ms=_int(name("copy_idle_ms"), raw["copy_idle_ms"], 0) if raw["copy_idle_ms"] else None,
         instance_ttl_s=_int(name("instance_ttl_s"), need("instance_ttl_s"), 2),
     )
+
+
+def _type_constraints(text: str | None, path: str | None) -> TypeConstraints:
+    if path:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"MM_TYPE_CONSTRAINTS_PATH: cannot read {path}: {e}") from None
+    if not text:
+        return TypeConstraints()
+    try:
+        return TypeConstraints.parse(text)
+    except ValueError as e:
+        raise ConfigError(f"MM_TYPE_CONSTRAINTS: {e}") from None
 
 
 def env_for(settings: Mapping[str, str | int]) -> dict[str, str]:

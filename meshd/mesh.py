@@ -134,7 +134,15 @@ class Instance:
             assume_loaded_ms(info.loading_timeout_ms),
             to_units(info.default_model_size),
         )
-        router = Router(self.local, registry, self.serving_channel, cluster, self.peers, cfg.load_failure_expiry_ms)
+        router = Router(
+            self.local,
+            registry,
+            self.serving_channel,
+            cluster,
+            self.peers,
+            cfg.load_failure_expiry_ms,
+            constraints=cfg.type_constraints,
+        )
         self.copies = CopyCounter(registry, cluster, self.local, self.peers)
 
         async def ensure_loading(model_id: str) -> None:

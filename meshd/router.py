@@ -28,6 +28,7 @@ from meshd.errors import InvalidArgument, LoadFailed, MeshError, NotFound, Runti
 from meshd.kv.records import ModelRecord
 from meshd.local import LocalModels, NoRoom
 from meshd.peers import Peers
+from meshd.placement.constraints import TypeConstraints
 from meshd.placement.rank import LoadRequest, choose_load_target
 from meshd.placement.serving import choose_copy
 from meshd.proxy.headers import Metadata, RequestIds, runtime_metadata
@@ -74,7 +75,9 @@ class Router:
         peers: Peers,
         failure_expiry_ms: int,
         rng: random.Random | None = None,
+        constraints: TypeConstraints | None = None,
     ) -> None:
+        self.constraints = constraints or TypeConstraints()
         self.local = local
         self.registry = registry
         self.channel = serving_channel
@@ -110,8 +113,8 @@ class Router:
                 model_type=record.type,
                 size_units=self.local.initial_units(record),
                 exclude=exclude | holders,
-                required_labels=frozenset(),
-                preferred_labels=frozenset(),
+                required_labels=self.constraints.for_type(record.type)[0],
+                preferred_labels=self.constraints.for_type(record.type)[1],
                 prefer_self=False,
                 recent_placements=self._recent_placements(view.now_ms),
             ),
@@ -210,8 +213,8 @@ class Router:
                         model_type=record.type,
                         size_units=self.local.initial_units(record),
                         exclude=frozenset(excluded | set(recent)),
-                        required_labels=frozenset(),
-                        preferred_labels=frozenset(),
+                        required_labels=self.constraints.for_type(record.type)[0],
+                        preferred_labels=self.constraints.for_type(record.type)[1],
                         prefer_self=balanced,
                         recent_placements=self._recent_placements(now),
                     ),

@@ -62,3 +62,18 @@ def test_bad_values_name_the_setting(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as e:
         load_config(None, env)
     assert next(iter(env)) in str(e.value) or "KV_STORE" in str(e.value)
+
+
+def test_type_constraints_from_env_or_file(tmp_path: object) -> None:
+    from pathlib import Path
+
+    text = '{"sklearn": {"required": ["mt:sklearn"]}, "_default": {"preferred": ["cpu"]}}'
+    cfg = load_config(None, {"MM_TYPE_CONSTRAINTS": text})
+    assert cfg.type_constraints.for_type("sklearn")[0] == frozenset({"mt:sklearn"})
+    path = Path(str(tmp_path)) / "tc.json"
+    path.write_text(text)
+    cfg = load_config(None, {"MM_TYPE_CONSTRAINTS_PATH": str(path)})
+    assert cfg.type_constraints.for_type("other")[1] == frozenset({"cpu"})
+    for bad in ({"MM_TYPE_CONSTRAINTS": "{oops"}, {"MM_TYPE_CONSTRAINTS_PATH": "/no/such/file"}):
+        with pytest.raises(ConfigError):
+            load_config(None, bad)

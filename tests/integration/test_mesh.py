@@ -281,3 +281,19 @@ def test_copies_follow_load_and_policy(start_node: NodeFactory, models: list[Gen
     wait_until(lambda: len(holders(hot.id)) == 1, 30, "idle copies to be dropped")
     time.sleep(2)  # a few more scaling rounds
     assert len(holders(hot.id)) == 1 and len(holders(capped.id)) == 2
+
+
+def test_type_constraints_place_models_only_where_labels_allow(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    tc = '{"special": {"required": ["mt:special"]}}'
+    a = start_node("inst-a", settings={"labels": "mt:special", "type_constraints": tc})
+    b = start_node("inst-b", settings={"type_constraints": tc})
+    specials, plain = models[:4], models[4]
+    for m in specials:  # four, so placement ignoring the labels would land some on b
+        info = mm.ModelInfo(type="special", path=str(m.path))
+        b.mm.registerModel(mm.RegisterModelRequest(modelId=m.id, modelInfo=info), timeout=10)
+        assert close_enough(b.infer(m.id, ROWS), expected(m, ROWS))  # through the unlabelled one
+    assert a.runtime_loaded() == sorted(m.id for m in specials) and b.runtime_loaded() == []
+    b.register(plain)
+    assert close_enough(b.infer(plain.id, ROWS), expected(plain, ROWS))  # unconstrained: anywhere
