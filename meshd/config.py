@@ -71,6 +71,7 @@ SETTINGS: tuple[Setting, ...] = (
         "requests/min per copy above which copies are added",
         "2000",
     ),
+    Setting("janitor_ms", "MESHD_JANITOR_MS", "--janitor-ms", "registry/cache reconcile interval", "360000"),
     Setting("rate_check_ms", "MESHD_RATE_CHECK_MS", "--rate-check-ms", "copy-scaling check interval", "10000"),
     Setting(
         "copy_idle_ms",
@@ -125,6 +126,7 @@ class Config:
     type_constraints: TypeConstraints = field(default_factory=TypeConstraints)
     scaleup_rpm_threshold: int = 2000
     rate_check_ms: int = 10_000
+    janitor_ms: int = 360_000
     copy_idle_ms: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -236,6 +238,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         type_constraints=_type_constraints(raw["type_constraints"], raw["type_constraints_path"]),
         scaleup_rpm_threshold=_int(name("scaleup_rpm_threshold"), need("scaleup_rpm_threshold"), 1),
         rate_check_ms=_int(name("rate_check_ms"), need("rate_check_ms"), 100),
+        janitor_ms=_int(name("janitor_ms"), need("janitor_ms"), 100),
         copy_idle_ms=_int(name("copy_idle_ms"), raw["copy_idle_ms"], 0) if raw["copy_idle_ms"] else None,
         instance_ttl_s=_int(name("instance_ttl_s"), need("instance_ttl_s"), 2),
     )

@@ -28,6 +28,7 @@ from meshd.clock import Clock, wall_ms
 from meshd.errors import LoadFailed, MeshError, NotFound, Unavailable
 from meshd.kv.records import ModelRecord
 from meshd.placement.modelkey import policy_from_key
+from meshd.reconcile import Repairs, plan_repairs
 from meshd.registry import Registry
 from meshd.runtime.client import RuntimeClient, RuntimeInfo
 from meshd.runtime.loader import LoadQueue
@@ -326,13 +327,23 @@ class LocalModels:
         task.add_done_callback(self._tasks.discard)
 
     # ---- lifecycle -------------------------------------------------------------------
-    async def forget_stale_copies(self) -> int:
-        """Remove this instance from records whose copy it does not hold (start-up, janitor)."""
-        me = self.instance_id
-        stale = [mid for mid, rec in self.registry.models.items() if me in rec.instance_ids and mid not in self.cache]
-        for mid in stale:
-            await self._quiet(self.registry.remove_copy(mid, self.instance_id))
-        return len(stale)
+    async def reconcile(self) -> Repairs:
+        """Repair drift between this cache and the registry (start-up and the janitor)."""
+        table = self.registry.models
+        repairs = plan_repairs(self.instance_id, dict(table.items()), self.cache.entries(), table.corrupt)
+        for mid in repairs.remove_from_records:
+            if mid not in self.cache:  # still true after the awaits before it
+                await self._quiet(self.registry.remove_copy(mid, self.instance_id))
+        for mid in repairs.add_to_records:
+            entry = self.cache.get(mid)
+            if entry is not None and entry.state is State.LOADED:
+                await self._quiet(self.registry.add_copy(mid, self.instance_id, entry.since_ms))
+        for mid in repairs.unload:
+            if self.registry.get(mid) is None:
+                self.drop(mid)
+        if repairs:
+            log.info("janitor repaired %s", repairs)
+        return repairs
 
     async def deregister_copies(self) -> None:
         """Remove this instance from the records of every copy it holds (copies stay loaded)."""

@@ -105,9 +105,7 @@ class Instance:
             cfg.instance_id, registry, self.runtime, info, failure_expiry_ms=cfg.load_failure_expiry_ms
         )
         # The runtime purged its models before READY: any copy records naming us are stale.
-        stale = await self.local.forget_stale_copies()
-        if stale:
-            log.info("removed this instance from %d stale copy records", stale)
+        await self.local.reconcile()
         models.listeners.append(self._on_model_change)
 
         local = self.local
@@ -191,6 +189,7 @@ class Instance:
             router,
         )
         self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
+        self.background.append(asyncio.create_task(self._janitor(cfg.janitor_ms / 1000), name="janitor"))
         log.info(
             "meshd instance %s serving: grpc %d, peer %d, registry %s/",
             cfg.instance_id,
@@ -249,6 +248,15 @@ class Instance:
                 await self.vmodels.complete_transitions()
             except Exception:
                 log.exception("vmodel transition check failed")
+
+    async def _janitor(self, interval_s: float) -> None:
+        assert self.local is not None
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.local.reconcile()
+            except Exception:
+                log.exception("janitor run failed")
 
     async def drain(self, budget_s: float) -> None:
         """Hand this instance's models to others before leaving (SIGTERM).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -220,3 +221,29 @@ def _records(etcd: EmbeddedEtcd, service: str) -> dict[str, bytes]:
         return {kv.key: kv.value for kv in kvs}
 
     return _with_store(etcd, read)
+
+
+def test_the_janitor_repairs_drift_between_records_and_the_cache(
+    start_node: NodeFactory, models: list[GeneratedModel], etcd_server: EmbeddedEtcd, mesh: object
+) -> None:
+    c = start_node(settings={"janitor_ms": 300})
+    loaded, other = models[0], models[1]
+    c.register(loaded)
+    c.register(other)
+    c.infer(loaded.id, ROWS)
+    service = mesh.service  # type: ignore[attr-defined]
+    # Drift written behind meshd's back: the loaded copy dropped from its record, and a
+    # copy of a model it never loaded claimed for it.
+    for model, ids in ((loaded, {}), (other, {"inst-a": 1})):
+        key = f"mm/{service}/registry/{model.id}"
+        rec = json.loads(_records(etcd_server, service)[key])
+        rec["instanceIds"] = ids
+        _put(etcd_server, key, json.dumps(rec).encode())
+
+    def repaired() -> bool:
+        recs = _records(etcd_server, service)
+        ids = {m.id: json.loads(recs[f"mm/{service}/registry/{m.id}"])["instanceIds"] for m in (loaded, other)}
+        return list(ids[loaded.id]) == ["inst-a"] and ids[other.id] == {}
+
+    wait_until(repaired, 15, "the janitor to repair both records")
+    assert c.runtime_loaded() == [loaded.id]
