@@ -29,10 +29,10 @@ MODEL_SIZE_BYTES = 4 << 20
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--instances", type=int, default=1, help="meshd instances, each with its own runtime (default 1)")
-    p.add_argument("--models", type=int, default=8, help="models registered (default 8)")
+    p.add_argument("--instances", type=int, default=3, help="meshd instances, each with its own runtime (default 3)")
+    p.add_argument("--models", type=int, default=16, help="models registered (default 16)")
     p.add_argument("--cache-models", type=int, default=4, help="models that fit in one instance's cache (default 4)")
-    p.add_argument("--requests", type=int, default=600, help="inference requests sent (default 600)")
+    p.add_argument("--requests", type=int, default=1000, help="inference requests sent (default 1000)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
     p.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of model popularity (default 1.0)")
     p.add_argument("--load-delay-ms", type=int, default=150, help="simulated model load time (default 150)")
@@ -132,11 +132,13 @@ async def drive(args: argparse.Namespace, mesh: LocalMesh, models: dict[str, Dem
         stats = [await c.stats() for c in clients]
         errors = sum(tally.errors.values())
         print("\nmeshd demo summary")
-        print(f"  instances        {len(mesh.nodes)} (cache: {args.cache_models} models of {len(models)} each)")
+        print(f"  instances        {len(mesh.nodes)} (each caches {args.cache_models} of the {len(models)} models)")
         print(f"  requests         {args.requests} in {elapsed:.1f}s ({args.requests / elapsed:.0f} req/s)")
         print(f"  correct answers  {tally.ok}")
         print(f"  wrong answers    {tally.wrong}")
         print(f"  errors           {errors}" + (f" {tally.errors}" if errors else ""))
+        hops = sum(s.requests for s in stats) - args.requests  # arrivals from peers
+        print(f"  peer hops        {hops} ({hops / args.requests:.0%} of requests)")
         print(f"  cache hits       {sum(s.hits for s in stats)}")
         print(f"  cache misses     {sum(s.misses for s in stats)}")
         print(f"  loads            {sum(s.loads for s in stats)}")
@@ -172,6 +174,9 @@ def run_demo(args: argparse.Namespace) -> int:
                     str(args.cache_models * MODEL_SIZE_BYTES),
                     "--load-delay-ms",
                     str(args.load_delay_ms),
+                    # Size the first reservation right, so the cache never over-commits.
+                    "--default-model-size",
+                    str(MODEL_SIZE_BYTES),
                 ],
             )
             print(
