@@ -72,6 +72,14 @@ SETTINGS: tuple[Setting, ...] = (
         "2000",
     ),
     Setting("janitor_ms", "MESHD_JANITOR_MS", "--janitor-ms", "registry/cache reconcile interval", "360000"),
+    Setting("leader_sweep_ms", "MESHD_LEADER_SWEEP_MS", "--leader-sweep-ms", "leader sweep interval", "420000"),
+    Setting(
+        "dead_instance_prune_ms",
+        "MESHD_DEAD_INSTANCE_PRUNE_MS",
+        "--dead-instance-prune-ms",
+        "how long an instance is gone before the leader drops its copies from records",
+        "600000",
+    ),
     Setting("rate_check_ms", "MESHD_RATE_CHECK_MS", "--rate-check-ms", "copy-scaling check interval", "10000"),
     Setting(
         "copy_idle_ms",
@@ -127,6 +135,8 @@ class Config:
     scaleup_rpm_threshold: int = 2000
     rate_check_ms: int = 10_000
     janitor_ms: int = 360_000
+    leader_sweep_ms: int = 420_000
+    dead_instance_prune_ms: int = 600_000
     copy_idle_ms: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -239,6 +249,8 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         scaleup_rpm_threshold=_int(name("scaleup_rpm_threshold"), need("scaleup_rpm_threshold"), 1),
         rate_check_ms=_int(name("rate_check_ms"), need("rate_check_ms"), 100),
         janitor_ms=_int(name("janitor_ms"), need("janitor_ms"), 100),
+        leader_sweep_ms=_int(name("leader_sweep_ms"), need("leader_sweep_ms"), 100),
+        dead_instance_prune_ms=_int(name("dead_instance_prune_ms"), need("dead_instance_prune_ms"), 0),
         copy_idle_ms=_int(name("copy_idle_ms"), raw["copy_idle_ms"], 0) if raw["copy_idle_ms"] else None,
         instance_ttl_s=_int(name("instance_ttl_s"), need("instance_ttl_s"), 2),
     )

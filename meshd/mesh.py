@@ -24,11 +24,13 @@ from meshd.cluster import Cluster
 from meshd.config import Config
 from meshd.copies import CopyCounter
 from meshd.instances import Identity, InstancePublisher, RpmMeter, instance_record
+from meshd.kv.election import Election
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.kv.etcd import EtcdStore
 from meshd.kv.records import InstanceRecord, ModelRecord, VModelRecord
 from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
+from meshd.leader import LeaderDuties
 from meshd.local import LocalModels
 from meshd.management import Management
 from meshd.peers import Peers
@@ -76,6 +78,7 @@ class Instance:
     vmodels: VModels | None = None
     router: Router | None = None
     copies: CopyCounter | None = None
+    election: Election | None = None
     background: list[asyncio.Task[None]] = field(default_factory=list)
     grpc_port: int = 0
     peer_port: int = 0
@@ -180,6 +183,27 @@ class Instance:
             await server.start()
             self.servers.append(server)
         await self.publisher.start()  # last: peers see the instance only once it serves
+        self.election = Election(
+            self.store,
+            f"{prefix}/leader/",
+            cfg.instance_id,
+            cfg.instance_id.encode(),
+            cfg.instance_ttl_s,
+            lease=self.publisher.lease,
+            on_change=lambda leading: log.info("leadership %s", "gained" if leading else "lost"),
+        )
+        await self.election.start()
+        duties = LeaderDuties(
+            self.election,
+            registry,
+            cluster.view,
+            router.place,
+            self.local.initial_units,
+            cfg.load_failure_expiry_ms,
+            sweep_ms=cfg.leader_sweep_ms,
+            prune_after_ms=cfg.dead_instance_prune_ms,
+        )
+        self.background.append(asyncio.create_task(duties.run(), name="leader duties"))
         self.background.append(asyncio.create_task(self._transitions(), name="vmodel transitions"))
         scaler = Scaler(
             ScalerConfig(cfg.rate_check_ms, cfg.scaleup_rpm_threshold, cfg.copy_idle_ms),
@@ -226,14 +250,15 @@ class Instance:
             self.local.drop(model_id)
 
     async def _transitions(self) -> None:
-        """Move vmodels to their targets once loaded (every instance; each switch is a CAS).
+        """The leader moves vmodels to their targets once loaded (each switch is a CAS).
 
-        Targets get copies placed up to the active model's count; a leader will own this
-        once elected (issue 3), until then every instance may place (placement spreads).
+        Targets get copies placed up to the active model's count.
         """
         assert self.vmodels is not None and self.router is not None and self.copies is not None
         while True:
             await asyncio.sleep(TRANSITION_CHECK_S)
+            if self.election is None or not self.election.is_leader:
+                continue
             try:
                 wanted = self.vmodels.transition_targets()
                 if not wanted:
@@ -329,6 +354,9 @@ class Instance:
                 await asyncio.wait_for(self.local.deregister_copies(), DRAIN_RESERVE_S)
         for server in self.servers:
             await server.stop(min(grace, 5.0))
+        if self.election is not None:
+            with contextlib.suppress(Exception):
+                await self.election.stop()  # leadership passes at once
         if self.publisher is not None:
             with contextlib.suppress(Exception):
                 await self.publisher.stop()  # revokes the lease: the instance record goes at once

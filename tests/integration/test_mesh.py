@@ -297,3 +297,66 @@ def test_type_constraints_place_models_only_where_labels_allow(
     assert a.runtime_loaded() == sorted(m.id for m in specials) and b.runtime_loaded() == []
     b.register(plain)
     assert close_enough(b.infer(plain.id, ROWS), expected(plain, ROWS))  # unconstrained: anywhere
+
+
+def test_one_leader_prunes_dead_copies_preloads_and_is_replaced_when_killed(
+    start_node: NodeFactory, models: list[GeneratedModel], etcd_server: object, mesh: object
+) -> None:
+    settings: dict[str, str | int] = {"instance_ttl_s": 2, "leader_sweep_ms": 300, "dead_instance_prune_ms": 1000}
+    nodes = three(start_node, settings=settings)
+    service = mesh.service  # type: ignore[attr-defined]
+
+    def leaders() -> list[str]:
+        import asyncio
+
+        from meshd.kv.election import leader_of
+        from meshd.kv.etcd import EtcdStore
+
+        async def read() -> list[str]:
+            store = EtcdStore.from_url(etcd_server.url)  # type: ignore[attr-defined]
+            try:
+                kvs, _ = await store.range_prefix(f"mm/{service}/leader/")
+            finally:
+                await store.close()
+            leader = leader_of(kvs, f"mm/{service}/leader/")
+            return [leader] if leader else []
+
+        return asyncio.run(read())
+
+    assert len(leaders()) == 1
+    leader = leaders()[0]
+    # Preload: a model used recently and held nowhere is loaded by the leader on its own.
+    m = models[0]
+    info = mm.ModelInfo(type="demo", path=str(m.path))
+    nodes[0].mm.registerModel(
+        mm.RegisterModelRequest(modelId=m.id, modelInfo=info, lastUsedTime=int(time.time() * 1000)), timeout=10
+    )
+    wait_until(lambda: any(m.id in n.runtime_loaded() for n in nodes), 15, "the leader to preload")
+    # The leader holds a copy; kill it (and its runtime): another instance leads, and its
+    # sweep removes the dead instance from the model record itself (not just from status).
+    victim = next(n for n in nodes if n.node.instance_id == leader)
+    if m.id not in victim.runtime_loaded():
+        load_on(victim, m.id)
+    assert leader in record_ids(etcd_server, service, m.id)
+    victim.node.meshd.kill()
+    victim.node.runtime.kill()
+    wait_until(lambda: leaders() not in ([], [leader]), 20, "a new leader")
+    wait_until(lambda: leader not in record_ids(etcd_server, service, m.id), 20, "the dead copy to be pruned")
+    assert len(leaders()) == 1 and leaders()[0] != leader
+
+
+def record_ids(etcd: object, service: str, model_id: str) -> set[str]:
+    import asyncio
+    import json
+
+    from meshd.kv.etcd import EtcdStore
+
+    async def read() -> set[str]:
+        store = EtcdStore.from_url(etcd.url)  # type: ignore[attr-defined]
+        try:
+            kv = await store.get(f"mm/{service}/registry/{model_id}")
+        finally:
+            await store.close()
+        return set(json.loads(kv.value)["instanceIds"]) if kv else set()
+
+    return asyncio.run(read())
