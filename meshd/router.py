@@ -299,6 +299,10 @@ class Router:
                 # runtime's own answer (an unknown version, say) and goes to the client.
                 self.local.lost(model_id, entry)
                 raise Refused(f"the runtime no longer has {model_id!r}", exclude=False) from None
+            if code == grpc.StatusCode.UNAVAILABLE:
+                # The runtime is down or overloaded: try another copy (SPEC: UNAVAILABLE ->
+                # another copy); if none can serve, the client gets UNAVAILABLE with the reasons.
+                raise Refused(f"the runtime is unavailable: {e.details()}") from None
             if code == grpc.StatusCode.INTERNAL and "deserializ" in (e.details() or "").lower():
                 raise InvalidArgument(f"the runtime could not parse the request: {e.details()}") from None
             raise RuntimeStatusError(code, e.details() or code.name) from None

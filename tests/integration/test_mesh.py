@@ -360,3 +360,14 @@ def record_ids(etcd: object, service: str, model_id: str) -> set[str]:
         return set(json.loads(kv.value)["instanceIds"]) if kv else set()
 
     return asyncio.run(read())
+
+
+def test_a_dead_runtime_sends_requests_to_another_copy(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
+    a, b = start_node("inst-a"), start_node("inst-b")
+    m = models[0]
+    a.register(m)
+    load_on(a, m.id)
+    load_on(b, m.id)
+    a.node.runtime.kill()  # meshd on a still believes its copy is loaded
+    for _ in range(10):  # through a: its runtime answers UNAVAILABLE, b's copy serves
+        assert close_enough(a.infer(m.id, ROWS), expected(m, ROWS))
