@@ -4,8 +4,9 @@
   model records, so dead copies stop appearing in records;
 - complete vmodel transitions (each switch is a CAS, so a stale leader cannot corrupt them);
 - preload recently used models with no copy when the cluster has room (upstream's reaper:
-  most recent first, filling about half the free space above a 12.5 % reserve).
-Cluster gauges belong to the metrics issue. `prune_plan` and `preload_plan` are pure.
+  most recent first, filling about half the free space above a 12.5 % reserve);
+- compute the cluster gauges (models managed, loaded, with failures) it serves to operators.
+`prune_plan`, `preload_plan` and `cluster_gauges` are pure.
 """
 
 from __future__ import annotations
@@ -87,6 +88,23 @@ def preload_plan(
     return plan
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterGauges:
+    """Upstream's leader-published gauges (SPEC §8 names in the comments)."""
+
+    models_managed: int = 0  # modelmesh_models_managed_total: registered models
+    models_loaded: int = 0  # modelmesh_models_loaded_total: with a copy on a live instance
+    models_with_failure: int = 0  # modelmesh_models_with_failure_total: unexpired load failures
+
+
+def cluster_gauges(view: ClusterView, records: Mapping[str, ModelRecord], failure_expiry_ms: int) -> ClusterGauges:
+    loaded = failed = 0
+    for rec in records.values():
+        loaded += any(view.live(i) for i in rec.instance_ids)
+        failed += any(not failure_expired(ms, view.now_ms, failure_expiry_ms) for ms in rec.failed_in.values())
+    return ClusterGauges(len(records), loaded, failed)
+
+
 class LeaderDuties:
     def __init__(
         self,
@@ -108,12 +126,14 @@ class LeaderDuties:
         self.sweep_ms = sweep_ms
         self.prune_after_ms = prune_after_ms
         self.missing = MissingInstances()
+        self.gauges: ClusterGauges | None = None  # None unless this instance leads
 
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.sweep_ms / 1000)
             if not self.election.is_leader:
                 self.missing = MissingInstances()  # a new leader starts its clocks afresh
+                self.gauges = None
                 continue
             try:
                 await self.sweep()
@@ -123,6 +143,7 @@ class LeaderDuties:
     async def sweep(self) -> None:
         view = self.view()
         records = dict(self.registry.models.items())
+        self.gauges = cluster_gauges(view, records, self.failure_expiry_ms)
         named = {iid for rec in records.values() for iid in rec.instance_ids}
         self.missing.observe(named, view.instances.keys(), view.now_ms)
         dead = prune_plan(self.missing, view.now_ms, self.prune_after_ms)

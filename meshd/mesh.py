@@ -79,6 +79,7 @@ class Instance:
     router: Router | None = None
     copies: CopyCounter | None = None
     election: Election | None = None
+    peer_servicer: PeerServicer | None = None
     background: list[asyncio.Task[None]] = field(default_factory=list)
     grpc_port: int = 0
     peer_port: int = 0
@@ -176,7 +177,8 @@ class Instance:
         self.grpc_port = external.add_insecure_port(f"0.0.0.0:{cfg.grpc_port}")
 
         internal = grpc.aio.server(options=channel_options(cfg.max_msg_size))
-        peer_pb2_grpc.add_MeshPeerServicer_to_server(PeerServicer(cfg.instance_id, self.local, registry), internal)
+        self.peer_servicer = PeerServicer(cfg.instance_id, self.local, registry)
+        peer_pb2_grpc.add_MeshPeerServicer_to_server(self.peer_servicer, internal)
         internal.add_generic_rpc_handlers([PeerInferenceHandler(router, policy)])
         self.peer_port = internal.add_insecure_port(f"0.0.0.0:{cfg.peer_port}")
         for server in (external, internal):
@@ -203,6 +205,7 @@ class Instance:
             sweep_ms=cfg.leader_sweep_ms,
             prune_after_ms=cfg.dead_instance_prune_ms,
         )
+        self.peer_servicer.gauges = lambda: duties.gauges
         self.background.append(asyncio.create_task(duties.run(), name="leader duties"))
         self.background.append(asyncio.create_task(self._transitions(), name="vmodel transitions"))
         scaler = Scaler(

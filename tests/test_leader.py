@@ -32,3 +32,16 @@ def test_preload_most_recent_first_within_half_the_free_space_above_the_reserve(
     assert plan == ["newer", "recent"]  # 80 of the 87 units; "third" no longer fits
     full = {i: InstanceView(i, capacity=100, used=95, lru_time=1_000) for i in "ab"}
     assert preload_plan(ClusterView("a", 10_000, full), records, lambda rec: 1, 900_000) == []
+
+
+def test_cluster_gauges_count_managed_loaded_and_failing_models() -> None:
+    from meshd.leader import ClusterGauges, cluster_gauges
+
+    view = ClusterView("a", 10_000, {"a": InstanceView("a", capacity=10)})
+    records = {
+        "live": ModelRecord(type="t", instance_ids={"a": 1}),
+        "dead-copy": ModelRecord(type="t", instance_ids={"gone": 1}),
+        "failing": ModelRecord(type="t", failed_in={"a": 9_000}),
+        "old-failure": ModelRecord(type="t", failed_in={"a": 1}),
+    }
+    assert cluster_gauges(view, records, failure_expiry_ms=5_000) == ClusterGauges(4, 1, 1)

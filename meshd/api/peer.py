@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from meshd._proto.meshd import peer_pb2 as pb
@@ -12,6 +13,7 @@ from meshd.api.grpc_errors import statuses
 from meshd.cache import UNIT_BYTES, State
 from meshd.errors import LoadFailed
 from meshd.ids import check_id
+from meshd.leader import ClusterGauges
 from meshd.local import LocalModels
 from meshd.registry import Registry
 
@@ -23,6 +25,7 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
         self.instance_id = instance_id
         self.local = local
         self.registry = registry
+        self.gauges: Callable[[], ClusterGauges | None] = lambda: None  # set once the leader exists
 
     @statuses
     async def InternalOperation(self, request: Any, context: Any) -> Any:
@@ -44,7 +47,7 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
     async def InstanceStats(self, request: Any, context: Any) -> Any:
         c = self.local.counters
         cache = self.local.cache
-        return pb.InstanceStatsResponse(
+        resp = pb.InstanceStatsResponse(
             instanceId=self.instance_id,
             requests=c.requests,
             hits=c.hits,
@@ -56,3 +59,10 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
             usedBytes=cache.used_units * UNIT_BYTES,
             loadedModels=sorted(e.model_id for e in cache.entries() if e.state is State.LOADED),
         )
+        gauges = self.gauges()
+        if gauges is not None:
+            resp.leader = True
+            resp.modelsManagedTotal = gauges.models_managed
+            resp.modelsLoadedTotal = gauges.models_loaded
+            resp.modelsWithFailureTotal = gauges.models_with_failure
+        return resp

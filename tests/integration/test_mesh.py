@@ -332,6 +332,11 @@ def test_one_leader_prunes_dead_copies_preloads_and_is_replaced_when_killed(
         mm.RegisterModelRequest(modelId=m.id, modelInfo=info, lastUsedTime=int(time.time() * 1000)), timeout=10
     )
     wait_until(lambda: any(m.id in n.runtime_loaded() for n in nodes), 15, "the leader to preload")
+    # Only the leader serves the cluster gauges.
+    wait_until(lambda: any(n.stats().modelsLoadedTotal == 1 for n in nodes), 10, "the leader's gauges")
+    stats = {n.node.instance_id: n.stats() for n in nodes}
+    assert [i for i, st in stats.items() if st.leader] == [leader]
+    assert (stats[leader].modelsManagedTotal, stats[leader].modelsLoadedTotal) == (1, 1)
     # The leader holds a copy; kill it (and its runtime): another instance leads, and its
     # sweep removes the dead instance from the model record itself (not just from status).
     victim = next(n for n in nodes if n.node.instance_id == leader)

@@ -46,7 +46,7 @@ class InstanceStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InstanceStatsResponse(_message.Message):
-    __slots__ = ("instanceId", "requests", "hits", "misses", "loads", "loadFailures", "evictions", "capacityBytes", "usedBytes", "loadedModels")
+    __slots__ = ("instanceId", "requests", "hits", "misses", "loads", "loadFailures", "evictions", "capacityBytes", "usedBytes", "loadedModels", "leader", "modelsManagedTotal", "modelsLoadedTotal", "modelsWithFailureTotal")
     INSTANCEID_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,10 @@ class InstanceStatsResponse(_message.Message):
     CAPACITYBYTES_FIELD_NUMBER: _ClassVar[int]
     USEDBYTES_FIELD_NUMBER: _ClassVar[int]
     LOADEDMODELS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    MODELSMANAGEDTOTAL_FIELD_NUMBER: _ClassVar[int]
+    MODELSLOADEDTOTAL_FIELD_NUMBER: _ClassVar[int]
+    MODELSWITHFAILURETOTAL_FIELD_NUMBER: _ClassVar[int]
     instanceId: str
     requests: int
     hits: int
@@ -67,4 +71,8 @@ class InstanceStatsResponse(_message.Message):
     capacityBytes: int
     usedBytes: int
     loadedModels: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, instanceId: _Optional[str] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., loads: _Optional[int] = ..., loadFailures: _Optional[int] = ..., evictions: _Optional[int] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., loadedModels: _Optional[_Iterable[str]] = ...) -> None: ...
+    leader: bool
+    modelsManagedTotal: int
+    modelsLoadedTotal: int
+    modelsWithFailureTotal: int
+    def __init__(self, instanceId: _Optional[str] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., loads: _Optional[int] = ..., loadFailures: _Optional[int] = ..., evictions: _Optional[int] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., loadedModels: _Optional[_Iterable[str]] = ..., leader: _Optional[bool] = ..., modelsManagedTotal: _Optional[int] = ..., modelsLoadedTotal: _Optional[int] = ..., modelsWithFailureTotal: _Optional[int] = ...) -> None: ...
