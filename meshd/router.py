@@ -31,6 +31,7 @@ from meshd.peers import Peers
 from meshd.placement.constraints import TypeConstraints
 from meshd.placement.rank import LoadRequest, choose_load_target
 from meshd.placement.serving import choose_copy
+from meshd.placement.view import ClusterView
 from meshd.proxy.headers import Metadata, RequestIds, runtime_metadata
 from meshd.registry import Registry
 from meshd.status import failure_expired
@@ -106,23 +107,9 @@ class Router:
         record = await self.record(model_id)
         view = self.cluster.view()
         holders = frozenset(i for i in record.instance_ids if i == self.self_id or view.live(i))
-        target = choose_load_target(
-            view,
-            LoadRequest(
-                model_id=model_id,
-                model_type=record.type,
-                size_units=self.local.initial_units(record),
-                exclude=exclude | holders,
-                required_labels=self.constraints.for_type(record.type)[0],
-                preferred_labels=self.constraints.for_type(record.type)[1],
-                prefer_self=False,
-                recent_placements=self._recent_placements(view.now_ms),
-            ),
-            self.rng,
-        )
+        target = self._load_target(view, model_id, record, exclude | holders, prefer_self=False)
         if target is None:
             return None
-        self._placed_on(target, view.now_ms)
         if target == self.self_id:
             self.local.start_load(model_id, record, self.local.clock())
             return target
@@ -206,23 +193,8 @@ class Router:
                 recent = [i for i, ms in record.failed_in.items() if not failure_expired(ms, now, expiry)]
                 if len(recent) >= MAX_RECENT_FAILURES:
                     raise Unavailable(self._given_up(model_id, record, recent))
-                target = choose_load_target(
-                    view,
-                    LoadRequest(
-                        model_id=model_id,
-                        model_type=record.type,
-                        size_units=self.local.initial_units(record),
-                        exclude=frozenset(excluded | set(recent)),
-                        required_labels=self.constraints.for_type(record.type)[0],
-                        preferred_labels=self.constraints.for_type(record.type)[1],
-                        prefer_self=balanced,
-                        recent_placements=self._recent_placements(now),
-                    ),
-                    self.rng,
-                )
+                target = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
                 mode = "load"
-                if target is not None:
-                    self._placed_on(target, now)
                 if target is None:
                     if self.self_id in excluded:
                         break
@@ -242,6 +214,26 @@ class Router:
             + ("; ".join(tried) or "no live instance")
         )
 
+    def _load_target(
+        self, view: ClusterView, model_id: str, record: ModelRecord, exclude: frozenset[str], prefer_self: bool
+    ) -> str | None:
+        """Where a copy should load (placement's pick), remembered for the next picks."""
+        required, preferred = self.constraints.for_type(record.type)
+        request = LoadRequest(
+            model_id=model_id,
+            model_type=record.type,
+            size_units=self.local.initial_units(record),
+            exclude=exclude,
+            required_labels=required,
+            preferred_labels=preferred,
+            prefer_self=prefer_self,
+            recent_placements=self._recent_placements(view.now_ms),
+        )
+        target = choose_load_target(view, request, self.rng)
+        if target is not None:
+            self._placed.append((view.now_ms, target))
+        return target
+
     def _recent_placements(self, now_ms: int) -> dict[str, int]:
         while self._placed and now_ms - self._placed[0][0] > RECENT_PLACEMENT_MS:
             self._placed.popleft()
@@ -249,9 +241,6 @@ class Router:
         for _, iid in self._placed:
             counts[iid] = counts.get(iid, 0) + 1
         return counts
-
-    def _placed_on(self, target: str, now_ms: int) -> None:
-        self._placed.append((now_ms, target))
 
     def _given_up(self, model_id: str, record: ModelRecord, recent: list[str]) -> str:
         msgs = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)

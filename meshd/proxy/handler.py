@@ -36,7 +36,9 @@ class MethodPolicy:
         return self.allow_any or method in self.names
 
 
-class InferenceHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
+class RawMethodHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """A raw-bytes unary handler per allowed method path, made once and cached."""
+
     def __init__(self, router: Router, policy: MethodPolicy) -> None:
         self.router = router
         self.policy = policy
@@ -52,6 +54,13 @@ class InferenceHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
             if len(self._handlers) < MAX_CACHED_METHODS:
                 self._handlers[method] = handler
         return handler
+
+    def _unary(self, method: str) -> Callable[[bytes, Any], Any]:
+        raise NotImplementedError
+
+
+class InferenceHandler(RawMethodHandler):
+    """External port: client calls, routed by the model they name."""
 
     def _unary(self, method: str) -> Callable[[bytes, Any], Any]:
         router = self.router

@@ -9,13 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
 from meshd.errors import InvalidArgument, MeshError
 from meshd.ids import decode_id
-from meshd.proxy.handler import MAX_CACHED_METHODS, MethodPolicy
+from meshd.proxy.handler import RawMethodHandler
 from meshd.proxy.headers import INTERNAL_PREFIX, MODEL_ID, MODEL_ID_BIN, Metadata
-from meshd.router import HOP, MODE, REASON, PeerRefusal, Router
+from meshd.router import HOP, MODE, REASON, PeerRefusal
 
 
 def parse_peer_metadata(metadata: Any) -> tuple[str, str, Metadata]:
@@ -41,22 +39,8 @@ def parse_peer_metadata(metadata: Any) -> tuple[str, str, Metadata]:
     return model_id, mode, tuple(runtime_md)
 
 
-class PeerInferenceHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
-    def __init__(self, router: Router, policy: MethodPolicy) -> None:
-        self.router = router
-        self.policy = policy
-        self._handlers: dict[str, Any] = {}
-
-    def service(self, handler_call_details: Any) -> Any:
-        method: str = handler_call_details.method
-        handler = self._handlers.get(method)
-        if handler is None:
-            if not self.policy.allowed(method):
-                return None
-            handler = grpc.unary_unary_rpc_method_handler(self._unary(method))
-            if len(self._handlers) < MAX_CACHED_METHODS:
-                self._handlers[method] = handler
-        return handler
+class PeerInferenceHandler(RawMethodHandler):
+    """Internal port: calls forwarded by peers."""
 
     def _unary(self, method: str) -> Callable[[bytes, Any], Any]:
         router = self.router
