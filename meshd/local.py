@@ -130,6 +130,10 @@ class LocalModels:
         self._spawn(self._load(model_id, record, fut))
         return fut
 
+    def pending(self, model_id: str) -> asyncio.Future[CacheEntry] | None:
+        """The load under way here, if any (join it with asyncio.shield)."""
+        return self._loading.get(model_id)
+
     def view(self, model_id: str) -> CacheEntry | None:
         """The local copy as status sees it: a load still waiting for room counts as LOADING."""
         entry = self.cache.get(model_id)

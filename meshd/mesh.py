@@ -144,12 +144,17 @@ class Instance:
             self.peers,
             cfg.load_failure_expiry_ms,
             constraints=cfg.type_constraints,
+            labels=frozenset(cfg.labels),
         )
         self.copies = CopyCounter(registry, cluster, self.local, self.peers)
 
         async def ensure_loading(model_id: str) -> None:
+            # Best effort: the change is already committed; the leader's loop places too.
             if not _has_copy(registry, model_id):  # a load under way or done counts
-                await router.place(model_id)
+                try:
+                    await router.place(model_id, last_used_ms=wall_ms())
+                except Exception as e:
+                    log.warning("could not start loading %s: %s", model_id, e)
 
         self.vmodels = VModels(
             registry,
@@ -169,7 +174,11 @@ class Instance:
 
         external = grpc.aio.server(options=channel_options(cfg.max_msg_size))
         servicer = ModelMeshServicer(
-            management, self.vmodels, info.loading_timeout_ms / 1000 * 2, count_copies=self.copies.refresh
+            management,
+            self.vmodels,
+            info.loading_timeout_ms / 1000 * 2,
+            count_copies=self.copies.refresh,
+            wait_loaded=self._wait_loaded,
         )
         model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(servicer, external)
         policy = MethodPolicy(set(info.method_infos), info.allow_any_method)
@@ -205,7 +214,8 @@ class Instance:
             sweep_ms=cfg.leader_sweep_ms,
             prune_after_ms=cfg.dead_instance_prune_ms,
         )
-        self.peer_servicer.gauges = lambda: duties.gauges
+        election = self.election
+        self.peer_servicer.gauges = lambda: duties.gauges if election.is_leader else None
         self.background.append(asyncio.create_task(duties.run(), name="leader duties"))
         self.background.append(asyncio.create_task(self._transitions(), name="vmodel transitions"))
         scaler = Scaler(
@@ -277,6 +287,17 @@ class Instance:
             except Exception:
                 log.exception("vmodel transition check failed")
 
+    async def _wait_loaded(self, model_id: str, timeout_s: float) -> None:
+        """Until some instance holds a loaded copy of the model, or `timeout_s` passes."""
+        assert self.copies is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            await self.copies.refresh([model_id])
+            if self.copies(model_id) > 0:
+                return
+            await asyncio.sleep(0.1)
+
     async def _janitor(self, interval_s: float) -> None:
         assert self.local is not None
         while True:
@@ -318,11 +339,14 @@ class Instance:
         log.info("draining %d models", len(held))
         for entry in held:
             model_id = entry.model_id
+            if loop.time() >= deadline:
+                pending.append(model_id)
+                continue
             try:
                 await self.copies.refresh([model_id])
                 if elsewhere(model_id) > 0:
                     continue
-                if await self.router.place(model_id, exclude=me) is None:
+                if await self.router.place(model_id, exclude=me, last_used_ms=entry.last_used_ms) is None:
                     log.warning("no other instance can take %s; it goes with this one", model_id)
                     homeless += 1
                     continue
@@ -349,17 +373,16 @@ class Instance:
         for task in self.background:
             task.cancel()
         await asyncio.gather(*self.background, return_exceptions=True)
+        if self.election is not None:
+            with contextlib.suppress(Exception):
+                await self.election.stop()  # leadership passes now, not after the drain
         if drain and self.local is not None and self.servers:
             await self.drain(max(grace - DRAIN_RESERVE_S, 0.0))
             # Leave the records first so peers stop routing here, then let requests in
             # flight finish, then disappear.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.local.deregister_copies(), DRAIN_RESERVE_S)
-        for server in self.servers:
-            await server.stop(min(grace, 5.0))
-        if self.election is not None:
-            with contextlib.suppress(Exception):
-                await self.election.stop()  # leadership passes at once
+        await asyncio.gather(*(server.stop(min(grace, 5.0)) for server in self.servers))
         if self.publisher is not None:
             with contextlib.suppress(Exception):
                 await self.publisher.stop()  # revokes the lease: the instance record goes at once

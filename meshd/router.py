@@ -13,6 +13,7 @@ this instance: serve the local copy, or load it first when asked to.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections import deque
@@ -24,8 +25,8 @@ import grpc
 from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd.cache import CacheEntry, State
 from meshd.cluster import Cluster
-from meshd.errors import InvalidArgument, LoadFailed, MeshError, NotFound, RuntimeStatusError, Unavailable
-from meshd.kv.records import ModelRecord
+from meshd.errors import DataLoss, InvalidArgument, LoadFailed, MeshError, NotFound, RuntimeStatusError, Unavailable
+from meshd.kv.records import ModelRecord, RecordError, VModelRecord
 from meshd.local import LocalModels, NoRoom
 from meshd.peers import Peers
 from meshd.placement.constraints import TypeConstraints
@@ -42,14 +43,16 @@ MAX_ATTEMPTS = 8  # upstream's routing iterations per request (SPEC §6)
 MAX_RECENT_FAILURES = 3  # upstream gives up loading after 3 recent failures (SPEC §6)
 MAX_CACHED_METHODS = 1024  # bounds memory when any method is allowed
 RECENT_PLACEMENT_MS = 5_000  # longer than instance records take to show a load (>= 2 s)
-FRESH_COPY_MS = 1000  # a NOT_FOUND from a copy younger than this is the runtime's own answer
+PLACE_TIMEOUT_S = 10.0
 
 # Internal metadata, only ever read on the internal port (the external one strips meshd-*).
 HOP = "meshd-hop"  # instance id of the forwarding peer
 MODE = "meshd-mode"  # "serve": only a loaded copy here; "load": load here first if needed
 REASON = "meshd-reason"  # trailing metadata on a refusal: why, so the sender reroutes
-NOT_HERE = "not-here"
-LOAD_FAILED = "load-failed"
+NOT_HERE = "not-here"  # no loaded copy there (or it could not take the load): reroute
+LOAD_FAILED = "load-failed"  # the load failed there (recorded): reroute
+UNKNOWN_MODEL = "unknown-model"  # the model is not registered (any more)
+PASSED_ON = "status"  # the runtime's (or meshd's) own answer: goes to the client as is
 
 UnaryCall = Callable[..., Any]
 
@@ -77,8 +80,10 @@ class Router:
         failure_expiry_ms: int,
         rng: random.Random | None = None,
         constraints: TypeConstraints | None = None,
+        labels: frozenset[str] = frozenset(),
     ) -> None:
         self.constraints = constraints or TypeConstraints()
+        self.labels = labels
         self.local = local
         self.registry = registry
         self.channel = serving_channel
@@ -93,30 +98,43 @@ class Router:
         self.forwarded = 0  # external requests served by a peer (share of peer hops)
 
     # ---- lookups ---------------------------------------------------------------------
-    def resolve(self, ids: RequestIds) -> str:
-        if ids.model_id is not None:
-            return ids.model_id
-        assert ids.vmodel_id is not None
-        vrec = self.registry.vmodels.get(ids.vmodel_id)
-        if vrec is None:
-            raise NotFound(f"vmodel {ids.vmodel_id!r} not found")
-        return vrec.active_model
+    async def place(
+        self, model_id: str, exclude: frozenset[str] = frozenset(), last_used_ms: int | None = None
+    ) -> str | None:
+        """Start loading one more copy somewhere (placement's choice); never waits for it.
 
-    async def place(self, model_id: str, exclude: frozenset[str] = frozenset()) -> str | None:
-        """Start loading one more copy somewhere (placement's choice); never waits for it."""
-        record = await self.record(model_id)
+        `last_used_ms` dates the new copy in its cache (default: the record's last use, so a
+        hand-over or preload does not push out models used more recently). Returns the
+        instance asked, or None when no instance could take it.
+        """
+        try:
+            record = await self.record(model_id)
+        except MeshError as e:
+            log.warning("cannot place %s: %s", model_id, e.message)
+            return None
         view = self.cluster.view()
         holders = frozenset(i for i in record.instance_ids if i == self.self_id or view.live(i))
-        target = self._load_target(view, model_id, record, exclude | holders, prefer_self=False)
+        expiry = self.failure_expiry_ms
+        failed = frozenset(i for i, ms in record.failed_in.items() if not failure_expired(ms, view.now_ms, expiry))
+        target = self._load_target(view, model_id, record, exclude | holders | failed, prefer_self=False)
         if target is None:
             return None
+        used = min(last_used_ms or record.last_used or view.now_ms, view.now_ms)
         if target == self.self_id:
-            self.local.start_load(model_id, record, self.local.clock())
+            self.local.start_load(model_id, record, used)
             return target
         inst = view.get(target)
-        assert inst is not None
+        if inst is None:
+            return None
         stub = peer_pb2_grpc.MeshPeerStub(self.peers.get(target, inst.location).channel)
-        await stub.InternalOperation(peer_pb2.InternalOpRequest(modelId=model_id, load=True), timeout=10)
+        req = peer_pb2.InternalOpRequest(modelId=model_id, load=True, lastUsed=used)
+        try:
+            resp = await stub.InternalOperation(req, timeout=PLACE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            log.warning("asking %s to load %s failed: %s", target, model_id, e.details())
+            return None
+        if resp.state == peer_pb2.InternalOpResponse.FAILED:
+            return None
         return target
 
     async def record(self, model_id: str) -> ModelRecord:
@@ -141,19 +159,54 @@ class Router:
     ) -> bytes:
         """Serve one external unary call; `remaining_s` is the client's deadline (None: none)."""
         self.local.counters.requests += 1
-        model_id = self.resolve(ids)
+        if ids.model_id is not None:
+            return await self._serve_model(method, request, ids.model_id, forward, remaining_s, ids.balanced)
+        assert ids.vmodel_id is not None
+        model_id = await self.resolve_vmodel(ids.vmodel_id)
+        try:
+            return await self._serve_model(method, request, model_id, forward, remaining_s, ids.balanced)
+        except NotFound:
+            # The active model went away (an autoDelete switch) before this instance saw the
+            # vmodel move: read the vmodel from etcd and try its new active model once.
+            current = await self.resolve_vmodel(ids.vmodel_id, strong=True)
+            if current == model_id:
+                raise
+            return await self._serve_model(method, request, current, forward, remaining_s, ids.balanced)
+
+    async def resolve_vmodel(self, vmodel_id: str, strong: bool = False) -> str:
+        vrec = None if strong else self.registry.vmodels.get(vmodel_id)
+        if vrec is None:
+            kv = await self.registry.vmodels.store.get(self.registry.vmodels.key(vmodel_id))
+            if kv is None:
+                raise NotFound(f"vmodel {vmodel_id!r} not found")
+            try:
+                vrec = VModelRecord.decode(kv.value)
+            except RecordError as e:
+                raise DataLoss(f"stored record for vmodel {vmodel_id!r} is corrupt: {e}") from None
+        return vrec.active_model
+
+    async def _serve_model(
+        self,
+        method: str,
+        request: bytes,
+        model_id: str,
+        forward: Metadata,
+        remaining_s: float | None,
+        balanced: bool,
+    ) -> bytes:
+        metadata = runtime_metadata(forward, model_id)
         entry = self.local.cache.get(model_id)
+        excluded: set[str] = set()
         if entry is not None and entry.state is State.LOADED:  # the common case, kept short
             self.local.counters.hits += 1
             self.local.cache.touch(model_id, self.local.clock())
-            metadata = runtime_metadata(forward, model_id)
             try:
                 return await self._serve_entry(entry, method, request, model_id, metadata, remaining_s)
-            except Refused:
-                pass  # the runtime lost it; route as a miss below
+            except Refused as e:
+                if e.exclude:
+                    excluded.add(self.self_id)  # e.g. its runtime is down: do not ask it again
         record = await self.record(model_id)
-        metadata = runtime_metadata(forward, model_id)
-        return await self._route(method, request, model_id, record, metadata, remaining_s, ids.balanced)
+        return await self._route(method, request, model_id, record, metadata, remaining_s, balanced, excluded)
 
     async def _route(
         self,
@@ -164,8 +217,8 @@ class Router:
         metadata: Metadata,
         remaining_s: float | None,
         balanced: bool,
+        excluded: set[str],
     ) -> bytes:
-        excluded: set[str] = set()
         tried: list[str] = []
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
@@ -196,7 +249,7 @@ class Router:
                 target = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
                 mode = "load"
                 if target is None:
-                    if self.self_id in excluded:
+                    if self.self_id in excluded or not self._may_load_here(view, record):
                         break
                     target = self.self_id  # nothing better known (alone, or records not yet seen)
             try:
@@ -213,6 +266,19 @@ class Router:
             f"model {model_id!r}: no instance could serve it after {len(tried)} attempts: "
             + ("; ".join(tried) or "no live instance")
         )
+
+    def is_peer(self, instance_id: str) -> bool:
+        """A live instance of this mesh (forwarded calls are accepted only from those)."""
+        return instance_id != self.self_id and self.cluster.view().live(instance_id)
+
+    def _may_load_here(self, view: ClusterView, record: ModelRecord) -> bool:
+        """This instance as a last resort: not shutting down, and carrying the labels the
+        model's type requires."""
+        me = view.get(self.self_id)
+        required, _ = self.constraints.for_type(record.type)
+        if me is None:
+            return not required or required <= self.labels
+        return not me.shutdown and required <= me.labels
 
     def _load_target(
         self, view: ClusterView, model_id: str, record: ModelRecord, exclude: frozenset[str], prefer_self: bool
@@ -282,10 +348,10 @@ class Router:
             return response
         except grpc.aio.AioRpcError as e:
             code = e.code()
-            if code == grpc.StatusCode.NOT_FOUND and entry.since_ms < self.local.clock() - FRESH_COPY_MS:
-                # The runtime lost a copy it had for a while (it restarted): drop it and
-                # reroute; loading here again is allowed. NOT_FOUND from a fresh copy is the
-                # runtime's own answer (an unknown version, say) and goes to the client.
+            if code == grpc.StatusCode.NOT_FOUND and await self.local.runtime.has_model(model_id) is False:
+                # Confirmed lost (the runtime restarted): drop the copy and reroute; loading
+                # here again is allowed. Any other NOT_FOUND (an unknown version, say) is the
+                # runtime's own answer and goes to the client, the copy untouched.
                 self.local.lost(model_id, entry)
                 raise Refused(f"the runtime no longer has {model_id!r}", exclude=False) from None
             if code == grpc.StatusCode.UNAVAILABLE:
@@ -320,10 +386,12 @@ class Router:
             return response
         except grpc.aio.AioRpcError as e:
             reason = _reason(e)
-            if reason is not None:
+            if reason in (NOT_HERE, LOAD_FAILED):
                 raise Refused(f"{reason}: {e.details()}") from None
-            if e.code() == grpc.StatusCode.UNAVAILABLE and "meshd" not in (e.details() or ""):
-                raise Refused(f"unreachable: {e.details()}") from None  # the peer is gone
+            if reason == UNKNOWN_MODEL:
+                raise NotFound(e.details() or f"model {model_id!r} not found") from None
+            if reason is None and e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise Refused(f"unreachable: {e.details()}") from None  # gRPC's own: the peer is gone
             raise RuntimeStatusError(e.code(), e.details() or e.code().name) from None
         finally:
             self.inflight[target] -= 1
@@ -347,10 +415,22 @@ class Router:
                 raise PeerRefusal(NOT_HERE, e.message) from None
         else:
             entry = self.local.cache.get(model_id)
-            if entry is None or entry.state is not State.LOADED:
+            pending = self.local.pending(model_id)
+            if pending is not None:
+                # The sender picked a copy still loading: wait for it here rather than have
+                # the sender load yet another copy elsewhere.
+                try:
+                    entry = await asyncio.shield(pending)
+                except LoadFailed as e:
+                    raise PeerRefusal(LOAD_FAILED, e.message) from None
+                except MeshError as e:
+                    raise PeerRefusal(NOT_HERE, e.message) from None
+            elif entry is None or entry.state is not State.LOADED:
                 raise PeerRefusal(NOT_HERE, f"no loaded copy of {model_id!r} on {self.self_id}")
-            self.local.counters.hits += 1
-            self.local.cache.touch(model_id, self.local.clock())
+            else:
+                self.local.counters.hits += 1
+                self.local.cache.touch(model_id, self.local.clock())
+        assert entry is not None
         try:
             return await self._serve_entry(entry, method, request, model_id, metadata, remaining_s)
         except Refused as e:

@@ -73,7 +73,10 @@ class Scaler:
                 policy = scaling.DEFAULT_POLICY
             holders = {i: t for i, t in record.instance_ids.items() if i == view.self_id or view.live(i)}
             rpm = (entry.served - self._served.get(entry.model_id, entry.served)) * 60_000 // self.config.interval_ms
-            await self._apply(view, entry.model_id, policy, holders, rpm, entry.last_used_ms, entry.prior_use_ms)
+            try:  # one model's failure must neither stop the others nor skew the next rates
+                await self._apply(view, entry.model_id, policy, holders, rpm, entry.last_used_ms, entry.prior_use_ms)
+            except Exception:
+                log.exception("copy scaling of %s failed", entry.model_id)
         self._served = served_now
 
     async def _apply(

@@ -46,7 +46,9 @@ class ModelMeshServicer(mm_grpc.ModelMeshServicer):  # type: ignore[misc]
         vmodels: VModels,
         sync_timeout_s: float,
         count_copies: Callable[[list[str]], Awaitable[None]],
+        wait_loaded: Callable[[str, float], Awaitable[None]],
     ) -> None:
+        self.wait_loaded = wait_loaded  # until a copy of the model is loaded somewhere
         self.m = management
         self.v = vmodels
         self.sync_timeout_s = sync_timeout_s
@@ -97,6 +99,8 @@ class ModelMeshServicer(mm_grpc.ModelMeshServicer):  # type: ignore[misc]
         view = await self.v.set_vmodel(req)
         if request.sync and view.active_model_id != view.target_model_id:
             view = await self.v.wait_transition(request.vModelId, request.targetModelId, self.sync_timeout_s)
+        elif request.sync and request.loadNow and view.target_model_id:
+            await self.wait_loaded(view.target_model_id, self.sync_timeout_s)  # a new vmodel's target
         return vmodel_message(self.m, view)
 
     @statuses

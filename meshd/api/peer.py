@@ -30,8 +30,11 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
     @statuses
     async def InternalOperation(self, request: Any, context: Any) -> Any:
         if request.load:
-            record = self.registry.require(check_id(request.modelId))
-            fut = self.local.start_load(request.modelId, record, request.lastUsed or self.local.clock())
+            check_id(request.modelId)
+            record = self.registry.get(request.modelId) or await self.registry.fetch(request.modelId)
+            now = self.local.clock()
+            # Never newer than now: a far-future date would pin the copy against eviction.
+            fut = self.local.start_load(request.modelId, record, min(request.lastUsed or now, now))
             if request.sync:
                 # Shielded: a caller's deadline must not cancel the load others wait on.
                 with contextlib.suppress(LoadFailed):

@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from meshd.errors import InvalidArgument, MeshError
-from meshd.ids import decode_id
+from meshd.errors import InvalidArgument, MeshError, NotFound
+from meshd.ids import check_id, decode_id
 from meshd.proxy.handler import RawMethodHandler
 from meshd.proxy.headers import INTERNAL_PREFIX, MODEL_ID, MODEL_ID_BIN, Metadata
-from meshd.router import HOP, MODE, REASON, PeerRefusal
+from meshd.router import HOP, MODE, PASSED_ON, REASON, UNKNOWN_MODEL, PeerRefusal
 
 
-def parse_peer_metadata(metadata: Any) -> tuple[str, str, Metadata]:
-    """(model id, mode, headers for the runtime) of a forwarded call."""
+def parse_peer_metadata(metadata: Any, is_peer: Callable[[str], bool]) -> tuple[str, str, Metadata]:
+    """(model id, mode, headers for the runtime) of a forwarded call from a live peer."""
     hop = mode = None
     model_id: str | None = None
     runtime_md: list[tuple[str, str | bytes]] = []
@@ -32,10 +32,10 @@ def parse_peer_metadata(metadata: Any) -> tuple[str, str, Metadata]:
             if key == MODEL_ID_BIN:
                 model_id = decode_id(value if isinstance(value, bytes) else value.encode())
             elif key == MODEL_ID and model_id is None:
-                model_id = value if isinstance(value, str) else value.decode()
+                model_id = check_id(value if isinstance(value, str) else value.decode())
             runtime_md.append((key, value))
-    if hop is None or model_id is None or mode not in ("serve", "load"):
-        raise InvalidArgument("not a meshd peer call (the internal port serves peers only)")
+    if hop is None or model_id is None or mode not in ("serve", "load") or not is_peer(str(hop)):
+        raise InvalidArgument("not a meshd peer call (the internal port serves live peers only)")
     return model_id, mode, tuple(runtime_md)
 
 
@@ -47,13 +47,16 @@ class PeerInferenceHandler(RawMethodHandler):
 
         async def handle(request: bytes, context: Any) -> bytes:
             try:
-                model_id, mode, metadata = parse_peer_metadata(context.invocation_metadata())
+                model_id, mode, metadata = parse_peer_metadata(context.invocation_metadata(), router.is_peer)
                 return await router.serve_forwarded(method, request, model_id, mode, metadata, context.time_remaining())
             except PeerRefusal as e:
                 await context.abort(e.code, e.message, trailing_metadata=((REASON, e.reason),))
                 raise
             except MeshError as e:
-                await context.abort(e.code, e.message)
+                # Every answer of ours carries a reason, so the peer can tell it from gRPC's
+                # own UNAVAILABLE (this instance unreachable) whatever the details say.
+                reason = UNKNOWN_MODEL if isinstance(e, NotFound) else PASSED_ON
+                await context.abort(e.code, e.message, trailing_metadata=((REASON, reason),))
                 raise
 
         return handle

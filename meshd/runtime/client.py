@@ -124,6 +124,15 @@ class RuntimeClient:
             return None
         return int(resp.sizeInBytes) or None
 
+    async def has_model(self, model_id: str) -> bool | None:
+        """Whether the runtime holds the model, by asking modelSize: NOT_FOUND means no;
+        None when it cannot tell (modelSize unimplemented or failing)."""
+        try:
+            await self.stub.modelSize(rt.ModelSizeRequest(modelId=model_id), timeout=PREDICT_SIZE_TIMEOUT_S * 4)
+        except grpc.aio.AioRpcError as e:
+            return False if e.code() == grpc.StatusCode.NOT_FOUND else None
+        return True
+
     async def model_size(self, model_id: str) -> int | None:
         try:
             resp = await self.stub.modelSize(rt.ModelSizeRequest(modelId=model_id), timeout=MODEL_SIZE_TIMEOUT_S)

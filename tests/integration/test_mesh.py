@@ -376,3 +376,102 @@ def test_a_dead_runtime_sends_requests_to_another_copy(start_node: NodeFactory, 
     a.node.runtime.kill()  # meshd on a still believes its copy is loaded
     for _ in range(10):  # through a: its runtime answers UNAVAILABLE, b's copy serves
         assert close_enough(a.infer(m.id, ROWS), expected(m, ROWS))
+
+
+def test_requests_during_a_cold_load_wait_for_it_instead_of_loading_more_copies(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    nodes = three(start_node)
+    a = nodes[0]
+    m = models[0]
+    slow = mm.ModelInfo(type="demo", path=str(m.path), key='{"load_delay_ms": 2000}')
+    a.mm.registerModel(mm.RegisterModelRequest(modelId=m.id, modelInfo=slow), timeout=10)
+    with ThreadPoolExecutor(7) as pool:
+        first = pool.submit(a.infer, m.id, ROWS)
+        time.sleep(0.5)  # the load is under way somewhere; more requests arrive everywhere
+        rest = [pool.submit(nodes[i % 3].infer, m.id, ROWS) for i in range(6)]
+        assert all(close_enough(f.result(), expected(m, ROWS)) for f in [first, *rest])
+    assert sum(m.id in n.runtime_loaded() for n in nodes) == 1  # one copy, not one per ingress
+
+
+def test_vmodel_autodelete_switches_under_traffic_fail_nothing(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    a, b, c = three(start_node)
+
+    def retarget(m: GeneratedModel) -> None:
+        req = mm.SetVModelRequest(
+            vModelId="vm",
+            targetModelId=m.id,
+            modelInfo=mm.ModelInfo(type="demo", path=str(m.path)),
+            autoDeleteTargetModel=True,
+            loadNow=True,
+            sync=True,
+            force=True,
+        )
+        a.mm.setVModel(req, timeout=30)
+
+    retarget(models[0])
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def traffic(client: Client) -> None:
+        while not stop.is_set():
+            try:
+                client.v2.ModelInfer(make_infer_request("vm", ROWS), metadata=(("mm-vmodel-id", "vm"),), timeout=30)
+            except Exception as e:
+                failures.append(str(e))
+
+    threads = [threading.Thread(target=traffic, args=(cl,)) for cl in (b, c, b, c)]
+    for t in threads:
+        t.start()
+    try:
+        for m in [*models[1:], models[0]]:
+            retarget(m)  # forced: the old active is auto-deleted at once
+            time.sleep(0.3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not failures, failures[:3]
+    # Every superseded target was auto-deleted.
+    remaining = [m.id for m in models if a.status(m.id).status != ST.NOT_FOUND]
+    assert remaining == [models[0].id]
+
+
+def test_an_unreachable_peer_reroutes_whatever_its_host_is_called(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    a = start_node("inst-a")
+    b = start_node("inst-b", settings={"advertise_host": "meshd-b.invalid"})  # peers cannot reach it
+    m = models[0]
+    a.register(m)
+    load_on(b, m.id)  # b holds the only copy, at an address nobody can resolve
+    assert close_enough(a.infer(m.id, ROWS), expected(m, ROWS))  # rerouted: loaded on a
+    assert m.id in a.runtime_loaded()
+
+
+def test_the_last_resort_load_respects_required_labels(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
+    m = models[0]
+    tc = '{"special": {"required": ["mt:special"]}}'
+    a = start_node(
+        "inst-a", runtime_args=["--fail-load", m.id], settings={"labels": "mt:special", "type_constraints": tc}
+    )
+    b = start_node("inst-b", settings={"type_constraints": tc})
+    info = mm.ModelInfo(type="special", path=str(m.path))
+    b.mm.registerModel(mm.RegisterModelRequest(modelId=m.id, modelInfo=info), timeout=10)
+    with pytest.raises(grpc.RpcError) as e:
+        b.infer(m.id, ROWS)  # a fails it; b lacks the label and must not load it instead
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert b.runtime_loaded() == [] and a.runtime_loaded() == []
+
+
+def test_set_vmodel_sync_load_now_waits_for_the_new_target(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    a = start_node("inst-a")
+    m = models[0]
+    info = mm.ModelInfo(type="demo", path=str(m.path), key='{"load_delay_ms": 1000}')
+    req = mm.SetVModelRequest(vModelId="vm", targetModelId=m.id, modelInfo=info, loadNow=True, sync=True)
+    st = a.mm.setVModel(req, timeout=30)
+    assert st.status == mm.VModelStatusInfo.DEFINED and st.activeModelStatus.status == ST.LOADED
