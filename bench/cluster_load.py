@@ -41,16 +41,14 @@ import os
 import platform
 import random
 import shlex
-import signal
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
@@ -58,6 +56,8 @@ import grpc
 _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
+
+from _shared import asyncio_run, sigterm_as_interrupt, stop_uninterrupted  # noqa: E402 - bench/ is on sys.path
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb  # noqa: E402
 from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
@@ -376,21 +376,6 @@ def run_scenario(
         stop_uninterrupted(mesh)
 
 
-def stop_uninterrupted(mesh: LocalMesh) -> None:
-    """mesh.stop() with SIGINT/SIGTERM held back until it is done.
-
-    A second Ctrl-C (or the SIGTERM after one) arriving while children are being stopped
-    would otherwise abort stop_all half-way and leave the rest running; the held signal
-    is delivered (as KeyboardInterrupt) once every child is gone.
-    """
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        mesh.stop()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def dump_logs(mesh: LocalMesh, log: Callable[[str], None], per_file: int = 30) -> None:
     """The warning/error lines of every child's log (stderr), for a failed run."""
     log_dir = mesh.workdir / "logs"
@@ -523,15 +508,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return a
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["cluster_load.py", *argv])
-    # SIGTERM takes the same path as Ctrl-C, so the finally blocks stop every child.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    sigterm_as_interrupt()
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -570,16 +550,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line)
     bad = any(r.tally.n_errors or r.tally.wrong for r in results)
     return 1 if bad else 0
-
-
-def asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
-    """uvloop when available: the load generator should not be the bottleneck it can avoid being."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    result: T = uvloop.run(coro)
-    return result
 
 
 if __name__ == "__main__":

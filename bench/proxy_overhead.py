@@ -29,17 +29,15 @@ import asyncio
 import os
 import platform
 import shlex
-import signal
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
@@ -47,6 +45,8 @@ import grpc
 _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
+
+from _shared import asyncio_run, sigterm_as_interrupt, stop_uninterrupted  # noqa: E402 - bench/ is on sys.path
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc  # noqa: E402
@@ -409,15 +409,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Settings
     return a, s
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args, settings = parse_args(argv)
     command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["proxy_overhead.py", *argv])
-    # SIGTERM takes the same path as Ctrl-C, so the finally blocks stop every child.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    sigterm_as_interrupt()
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -446,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log("interrupted; stopping children")
         return 130
     finally:
-        mesh.stop()
+        stop_uninterrupted(mesh)
         if args.keep_workdir:
             log(f"kept {workdir}")
         else:
@@ -454,16 +449,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in report(results, settings, command, time.monotonic() - started):
         print(line)
     return 0
-
-
-def asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
-    """uvloop when available: the load generator should not be the bottleneck it can avoid being."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    result: T = uvloop.run(coro)
-    return result
 
 
 if __name__ == "__main__":
