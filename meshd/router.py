@@ -30,7 +30,7 @@ from meshd.kv.records import ModelRecord, RecordError, VModelRecord
 from meshd.local import LocalModels, NoRoom
 from meshd.peers import Peers
 from meshd.placement.constraints import TypeConstraints
-from meshd.placement.rank import LoadRequest, choose_load_target
+from meshd.placement.rank import LoadRequest, choose_load_target, may_load_as_last_resort
 from meshd.placement.serving import choose_copy
 from meshd.placement.view import ClusterView
 from meshd.proxy.headers import Metadata, RequestIds, runtime_metadata
@@ -249,7 +249,9 @@ class Router:
                 target = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
                 mode = "load"
                 if target is None:
-                    if self.self_id in excluded or not self._may_load_here(view, record):
+                    if self.self_id in excluded or not may_load_as_last_resort(
+                        view, self.labels, self.constraints.for_type(record.type)[0]
+                    ):
                         break
                     target = self.self_id  # nothing better known (alone, or records not yet seen)
             try:
@@ -270,15 +272,6 @@ class Router:
     def is_peer(self, instance_id: str) -> bool:
         """A live instance of this mesh (forwarded calls are accepted only from those)."""
         return instance_id != self.self_id and self.cluster.view().live(instance_id)
-
-    def _may_load_here(self, view: ClusterView, record: ModelRecord) -> bool:
-        """This instance as a last resort: not shutting down, and carrying the labels the
-        model's type requires."""
-        me = view.get(self.self_id)
-        required, _ = self.constraints.for_type(record.type)
-        if me is None:
-            return not required or required <= self.labels
-        return not me.shutdown and required <= me.labels
 
     def _load_target(
         self, view: ClusterView, model_id: str, record: ModelRecord, exclude: frozenset[str], prefer_self: bool

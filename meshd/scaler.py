@@ -19,7 +19,6 @@ from meshd.cluster import Cluster
 from meshd.local import LocalModels
 from meshd.placement import scaling
 from meshd.placement.modelkey import policy_from_key
-from meshd.placement.rank import placement_key
 from meshd.placement.scaling import ModelPolicy
 from meshd.placement.view import ClusterView
 from meshd.registry import Registry
@@ -131,12 +130,5 @@ class Scaler:
 
     def _worst_holder(self, view: ClusterView, holders: dict[str, int]) -> bool:
         """Whether this instance is the one that should give a copy up (only one per round)."""
-
         live = [h for i in holders if (h := view.get(i)) is not None]
-        if not live:
-            return False
-        newest = max(h.version for h in live)
-        worst = max(
-            live, key=lambda h: placement_key(h, view.now_ms, newest, default_model_units=self.cluster.default_units)
-        )
-        return worst.instance_id == view.self_id
+        return scaling.worst_holder(view, live, self.cluster.default_units) == view.self_id

@@ -303,6 +303,16 @@ def shortlist(view: ClusterView, req: LoadRequest) -> list[InstanceView]:
     return _shortlist(ranked, req, view.now_ms, default_units)
 
 
+def may_load_as_last_resort(view: ClusterView, own_labels: frozenset[str], required: frozenset[str]) -> bool:
+    """Whether `view.self_id` may load a model placement found no instance for: only when
+    it is not shutting down and carries the labels the model's type requires (its record
+    when published, else its configured labels)."""
+    me = view.get(view.self_id)
+    if me is None:
+        return required <= own_labels
+    return not me.shutdown and required <= me.labels
+
+
 def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) -> str | None:
     """The instance that should load `req.model_id`, or None when no instance qualifies."""
     near = shortlist(view, req)

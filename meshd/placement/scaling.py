@@ -16,7 +16,7 @@ size override, beyond upstream), the cluster-wide free ratio and LRU helpers, an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from meshd.placement.rank import DEFAULT_MIN_CHURN_AGE_MS, placement_key
@@ -214,6 +214,18 @@ def should_drop_copy(
     threshold = idle_before_drop_ms(view) if idle_ms is None else idle_ms
     if view.now_ms - last_used_ms < threshold:
         return False
+    return worst_holder(view, holders, default_model_units, min_churn_age_ms) == view.self_id
+
+
+def worst_holder(
+    view: ClusterView,
+    holders: Sequence[InstanceView],
+    default_model_units: int,
+    min_churn_age_ms: int = DEFAULT_MIN_CHURN_AGE_MS,
+) -> str | None:
+    """The holder that should give its copy up first: the worst by `placement_key`."""
+    if not holders:
+        return None
     newest = max(h.version for h in holders)
     worst = max(
         holders,
@@ -221,7 +233,7 @@ def should_drop_copy(
             h, view.now_ms, newest, default_model_units=default_model_units, min_churn_age_ms=min_churn_age_ms
         ),
     )
-    return worst.instance_id == view.self_id
+    return worst.instance_id
 
 
 # ---- policy floor ---------------------------------------------------------------------------

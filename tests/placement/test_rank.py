@@ -457,3 +457,20 @@ def test_recent_placements_prefer_the_least_used_candidate() -> None:
     req = LoadRequest(model_id="m", model_type="t", size_units=128, recent_placements={"a": 2, "b": 1})
     picks = {choose_load_target(ClusterView("a", 0, views), req, random.Random(s)) for s in range(50)}
     assert picks == {"c"}
+
+
+def test_last_resort_load_needs_the_labels_and_no_shutdown() -> None:
+    from meshd.placement.rank import may_load_as_last_resort
+    from meshd.placement.view import ClusterView, InstanceView
+
+    special = frozenset({"mt:special"})
+    labelled = ClusterView("me", 0, {"me": InstanceView("me", labels=special)})
+    assert may_load_as_last_resort(labelled, frozenset(), special)
+    assert may_load_as_last_resort(labelled, frozenset(), frozenset())
+    plain = ClusterView("me", 0, {"me": InstanceView("me")})
+    assert not may_load_as_last_resort(plain, special, special)  # the published record wins
+    stopping = ClusterView("me", 0, {"me": InstanceView("me", labels=special, shutdown=True)})
+    assert not may_load_as_last_resort(stopping, special, frozenset())
+    unpublished = ClusterView("me", 0, {})
+    assert may_load_as_last_resort(unpublished, special, special)
+    assert not may_load_as_last_resort(unpublished, frozenset(), special)

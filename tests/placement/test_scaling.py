@@ -254,3 +254,16 @@ def test_missing_copies_never_exceeds_live_instances(copies: int, min_copies: in
     assert n >= 0
     assert n == 0 or copies + n <= live
     assert n == 0 or copies + n == min(min_copies, live)
+
+
+def test_worst_holder_is_the_worst_placement() -> None:
+    from meshd.placement.scaling import worst_holder
+    from meshd.placement.view import ClusterView, InstanceView
+
+    roomy = InstanceView("roomy", capacity=1000, used=100)
+    cramped = InstanceView("cramped", capacity=1000, used=900, count=9)
+    stopping = InstanceView("stopping", capacity=1000, used=0, shutdown=True)
+    view = ClusterView("roomy", 0, {i.instance_id: i for i in (roomy, cramped, stopping)})
+    assert worst_holder(view, [roomy, cramped], 16) == "cramped"
+    assert worst_holder(view, [roomy, cramped, stopping], 16) == "stopping"
+    assert worst_holder(view, [], 16) is None
