@@ -7,6 +7,7 @@ runtime: everything except `mm-*`, `grpc-*`, meshd's internal ones and transport
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -68,11 +69,15 @@ def parse_request_headers(metadata: Iterable[tuple[str, str | bytes]]) -> tuple[
     return RequestIds(model_id, vmodel_id, balanced), tuple(forward)
 
 
+@functools.lru_cache(maxsize=4096)
+def _id_headers(model_id: str) -> Metadata:
+    # Made once per model, not per request: the encode and the ASCII check add up.
+    if model_id.isascii() and model_id.isprintable():
+        return ((MODEL_ID_BIN, model_id.encode()), (MODEL_ID, model_id))
+    return ((MODEL_ID_BIN, model_id.encode()),)
+
+
 def runtime_metadata(forward: Metadata, model_id: str) -> Metadata:
     """Headers for the runtime: the client's, plus the concrete model id."""
-    id_headers: tuple[tuple[str, str | bytes], ...]
-    if model_id.isascii() and model_id.isprintable():
-        id_headers = ((MODEL_ID_BIN, model_id.encode()), (MODEL_ID, model_id))
-    else:
-        id_headers = ((MODEL_ID_BIN, model_id.encode()),)
-    return forward + id_headers
+    ids = _id_headers(model_id)
+    return forward + ids if forward else ids
