@@ -3,7 +3,9 @@ sharing the session's etcd. Every process is stopped by PID when its fixture end
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,3 +124,39 @@ def close_enough(a: list[list[float]], b: list[list[float]]) -> bool:
         len(x) == len(y) and all(abs(p - q) < 1e-4 for p, q in zip(x, y, strict=True))
         for x, y in zip(a, b, strict=True)
     )
+
+
+class Traffic:
+    """Client threads sending requests for `models` in turn until stopped; every failure
+    and wrong answer is kept (a failure is a finding), successes counted per instance."""
+
+    def __init__(self, clients: list[Client], models: list[GeneratedModel], rows: list[list[float]]) -> None:
+        self.failures: list[str] = []
+        self.served: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._rows = rows
+        self._models = models
+        self._threads = [threading.Thread(target=self._run, args=(c,)) for c in clients]
+
+    def _run(self, client: Client) -> None:
+        i = 0
+        while not self._stop.is_set():
+            m = self._models[i % len(self._models)]
+            i += 1
+            try:
+                if close_enough(client.infer(m.id, self._rows), expected(m, self._rows)):
+                    self.served[client.node.instance_id] += 1
+                else:
+                    self.failures.append(f"{client.node.instance_id} {m.id}: wrong answer")
+            except Exception as e:
+                self.failures.append(f"{client.node.instance_id} {m.id}: {e}")
+
+    def __enter__(self) -> Traffic:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)

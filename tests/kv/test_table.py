@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
-from meshd.kv.embedded import EmbeddedEtcd
-from meshd.kv.etcd import EtcdStore
-from meshd.kv.memory import MemoryStore
 from meshd.kv.records import ModelRecord, RecordError
 from meshd.kv.store import Delete, KVStore
 from meshd.kv.table import KEEP, Table
 
 
-@pytest.fixture(params=["memory", "etcd"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[KVStore]:
-    s: KVStore
-    if request.param == "etcd":
-        server: EmbeddedEtcd = request.getfixturevalue("etcd_server")
-        s = EtcdStore.from_url(server.url)
-    else:
-        s = MemoryStore()
-    try:
-        yield s
-    finally:
-        await s.close()
+@pytest.fixture
+def store(any_store: KVStore) -> KVStore:
+    return any_store
 
 
 async def eventually(check: object, timeout_s: float = 5.0) -> None:

@@ -7,8 +7,6 @@ from typing import Any
 
 import pytest
 
-from meshd.kv.embedded import EmbeddedEtcd
-from meshd.kv.etcd import EtcdStore
 from meshd.kv.memory import MemoryStore
 from meshd.kv.records import ModelRecord, RecordError, VModelRecord
 from meshd.kv.store import Compare, KVStore, Op, StoreUnavailable, TxnResult
@@ -38,18 +36,9 @@ class Meddling:
         return await self.inner.txn(compares, ops)
 
 
-@pytest.fixture(params=["memory", "etcd"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Meddling]:
-    s: KVStore
-    if request.param == "etcd":
-        server: EmbeddedEtcd = request.getfixturevalue("etcd_server")
-        s = EtcdStore.from_url(server.url)
-    else:
-        s = MemoryStore()
-    try:
-        yield Meddling(s)
-    finally:
-        await s.close()
+@pytest.fixture
+def store(any_store: KVStore) -> Meddling:
+    return Meddling(any_store)
 
 
 @pytest.fixture
