@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshd.gate import CopyGate  # carried, never used, by this pure module
 
 UNIT_BYTES = 8192  # upstream ModelMesh's 8 KiB cache unit (SPEC §6)
 USE_SPELL_GAP_MS = 10_000  # uses further apart than upstream's rate-check interval are separate spells
@@ -38,6 +42,7 @@ class CacheEntry:
     inflight: int = 0  # requests being served from this copy
     served: int = 0  # requests served from this copy (the scaler samples it for rates)
     prior_use_ms: int | None = None  # last use before the current spell of use
+    gate: CopyGate | None = None  # the copy's concurrency limit, when the runtime asks for one
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from meshd.placement.constraints import TypeConstraints
+from meshd.proxy.methods import DataplaneConfig
 
 
 class ConfigError(ValueError):
@@ -70,6 +71,36 @@ SETTINGS: tuple[Setting, ...] = (
         "--scaleup-rpm-threshold",
         "requests/min per copy above which copies are added",
         "2000",
+    ),
+    Setting(
+        "dataplane_config", "MM_DATAPLANE_CONFIG", "--dataplane-config", "JSON: per-method id extraction and streaming"
+    ),
+    Setting(
+        "dataplane_config_path",
+        "MM_DATAPLANE_CONFIG_PATH",
+        "--dataplane-config-path",
+        "file with the dataplane config JSON",
+    ),
+    Setting(
+        "max_inflight_per_copy",
+        "MM_MAX_INFLIGHT_PER_MODEL_COPY",
+        "--max-inflight-per-copy",
+        "requests that may queue per copy when the runtime limits concurrency (0 auto, <0 unbounded)",
+        "0",
+    ),
+    Setting(
+        "conc_scaleup_bandwidth_pct",
+        "MM_CONC_SCALEUP_BANDWIDTH_PCT",
+        "--conc-scaleup-bandwidth-pct",
+        "with concurrency limits: add copies above this % of a copy's estimated throughput",
+        "90",
+    ),
+    Setting(
+        "request_timeout_ms",
+        "MESHD_REQUEST_TIMEOUT_MS",
+        "--request-timeout-ms",
+        "inference timeout when the client sets no deadline (0: none)",
+        "0",
     ),
     Setting("janitor_ms", "MESHD_JANITOR_MS", "--janitor-ms", "registry/cache reconcile interval", "360000"),
     Setting("leader_sweep_ms", "MESHD_LEADER_SWEEP_MS", "--leader-sweep-ms", "leader sweep interval", "420000"),
@@ -138,6 +169,10 @@ class Config:
     leader_sweep_ms: int = 420_000
     dead_instance_prune_ms: int = 600_000
     copy_idle_ms: int | None = None
+    dataplane: DataplaneConfig = field(default_factory=DataplaneConfig)
+    max_inflight_per_copy: int = 0
+    conc_scaleup_bandwidth_pct: int = 90
+    request_timeout_ms: int = 0
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -253,6 +288,12 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         dead_instance_prune_ms=_int(name("dead_instance_prune_ms"), need("dead_instance_prune_ms"), 0),
         copy_idle_ms=_int(name("copy_idle_ms"), raw["copy_idle_ms"], 0) if raw["copy_idle_ms"] else None,
         instance_ttl_s=_int(name("instance_ttl_s"), need("instance_ttl_s"), 2),
+        dataplane=_dataplane(raw["dataplane_config"], raw["dataplane_config_path"]),
+        max_inflight_per_copy=_int(name("max_inflight_per_copy"), need("max_inflight_per_copy"), -(1 << 31)),
+        conc_scaleup_bandwidth_pct=_bounded(
+            name("conc_scaleup_bandwidth_pct"), need("conc_scaleup_bandwidth_pct"), 10, 200
+        ),
+        request_timeout_ms=_int(name("request_timeout_ms"), need("request_timeout_ms"), 0),
     )
 
 
@@ -268,6 +309,27 @@ def _type_constraints(text: str | None, path: str | None) -> TypeConstraints:
         return TypeConstraints.parse(text)
     except ValueError as e:
         raise ConfigError(f"MM_TYPE_CONSTRAINTS: {e}") from None
+
+
+def _dataplane(text: str | None, path: str | None) -> DataplaneConfig:
+    if path:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"MM_DATAPLANE_CONFIG_PATH: cannot read {path}: {e}") from None
+    if not text:
+        return DataplaneConfig()
+    try:
+        return DataplaneConfig.parse(text)
+    except ValueError as e:
+        raise ConfigError(f"MM_DATAPLANE_CONFIG{'_PATH' if path else ''}: {e}") from None
+
+
+def _bounded(what: str, text: str, low: int, high: int) -> int:
+    value = _int(what, text, low)
+    if value > high:
+        raise ConfigError(f"{what}: must be between {low} and {high}, got {value}")
+    return value
 
 
 def env_for(settings: Mapping[str, str | int]) -> dict[str, str]:

@@ -35,6 +35,16 @@ class Unavailable(MeshError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class ResourceExhausted(MeshError):
+    """Too many requests queued for a model's copies (its concurrency limits)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(MeshError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class DataLoss(MeshError):
     """A stored record cannot be decoded; it is reported and left untouched."""
 

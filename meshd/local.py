@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from meshd.cache import CacheEntry, State, WeightedLRU, to_units
 from meshd.clock import Clock, wall_ms
 from meshd.errors import LoadFailed, MeshError, NotFound, Unavailable
+from meshd.gate import CopyGate, queue_bound
 from meshd.kv.records import ModelRecord
 from meshd.placement.modelkey import policy_from_key
 from meshd.reconcile import Repairs, plan_repairs
@@ -64,8 +65,11 @@ class LocalModels:
         info: RuntimeInfo,
         *,
         failure_expiry_ms: int,
+        max_queue_per_copy: int = 0,
         clock: Clock = wall_ms,
     ) -> None:
+        """`max_queue_per_copy`: requests that may wait for a copy whose runtime limits its
+        concurrency (upstream MM_MAX_INFLIGHT_PER_MODEL_COPY: 0 auto, < 0 unbounded)."""
         self.instance_id = instance_id
         self.registry = registry
         self.runtime = runtime
@@ -73,6 +77,7 @@ class LocalModels:
         self.queue = LoadQueue(runtime, info, after_failure=lambda model_id: self._unload_later(model_id))
         self.cache = WeightedLRU(to_units(info.capacity_bytes))
         self.failure_expiry_ms = failure_expiry_ms
+        self.max_queue_per_copy = max_queue_per_copy
         self.clock = clock
         self.counters = Counters()
         self.on_change: Callable[[], None] = lambda: None  # copies loaded or evicted (publish soon)
@@ -232,6 +237,9 @@ class LocalModels:
                 self._evict_all(self.cache.resize(model_id, to_units(loaded.size_bytes)))
             else:
                 self._spawn(self._size_later(model_id))
+            if self.info.limit_model_concurrency and loaded.max_concurrency > 0:
+                bound = queue_bound(loaded.max_concurrency, self.max_queue_per_copy)
+                entry.gate = CopyGate(model_id, loaded.max_concurrency, bound)
             self.cache.set_state(model_id, State.LOADED, self.clock())
             self.counters.loads += 1
             _resolve(fut, entry)

@@ -36,11 +36,12 @@ from meshd.management import Management
 from meshd.peers import Peers
 from meshd.placement.serving import assume_loaded_ms
 from meshd.placement.view import ClusterView
-from meshd.proxy.handler import InferenceHandler, MethodPolicy
+from meshd.proxy.handler import InferenceHandler
+from meshd.proxy.methods import MethodTable
 from meshd.proxy.peer_handler import PeerInferenceHandler
 from meshd.registry import Registry
 from meshd.router import Router
-from meshd.runtime.client import RuntimeClient
+from meshd.runtime.client import RuntimeClient, RuntimeNotReady
 from meshd.runtime.endpoints import channel_options, open_channel
 from meshd.scaler import Scaler, ScalerConfig
 from meshd.vmodels import VModels
@@ -105,8 +106,19 @@ class Instance:
             info.capacity_bytes,
             info.max_loading_concurrency,
         )
+        try:
+            methods = MethodTable(
+                {m: i.id_injection_path for m, i in info.method_infos.items()}, info.allow_any_method, cfg.dataplane
+            )
+        except ValueError as e:
+            raise RuntimeNotReady(f"runtime at {cfg.runtime_endpoint} reported unusable methodInfos: {e}") from None
         self.local = LocalModels(
-            cfg.instance_id, registry, self.runtime, info, failure_expiry_ms=cfg.load_failure_expiry_ms
+            cfg.instance_id,
+            registry,
+            self.runtime,
+            info,
+            failure_expiry_ms=cfg.load_failure_expiry_ms,
+            max_queue_per_copy=cfg.max_inflight_per_copy,
         )
         # The runtime purged its models before READY: any copy records naming us are stale.
         await self.local.reconcile()
@@ -181,14 +193,14 @@ class Instance:
             wait_loaded=self._wait_loaded,
         )
         model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(servicer, external)
-        policy = MethodPolicy(set(info.method_infos), info.allow_any_method)
-        external.add_generic_rpc_handlers([InferenceHandler(router, policy)])
+        timeout_s = cfg.request_timeout_ms / 1000 if cfg.request_timeout_ms else None
+        external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s)])
         self.grpc_port = external.add_insecure_port(f"0.0.0.0:{cfg.grpc_port}")
 
         internal = grpc.aio.server(options=channel_options(cfg.max_msg_size))
         self.peer_servicer = PeerServicer(cfg.instance_id, self.local, registry)
         peer_pb2_grpc.add_MeshPeerServicer_to_server(self.peer_servicer, internal)
-        internal.add_generic_rpc_handlers([PeerInferenceHandler(router, policy)])
+        internal.add_generic_rpc_handlers([PeerInferenceHandler(router, methods)])
         self.peer_port = internal.add_insecure_port(f"0.0.0.0:{cfg.peer_port}")
         for server in (external, internal):
             await server.start()
@@ -219,7 +231,9 @@ class Instance:
         self.background.append(asyncio.create_task(duties.run(), name="leader duties"))
         self.background.append(asyncio.create_task(self._transitions(), name="vmodel transitions"))
         scaler = Scaler(
-            ScalerConfig(cfg.rate_check_ms, cfg.scaleup_rpm_threshold, cfg.copy_idle_ms),
+            ScalerConfig(
+                cfg.rate_check_ms, cfg.scaleup_rpm_threshold, cfg.copy_idle_ms, cfg.conc_scaleup_bandwidth_pct
+            ),
             self.local,
             registry,
             cluster,

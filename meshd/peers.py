@@ -23,6 +23,7 @@ class PeerChannel:
         self.location = location
         self.channel = grpc.aio.insecure_channel(location, options=channel_options(max_message_bytes))
         self._unary: dict[str, Callable[..., Any]] = {}
+        self._streams: dict[str, Callable[..., Any]] = {}
 
     def unary(self, method: str) -> Callable[..., Any]:
         call = self._unary.get(method)
@@ -30,6 +31,14 @@ class PeerChannel:
             call = self.channel.unary_unary(method, request_serializer=None, response_deserializer=None)
             if len(self._unary) < MAX_CACHED_METHODS:
                 self._unary[method] = call
+        return call
+
+    def stream(self, method: str) -> Callable[..., Any]:
+        call = self._streams.get(method)
+        if call is None:
+            call = self.channel.stream_stream(method, request_serializer=None, response_deserializer=None)
+            if len(self._streams) < MAX_CACHED_METHODS:
+                self._streams[method] = call
         return call
 
 

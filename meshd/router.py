@@ -7,8 +7,14 @@ Failures reroute with the failing instance excluded, up to 8 attempts (upstream'
 iteration count): a peer that is gone, a copy that is not there, a load that failed.
 Exhausted attempts answer UNAVAILABLE naming the model and what was tried, never INTERNAL.
 
-Forwarded calls (`serve_forwarded`) arrive on the internal port from a peer that chose
-this instance: serve the local copy, or load it first when asked to.
+Streams (`open_stream`) are routed the same way once, when they open, and stay on the
+copy chosen; a peer accepts a stream before any request message is sent to it, so a
+refusal reroutes with nothing lost. A copy whose runtime limits its concurrency lets that
+many requests run, queues a bounded number and refuses the rest ("busy"): the request
+tries other copies (twice more, as upstream) and then answers RESOURCE_EXHAUSTED.
+
+Forwarded calls (`serve_forwarded`, `open_forwarded_stream`) arrive on the internal port
+from a peer that chose this instance: serve the local copy, or load it first when asked to.
 """
 
 from __future__ import annotations
@@ -16,24 +22,37 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
 from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd.cache import CacheEntry, State
 from meshd.cluster import Cluster
-from meshd.errors import DataLoss, InvalidArgument, LoadFailed, MeshError, NotFound, RuntimeStatusError, Unavailable
+from meshd.errors import (
+    DataLoss,
+    InvalidArgument,
+    LoadFailed,
+    MeshError,
+    NotFound,
+    ResourceExhausted,
+    RuntimeStatusError,
+    Unavailable,
+)
 from meshd.kv.records import ModelRecord, RecordError, VModelRecord
 from meshd.local import LocalModels, NoRoom
-from meshd.peers import Peers
+from meshd.peers import PeerChannel, Peers
 from meshd.placement.constraints import TypeConstraints
 from meshd.placement.rank import LoadRequest, choose_load_target, may_load_as_last_resort
 from meshd.placement.serving import choose_copy
 from meshd.placement.view import ClusterView
 from meshd.proxy.headers import Metadata, RequestIds, runtime_metadata
+from meshd.proxy.methods import MethodSpec
+from meshd.proxy.streams import Relay, ResponseStream
+from meshd.proxy.wire import inject_id
 from meshd.registry import Registry
 from meshd.status import failure_expired
 
@@ -41,6 +60,7 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 8  # upstream's routing iterations per request (SPEC §6)
 MAX_RECENT_FAILURES = 3  # upstream gives up loading after 3 recent failures (SPEC §6)
+MAX_BUSY_RETRIES = 2  # upstream retries RESOURCE_EXHAUSTED at most twice, on other copies
 MAX_CACHED_METHODS = 1024  # bounds memory when any method is allowed
 RECENT_PLACEMENT_MS = 5_000  # longer than instance records take to show a load (>= 2 s)
 PLACE_TIMEOUT_S = 10.0
@@ -52,9 +72,13 @@ REASON = "meshd-reason"  # trailing metadata on a refusal: why, so the sender re
 NOT_HERE = "not-here"  # no loaded copy there (or it could not take the load): reroute
 LOAD_FAILED = "load-failed"  # the load failed there (recorded): reroute
 UNKNOWN_MODEL = "unknown-model"  # the model is not registered (any more)
+BUSY = "busy"  # the copy's queue is full (its concurrency limit): try another copy
 PASSED_ON = "status"  # the runtime's (or meshd's) own answer: goes to the client as is
+ACCEPTED = "meshd-accepted"  # initial metadata: the peer took the stream, send the messages
 
 UnaryCall = Callable[..., Any]
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 class Refused(Exception):
@@ -64,9 +88,18 @@ class Refused(Exception):
     there may work, e.g. its runtime lost a copy and it can reload it).
     """
 
-    def __init__(self, message: str, exclude: bool = True) -> None:
+    def __init__(self, message: str, exclude: bool = True, busy: bool = False) -> None:
         super().__init__(message)
         self.exclude = exclude
+        self.busy = busy  # the copy is saturated (its queue is full)
+
+
+class Attempt(Protocol[T_co]):
+    """What one request does once a copy is chosen: serve here, or go to a peer."""
+
+    async def here(self, record: ModelRecord) -> T_co: ...
+
+    async def peer(self, target: str, mode: str) -> T_co: ...
 
 
 class Router:
@@ -93,6 +126,7 @@ class Router:
         self.rng = rng or random.Random()
         self.self_id = local.instance_id
         self._unary: dict[str, UnaryCall] = {}
+        self._streams: dict[str, UnaryCall] = {}
         self.inflight: dict[str, int] = {}  # requests this instance has in flight per peer
         self._placed: deque[tuple[int, str]] = deque()  # (ms, instance) of loads placed lately
         self.forwarded = 0  # external requests served by a peer (share of peer hops)
@@ -153,25 +187,63 @@ class Router:
                 self._unary[method] = call
         return call
 
+    def _runtime_stream(self, method: str) -> UnaryCall:
+        call = self._streams.get(method)
+        if call is None:
+            call = self.channel.stream_stream(method, request_serializer=None, response_deserializer=None)
+            if len(self._streams) < MAX_CACHED_METHODS:
+                self._streams[method] = call
+        return call
+
     # ---- external calls ----------------------------------------------------------------
     async def unary(
-        self, method: str, request: bytes, ids: RequestIds, forward: Metadata, remaining_s: float | None
+        self, spec: MethodSpec, request: bytes, ids: RequestIds, forward: Metadata, remaining_s: float | None
     ) -> bytes:
         """Serve one external unary call; `remaining_s` is the client's deadline (None: none)."""
         self.local.counters.requests += 1
         if ids.model_id is not None:
-            return await self._serve_model(method, request, ids.model_id, forward, remaining_s, ids.balanced)
+            return await self._serve_unary(spec, request, ids.model_id, forward, remaining_s, ids.balanced)
         assert ids.vmodel_id is not None
         model_id = await self.resolve_vmodel(ids.vmodel_id)
         try:
-            return await self._serve_model(method, request, model_id, forward, remaining_s, ids.balanced)
+            return await self._serve_unary(spec, request, model_id, forward, remaining_s, ids.balanced)
         except NotFound:
-            # The active model went away (an autoDelete switch) before this instance saw the
-            # vmodel move: read the vmodel from etcd and try its new active model once.
-            current = await self.resolve_vmodel(ids.vmodel_id, strong=True)
-            if current == model_id:
-                raise
-            return await self._serve_model(method, request, current, forward, remaining_s, ids.balanced)
+            current = await self._moved(ids.vmodel_id, model_id)
+            return await self._serve_unary(spec, request, current, forward, remaining_s, ids.balanced)
+
+    async def open_stream(
+        self,
+        spec: MethodSpec,
+        first: bytes | None,
+        requests: AsyncIterator[bytes],
+        ids: RequestIds,
+        forward: Metadata,
+        remaining_s: float | None,
+    ) -> ResponseStream:
+        """Open one external stream on a copy of its model; the caller relays and closes it.
+
+        The copy is chosen once, when the stream opens (a peer accepts it before any request
+        message is sent, so refusals reroute); the stream then stays on that copy.
+        `first`: a request message already read (for id extraction), sent first.
+        """
+        self.local.counters.requests += 1
+        if ids.model_id is not None:
+            return await self._open_stream(spec, first, requests, ids.model_id, forward, remaining_s, ids.balanced)
+        assert ids.vmodel_id is not None
+        model_id = await self.resolve_vmodel(ids.vmodel_id)
+        try:
+            return await self._open_stream(spec, first, requests, model_id, forward, remaining_s, ids.balanced)
+        except NotFound:
+            current = await self._moved(ids.vmodel_id, model_id)
+            return await self._open_stream(spec, first, requests, current, forward, remaining_s, ids.balanced)
+
+    async def _moved(self, vmodel_id: str, model_id: str) -> str:
+        # The active model went away (an autoDelete switch) before this instance saw the
+        # vmodel move: read the vmodel from etcd and try its new active model once.
+        current = await self.resolve_vmodel(vmodel_id, strong=True)
+        if current == model_id:
+            raise NotFound(f"model {model_id!r} (active model of vmodel {vmodel_id!r}) not found")
+        return current
 
     async def resolve_vmodel(self, vmodel_id: str, strong: bool = False) -> str:
         vrec = None if strong else self.registry.vmodels.get(vmodel_id)
@@ -185,9 +257,9 @@ class Router:
                 raise DataLoss(f"stored record for vmodel {vmodel_id!r} is corrupt: {e}") from None
         return vrec.active_model
 
-    async def _serve_model(
+    async def _serve_unary(
         self,
-        method: str,
+        spec: MethodSpec,
         request: bytes,
         model_id: str,
         forward: Metadata,
@@ -197,28 +269,48 @@ class Router:
         metadata = runtime_metadata(forward, model_id)
         entry = self.local.cache.get(model_id)
         excluded: set[str] = set()
+        busy = 0
         if entry is not None and entry.state is State.LOADED:  # the common case, kept short
             self.local.counters.hits += 1
             self.local.cache.touch(model_id, self.local.clock())
             try:
-                return await self._serve_entry(entry, method, request, model_id, metadata, remaining_s)
+                return await self._serve_entry(entry, spec, request, model_id, metadata, remaining_s)
             except Refused as e:
+                busy += e.busy
                 if e.exclude:
                     excluded.add(self.self_id)  # e.g. its runtime is down: do not ask it again
-        record = await self.record(model_id)
-        return await self._route(method, request, model_id, record, metadata, remaining_s, balanced, excluded)
+        attempt = _Unary(self, spec, request, model_id, metadata, remaining_s)
+        return await self._route(model_id, balanced, excluded, busy, attempt)
 
-    async def _route(
+    async def _open_stream(
         self,
-        method: str,
-        request: bytes,
+        spec: MethodSpec,
+        first: bytes | None,
+        requests: AsyncIterator[bytes],
         model_id: str,
-        record: ModelRecord,
-        metadata: Metadata,
+        forward: Metadata,
         remaining_s: float | None,
         balanced: bool,
-        excluded: set[str],
-    ) -> bytes:
+    ) -> ResponseStream:
+        metadata = runtime_metadata(forward, model_id)
+        entry = self.local.cache.get(model_id)
+        excluded: set[str] = set()
+        busy = 0
+        if entry is not None and entry.state is State.LOADED:
+            self.local.counters.hits += 1
+            self.local.cache.touch(model_id, self.local.clock())
+            try:
+                return await self.open_entry_stream(entry, spec, first, requests, model_id, metadata, remaining_s)
+            except Refused as e:
+                busy += e.busy
+                if e.exclude:
+                    excluded.add(self.self_id)
+        attempt = _Stream(self, spec, first, requests, model_id, metadata, remaining_s)
+        return await self._route(model_id, balanced, excluded, busy, attempt)
+
+    async def _route(self, model_id: str, balanced: bool, excluded: set[str], busy: int, attempt: Attempt[T]) -> T:
+        """Try copies (or loads) until one serves; `busy`: refusals for a full queue so far."""
+        record = await self.record(model_id)
         tried: list[str] = []
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
@@ -242,6 +334,8 @@ class Router:
             )
             mode = "serve"
             if target is None:
+                if busy:  # every copy is saturated: a new load would not answer in time
+                    raise ResourceExhausted(f"model {model_id!r}: every copy is at its concurrency limit")
                 expiry = self.failure_expiry_ms
                 recent = [i for i, ms in record.failed_in.items() if not failure_expired(ms, now, expiry)]
                 if len(recent) >= MAX_RECENT_FAILURES:
@@ -256,14 +350,19 @@ class Router:
                     target = self.self_id  # nothing better known (alone, or records not yet seen)
             try:
                 if target == self.self_id:
-                    return await self._load_and_serve_local(method, request, model_id, record, metadata, remaining_s)
+                    return await attempt.here(record)
                 self.forwarded += 1
-                return await self._forward(target, method, request, model_id, metadata, remaining_s, mode)
+                return await attempt.peer(target, mode)
             except Refused as e:
                 log.info("rerouting %s away from %s: %s", model_id, target, e)
                 tried.append(f"{target} ({mode}): {e}")
                 if e.exclude:
                     excluded.add(target)
+                if e.busy:
+                    busy += 1
+                    if busy > MAX_BUSY_RETRIES:
+                        message = f"model {model_id!r}: copies at their concurrency limit ({e})"
+                        raise ResourceExhausted(message) from None
         raise Unavailable(
             f"model {model_id!r}: no instance could serve it after {len(tried)} attempts: "
             + ("; ".join(tried) or "no live instance")
@@ -306,38 +405,52 @@ class Router:
         return f"model {model_id!r} failed to load on {len(recent)} instances recently ({msgs})"
 
     # ---- serving here ----------------------------------------------------------------
-    async def _load_and_serve_local(
-        self,
-        method: str,
-        request: bytes,
-        model_id: str,
-        record: ModelRecord,
-        metadata: Metadata,
-        remaining_s: float | None,
-    ) -> bytes:
+    async def ensure_here(self, model_id: str, record: ModelRecord) -> CacheEntry:
+        """The local copy, loaded first if need be; a copy that cannot load here is Refused.
+
+        The entry serves even if a concurrent load evicts it meanwhile: requests count as
+        in flight, and the unload waits for them."""
         try:
-            entry = await self.local.ensure(model_id, record)
+            return await self.local.ensure(model_id, record)
         except (LoadFailed, NoRoom) as e:
             raise Refused(e.message) from None
-        # Serve through this entry even if a concurrent load evicted it meanwhile: the
-        # request counts as in flight, and the unload waits for in-flight requests.
-        return await self._serve_entry(entry, method, request, model_id, metadata, remaining_s)
+
+    async def _enter(self, entry: CacheEntry) -> float:
+        """Take a slot on the copy (its concurrency limit, if any): the start time, for service time."""
+        gate = entry.gate
+        if gate is not None:
+            try:
+                await gate.enter()
+            except ResourceExhausted as e:
+                raise Refused(e.message, busy=True) from None
+        self.local.acquire(entry)
+        return time.monotonic() if gate is not None else 0.0
+
+    def _leave(self, entry: CacheEntry, started: float) -> None:
+        self.local.release(entry)
+        if entry.gate is not None:
+            entry.gate.leave((time.monotonic() - started) * 1000)
+
+    def _count_served(self, entry: CacheEntry) -> None:
+        self.local.counters.served += 1
+        entry.served += 1
 
     async def _serve_entry(
         self,
         entry: CacheEntry,
-        method: str,
+        spec: MethodSpec,
         request: bytes,
         model_id: str,
         metadata: Metadata,
         remaining_s: float | None,
     ) -> bytes:
         """Forward to the runtime through a loaded local copy."""
-        self.local.acquire(entry)
-        self.local.counters.served += 1
-        entry.served += 1
+        if spec.inject:
+            request = inject_id(request, spec.inject, model_id)
+        started = await self._enter(entry)
+        self._count_served(entry)
         try:
-            response: bytes = await self._runtime_call(method)(request, metadata=metadata, timeout=remaining_s)
+            response: bytes = await self._runtime_call(spec.path)(request, metadata=metadata, timeout=remaining_s)
             return response
         except grpc.aio.AioRpcError as e:
             code = e.code()
@@ -355,79 +468,225 @@ class Router:
                 raise InvalidArgument(f"the runtime could not parse the request: {e.details()}") from None
             raise RuntimeStatusError(code, e.details() or code.name) from None
         finally:
-            self.local.release(entry)
+            self._leave(entry, started)
+
+    async def open_entry_stream(
+        self,
+        entry: CacheEntry,
+        spec: MethodSpec,
+        first: bytes | None,
+        requests: AsyncIterator[bytes],
+        model_id: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+    ) -> ResponseStream:
+        """A stream to the runtime through a loaded local copy; it holds one slot while open.
+
+        Each request message has the id spliced in (if the method asks) and counts as one
+        request served. Once open, the runtime's answers go to the client as they are."""
+        started = await self._enter(entry)
+
+        def on_message(message: bytes) -> bytes:
+            self._count_served(entry)
+            return inject_id(message, spec.inject, model_id) if spec.inject else message
+
+        relay = Relay(first, requests, on_message)
+        try:
+            call = self._runtime_stream(spec.path)(relay, metadata=metadata, timeout=remaining_s)
+        except BaseException:
+            self._leave(entry, started)
+            raise
+        return ResponseStream(call, relay, lambda: self._leave(entry, started))
 
     # ---- peers -----------------------------------------------------------------------
     async def _forward(
         self,
         target: str,
-        method: str,
+        spec: MethodSpec,
         request: bytes,
         model_id: str,
         metadata: Metadata,
         remaining_s: float | None,
         mode: str,
     ) -> bytes:
-        inst = self.cluster.view().get(target)
-        if inst is None or not inst.location:
-            raise Refused(f"{target} is not live")
-        call = self.peers.get(target, inst.location).unary(method)
+        peer = self._peer(target)
         md = (*metadata, (HOP, self.self_id), (MODE, mode))
         self.inflight[target] = self.inflight.get(target, 0) + 1
         try:
-            response: bytes = await call(request, metadata=md, timeout=remaining_s)
+            response: bytes = await peer.unary(spec.path)(request, metadata=md, timeout=remaining_s)
             return response
         except grpc.aio.AioRpcError as e:
-            reason = _reason(e)
-            if reason in (NOT_HERE, LOAD_FAILED):
-                raise Refused(f"{reason}: {e.details()}") from None
-            if reason == UNKNOWN_MODEL:
-                raise NotFound(e.details() or f"model {model_id!r} not found") from None
-            if reason is None and e.code() == grpc.StatusCode.UNAVAILABLE:
-                raise Refused(f"unreachable: {e.details()}") from None  # gRPC's own: the peer is gone
-            raise RuntimeStatusError(e.code(), e.details() or e.code().name) from None
+            raise _peer_failure(e.code(), e.details(), e.trailing_metadata(), model_id) from None
         finally:
             self.inflight[target] -= 1
 
-    async def serve_forwarded(
-        self, method: str, request: bytes, model_id: str, mode: str, metadata: Metadata, remaining_s: float | None
-    ) -> bytes:
-        """A peer's call: serve from the local copy (loading first in "load" mode).
+    async def _forward_stream(
+        self,
+        target: str,
+        spec: MethodSpec,
+        first: bytes | None,
+        requests: AsyncIterator[bytes],
+        model_id: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+        mode: str,
+    ) -> ResponseStream:
+        """Open the stream on a peer. No request message leaves before the peer accepts
+        (initial metadata `meshd-accepted`), so a refusal reroutes with nothing lost."""
+        peer = self._peer(target)
+        md = (*metadata, (HOP, self.self_id), (MODE, mode))
+        relay = Relay(first, requests, None, hold=True)
+        call = peer.stream(spec.path)(relay, metadata=md, timeout=remaining_s)
+        self.inflight[target] = self.inflight.get(target, 0) + 1
+        try:
+            accepted = any(k == ACCEPTED for k, _ in (await call.initial_metadata()) or ())
+            if not accepted:  # the call ended without the peer taking it
+                code = await call.code()
+                raise _peer_failure(code, await call.details(), await call.trailing_metadata(), model_id)
+        except grpc.aio.AioRpcError as e:
+            self.inflight[target] -= 1
+            raise _peer_failure(e.code(), e.details(), e.trailing_metadata(), model_id) from None
+        except BaseException:
+            self.inflight[target] -= 1
+            call.cancel()
+            raise
+        relay.release()
 
-        Refusals carry `meshd-reason` in the trailing metadata so the peer reroutes.
-        """
+        def closed() -> None:
+            self.inflight[target] -= 1
+
+        return ResponseStream(call, relay, closed)
+
+    def _peer(self, target: str) -> PeerChannel:
+        inst = self.cluster.view().get(target)
+        if inst is None or not inst.location:
+            raise Refused(f"{target} is not live")
+        return self.peers.get(target, inst.location)
+
+    # ---- calls forwarded by peers ------------------------------------------------------
+    async def forwarded_entry(self, model_id: str, mode: str) -> CacheEntry:
+        """The copy a peer's call is served from (loading it first in "load" mode).
+
+        Refusals carry `meshd-reason` in the trailing metadata so the peer reroutes."""
         self.local.counters.requests += 1
-        entry: CacheEntry | None
         if mode == "load":
             record = await self.record(model_id)
             try:
-                entry = await self.local.ensure(model_id, record)  # served even if evicted since
+                return await self.local.ensure(model_id, record)  # served even if evicted since
             except LoadFailed as e:
                 raise PeerRefusal(LOAD_FAILED, e.message) from None
             except NoRoom as e:
                 raise PeerRefusal(NOT_HERE, e.message) from None
-        else:
-            entry = self.local.cache.get(model_id)
-            pending = self.local.pending(model_id)
-            if pending is not None:
-                # The sender picked a copy still loading: wait for it here rather than have
-                # the sender load yet another copy elsewhere.
-                try:
-                    entry = await asyncio.shield(pending)
-                except LoadFailed as e:
-                    raise PeerRefusal(LOAD_FAILED, e.message) from None
-                except MeshError as e:
-                    raise PeerRefusal(NOT_HERE, e.message) from None
-            elif entry is None or entry.state is not State.LOADED:
-                raise PeerRefusal(NOT_HERE, f"no loaded copy of {model_id!r} on {self.self_id}")
-            else:
-                self.local.counters.hits += 1
-                self.local.cache.touch(model_id, self.local.clock())
-        assert entry is not None
+        entry = self.local.cache.get(model_id)
+        pending = self.local.pending(model_id)
+        if pending is not None:
+            # The sender picked a copy still loading: wait for it here rather than have
+            # the sender load yet another copy elsewhere.
+            try:
+                return await asyncio.shield(pending)
+            except LoadFailed as e:
+                raise PeerRefusal(LOAD_FAILED, e.message) from None
+            except MeshError as e:
+                raise PeerRefusal(NOT_HERE, e.message) from None
+        if entry is None or entry.state is not State.LOADED:
+            raise PeerRefusal(NOT_HERE, f"no loaded copy of {model_id!r} on {self.self_id}")
+        self.local.counters.hits += 1
+        self.local.cache.touch(model_id, self.local.clock())
+        return entry
+
+    async def serve_forwarded(
+        self, spec: MethodSpec, request: bytes, model_id: str, mode: str, metadata: Metadata, remaining_s: float | None
+    ) -> bytes:
+        """A peer's unary call: serve from the local copy (loading first in "load" mode)."""
+        entry = await self.forwarded_entry(model_id, mode)
         try:
-            return await self._serve_entry(entry, method, request, model_id, metadata, remaining_s)
+            return await self._serve_entry(entry, spec, request, model_id, metadata, remaining_s)
         except Refused as e:
-            raise PeerRefusal(NOT_HERE, str(e)) from None
+            raise PeerRefusal(BUSY if e.busy else NOT_HERE, str(e)) from None
+
+    async def open_forwarded_stream(
+        self,
+        spec: MethodSpec,
+        requests: AsyncIterator[bytes],
+        model_id: str,
+        mode: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+    ) -> ResponseStream:
+        """A peer's stream, on the local copy; the caller accepts it, relays and closes it."""
+        entry = await self.forwarded_entry(model_id, mode)
+        try:
+            return await self.open_entry_stream(entry, spec, None, requests, model_id, metadata, remaining_s)
+        except Refused as e:
+            raise PeerRefusal(BUSY if e.busy else NOT_HERE, str(e)) from None
+
+
+class _Unary:
+    """One unary request's attempts: here (loading first if need be) or on a peer."""
+
+    __slots__ = ("metadata", "model_id", "remaining_s", "request", "router", "spec")
+
+    def __init__(
+        self,
+        router: Router,
+        spec: MethodSpec,
+        request: bytes,
+        model_id: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+    ) -> None:
+        self.router = router
+        self.spec = spec
+        self.request = request
+        self.model_id = model_id
+        self.metadata = metadata
+        self.remaining_s = remaining_s
+
+    async def here(self, record: ModelRecord) -> bytes:
+        r = self.router
+        entry = await r.ensure_here(self.model_id, record)
+        return await r._serve_entry(entry, self.spec, self.request, self.model_id, self.metadata, self.remaining_s)
+
+    async def peer(self, target: str, mode: str) -> bytes:
+        r = self.router
+        return await r._forward(target, self.spec, self.request, self.model_id, self.metadata, self.remaining_s, mode)
+
+
+class _Stream:
+    """One stream's attempts at opening: here (loading first if need be) or on a peer."""
+
+    __slots__ = ("first", "metadata", "model_id", "remaining_s", "requests", "router", "spec")
+
+    def __init__(
+        self,
+        router: Router,
+        spec: MethodSpec,
+        first: bytes | None,
+        requests: AsyncIterator[bytes],
+        model_id: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+    ) -> None:
+        self.router = router
+        self.spec = spec
+        self.first = first
+        self.requests = requests
+        self.model_id = model_id
+        self.metadata = metadata
+        self.remaining_s = remaining_s
+
+    async def here(self, record: ModelRecord) -> ResponseStream:
+        r = self.router
+        entry = await r.ensure_here(self.model_id, record)
+        return await r.open_entry_stream(
+            entry, self.spec, self.first, self.requests, self.model_id, self.metadata, self.remaining_s
+        )
+
+    async def peer(self, target: str, mode: str) -> ResponseStream:
+        r = self.router
+        return await r._forward_stream(
+            target, self.spec, self.first, self.requests, self.model_id, self.metadata, self.remaining_s, mode
+        )
 
 
 class PeerRefusal(MeshError):
@@ -440,8 +699,18 @@ class PeerRefusal(MeshError):
         self.reason = reason
 
 
-def _reason(e: grpc.aio.AioRpcError) -> str | None:
-    for key, value in e.trailing_metadata() or ():
+def _peer_failure(code: grpc.StatusCode, details: str | None, trailers: Any, model_id: str) -> Exception:
+    """What a peer's non-OK answer means here: reroute, not found, or the status as is."""
+    reason = None
+    for key, value in trailers or ():
         if key == REASON:
-            return value if isinstance(value, str) else value.decode()
-    return None
+            reason = value if isinstance(value, str) else value.decode()
+    if reason in (NOT_HERE, LOAD_FAILED):
+        return Refused(f"{reason}: {details}")
+    if reason == BUSY:
+        return Refused(f"busy: {details}", busy=True)
+    if reason == UNKNOWN_MODEL:
+        return NotFound(details or f"model {model_id!r} not found")
+    if reason is None and code == grpc.StatusCode.UNAVAILABLE:
+        return Refused(f"unreachable: {details}")  # gRPC's own: the peer is gone
+    return RuntimeStatusError(code, details or code.name)

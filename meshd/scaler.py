@@ -19,7 +19,7 @@ from meshd.cluster import Cluster
 from meshd.local import LocalModels
 from meshd.placement import scaling
 from meshd.placement.modelkey import policy_from_key
-from meshd.placement.scaling import ModelPolicy
+from meshd.placement.scaling import ModelPolicy, QueueSample
 from meshd.placement.view import ClusterView
 from meshd.registry import Registry
 from meshd.router import Router
@@ -32,6 +32,7 @@ class ScalerConfig:
     interval_ms: int = scaling.RATE_CHECK_INTERVAL_MS
     threshold_rpm: int = scaling.DEFAULT_SCALE_UP_RPM_THRESHOLD
     idle_ms: int | None = None  # None: upstream's min(10 h, 10 % of the cache age)
+    bandwidth_pct: int = 90  # MM_CONC_SCALEUP_BANDWIDTH_PCT (copies with concurrency limits)
 
 
 class Scaler:
@@ -44,6 +45,7 @@ class Scaler:
         self.cluster = cluster
         self.router = router
         self._served: dict[str, int] = {}  # model -> served count at the last check
+        self._gates: dict[str, QueueSample] = {}  # model -> its gate's sums at the last check
 
     async def run(self) -> None:
         while True:
@@ -59,10 +61,21 @@ class Scaler:
         if me is None or me.shutdown:
             return
         served_now: dict[str, int] = {}
+        gates_now: dict[str, QueueSample] = {}
         for entry in self.local.cache.entries():
             if entry.state is not State.LOADED:
                 continue
             served_now[entry.model_id] = entry.served
+            threshold = self.config.threshold_rpm
+            saturated = False
+            if entry.gate is not None:
+                g = entry.gate
+                sums = gates_now[entry.model_id] = QueueSample(
+                    g.limit, g.completed, g.service_ms, g.queued_requests, g.queue_ms
+                )
+                sample = _delta(sums, self._gates.get(entry.model_id))
+                threshold = scaling.load_threshold_rpm(threshold, sample, self.config.bandwidth_pct)
+                saturated = scaling.saturated(sample)
             record = self.registry.get(entry.model_id)
             if record is None:
                 continue
@@ -72,11 +85,16 @@ class Scaler:
                 policy = scaling.DEFAULT_POLICY
             holders = {i: t for i, t in record.instance_ids.items() if i == view.self_id or view.live(i)}
             rpm = (entry.served - self._served.get(entry.model_id, entry.served)) * 60_000 // self.config.interval_ms
+            if saturated:  # queueing as long as serving: at capacity, whatever the estimate says
+                rpm = max(rpm, threshold)
             try:  # one model's failure must neither stop the others nor skew the next rates
-                await self._apply(view, entry.model_id, policy, holders, rpm, entry.last_used_ms, entry.prior_use_ms)
+                await self._apply(
+                    view, entry.model_id, policy, holders, rpm, threshold, entry.last_used_ms, entry.prior_use_ms
+                )
             except Exception:
                 log.exception("copy scaling of %s failed", entry.model_id)
         self._served = served_now
+        self._gates = gates_now
 
     async def _apply(
         self,
@@ -85,6 +103,7 @@ class Scaler:
         policy: ModelPolicy,
         holders: dict[str, int],
         rpm: int,
+        threshold_rpm: int,
         last_used_ms: int,
         prior_use_ms: int | None,
     ) -> None:
@@ -97,7 +116,7 @@ class Scaler:
             self.local.shed(model_id)
             return
         add = scaling.extra_copies_for_load(
-            rpm, copies, self.config.threshold_rpm, candidates, len(live), policy
+            rpm, copies, threshold_rpm, candidates, len(live), policy
         ) or scaling.missing_copies(copies, policy, len(live))
         if not add and scaling.want_second_copy(
             view,
@@ -132,3 +151,15 @@ class Scaler:
         """Whether this instance is the one that should give a copy up (only one per round)."""
         live = [h for i in holders if (h := view.get(i)) is not None]
         return scaling.worst_holder(view, live, self.cluster.default_units) == view.self_id
+
+
+def _delta(now: QueueSample, before: QueueSample | None) -> QueueSample:
+    if before is None:
+        return now
+    return QueueSample(
+        now.max_concurrency,
+        now.completed - before.completed,
+        now.service_ms - before.service_ms,
+        now.queued - before.queued,
+        now.queue_ms - before.queue_ms,
+    )

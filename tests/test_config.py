@@ -77,3 +77,29 @@ def test_type_constraints_from_env_or_file(tmp_path: object) -> None:
     for bad in ({"MM_TYPE_CONSTRAINTS": "{oops"}, {"MM_TYPE_CONSTRAINTS_PATH": "/no/such/file"}):
         with pytest.raises(ConfigError):
             load_config(None, bad)
+
+
+def test_data_plane_settings(tmp_path: object) -> None:
+    from pathlib import Path
+
+    cfg = load_config(None, {})
+    assert (cfg.max_inflight_per_copy, cfg.conc_scaleup_bandwidth_pct, cfg.request_timeout_ms) == (0, 90, 0)
+    assert cfg.dataplane.allow_other_rpcs and not cfg.dataplane.rpc_configs
+    text = '{"rpcConfigs": {"a.B/C": {"idExtractionPath": [1]}}, "allowOtherRpcs": false}'
+    path = Path(str(tmp_path)) / "dp.json"
+    path.write_text(text)
+    for env in ({"MM_DATAPLANE_CONFIG": text}, {"MM_DATAPLANE_CONFIG_PATH": str(path)}):
+        cfg = load_config(None, env)
+        assert cfg.dataplane.rpc_configs["/a.B/C"].id_extraction_path == (1,)
+        assert not cfg.dataplane.allow_other_rpcs
+    cfg = load_config(None, {"MM_MAX_INFLIGHT_PER_MODEL_COPY": "-1", "MESHD_REQUEST_TIMEOUT_MS": "2500"})
+    assert (cfg.max_inflight_per_copy, cfg.request_timeout_ms) == (-1, 2500)
+    for bad, name in [
+        ({"MM_DATAPLANE_CONFIG": "{oops"}, "MM_DATAPLANE_CONFIG"),
+        ({"MM_DATAPLANE_CONFIG_PATH": "/no/such/file"}, "MM_DATAPLANE_CONFIG_PATH"),
+        ({"MM_CONC_SCALEUP_BANDWIDTH_PCT": "5"}, "MM_CONC_SCALEUP_BANDWIDTH_PCT"),
+        ({"MM_CONC_SCALEUP_BANDWIDTH_PCT": "201"}, "MM_CONC_SCALEUP_BANDWIDTH_PCT"),
+        ({"MESHD_REQUEST_TIMEOUT_MS": "-5"}, "MESHD_REQUEST_TIMEOUT_MS"),
+    ]:
+        with pytest.raises(ConfigError, match=name):
+            load_config(None, bad)

@@ -177,6 +177,46 @@ def extra_copies_for_load(
     return max(0, min(wanted, step, room))
 
 
+@dataclass(frozen=True, slots=True)
+class QueueSample:
+    """A concurrency-limited copy over one rate-check interval (from its gate)."""
+
+    max_concurrency: int
+    completed: int  # requests that finished
+    service_ms: float  # their summed time on the runtime
+    queued: int  # requests that had to wait for a slot
+    queue_ms: float  # their summed wait
+
+
+def latency_threshold_rpm(sample: QueueSample, bandwidth_pct: int) -> int | None:
+    """Upstream's latency mode: a copy running `max_concurrency` requests at a time, each
+    taking the mean service time, serves at most conc x 60000 / mean_ms per minute; copies
+    are added above `bandwidth_pct` % of that (MM_CONC_SCALEUP_BANDWIDTH_PCT). None
+    without completed requests to estimate from."""
+    if sample.completed < 1 or sample.service_ms <= 0:
+        return None
+    mean_ms = sample.service_ms / sample.completed
+    return max(1, int(sample.max_concurrency * 60_000 / mean_ms * bandwidth_pct / 100))
+
+
+def saturated(sample: QueueSample) -> bool:
+    """Requests waited for a slot, on average, at least as long as they then ran: the copy
+    is at capacity whatever the rate says (queue delay feeds the scaling decision)."""
+    if sample.queued < 1 or sample.completed < 1:
+        return False
+    mean_wait = sample.queue_ms / max(sample.completed, sample.queued)
+    return mean_wait >= sample.service_ms / sample.completed
+
+
+def load_threshold_rpm(configured_rpm: int, sample: QueueSample | None, bandwidth_pct: int) -> int:
+    """The per-copy rate above which copies are added: the latency estimate for a copy
+    whose runtime limits its concurrency (upstream), else the configured threshold."""
+    if sample is None:
+        return configured_rpm
+    estimate = latency_threshold_rpm(sample, bandwidth_pct)
+    return configured_rpm if estimate is None else estimate
+
+
 # ---- scale-down -----------------------------------------------------------------------------
 def idle_before_drop_ms(view: ClusterView) -> int:
     """Upstream's idle time before an extra copy goes: min(10 h, 10 % of the cache age)."""

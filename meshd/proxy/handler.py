@@ -1,76 +1,136 @@
-"""The generic gRPC handler that carries any allowed runtime method as raw bytes.
+"""The generic gRPC handlers that carry any allowed runtime method as raw bytes.
 
-Thin: parse the headers, hand the call to the router, map MeshError to a status.
-Method handlers are made once per method path and cached.
+Thin: parse the headers (or extract the id from the body), hand the call to the router,
+map MeshError to a status. One handler per method path, made once and cached; unary
+methods get a unary handler, streaming ones a stream handler (see `methods`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
-from meshd.errors import MeshError
-from meshd.proxy.headers import parse_request_headers
+from meshd.errors import DeadlineExceeded, MeshError
+from meshd.proxy.headers import ids_from_body, parse_request_headers
+from meshd.proxy.methods import MAX_CACHED_METHODS, MethodSpec, MethodTable
+from meshd.proxy.streams import ResponseStream
+from meshd.proxy.wire import extract_id
 from meshd.router import Router
 
-# Never reachable through the inference path (SPEC §1), whatever the runtime allows.
-FORBIDDEN_PREFIXES = ("/mmesh.ModelRuntime/", "/mmesh.ModelMesh/", "/meshd.peer.")
-# Streaming methods are carried by the data-plane issue; until then they are refused
-# rather than mangled by a unary handler.
-STREAMING_METHODS = frozenset({"/inference.GRPCInferenceService/ModelStreamInfer"})
-MAX_CACHED_METHODS = 1024  # bounds memory when any method is allowed
-
-
-class MethodPolicy:
-    """Which methods the runtime allows (its methodInfos allow-list, SPEC §1)."""
-
-    def __init__(self, method_names: set[str], allow_any: bool) -> None:
-        self.names = {"/" + m.lstrip("/") for m in method_names}
-        self.allow_any = allow_any or not method_names
-
-    def allowed(self, method: str) -> bool:
-        if method.startswith(FORBIDDEN_PREFIXES) or method in STREAMING_METHODS:
-            return False
-        return self.allow_any or method in self.names
+UnaryHandler = Callable[[bytes, Any], Awaitable[bytes]]
+StreamHandler = Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]
 
 
 class RawMethodHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
-    """A raw-bytes unary handler per allowed method path, made once and cached."""
+    """A raw-bytes handler per carried method path, made once and cached."""
 
-    def __init__(self, router: Router, policy: MethodPolicy) -> None:
+    def __init__(self, router: Router, methods: MethodTable) -> None:
         self.router = router
-        self.policy = policy
+        self.methods = methods
         self._handlers: dict[str, Any] = {}
 
     def service(self, handler_call_details: Any) -> Any:
         method: str = handler_call_details.method
         handler = self._handlers.get(method)
         if handler is None:
-            if not self.policy.allowed(method):
+            spec = self.methods.spec(method)
+            if spec is None:
                 return None  # grpc answers UNIMPLEMENTED
-            handler = grpc.unary_unary_rpc_method_handler(self._unary(method))
+            if spec.streaming:
+                handler = grpc.stream_stream_rpc_method_handler(self._stream(spec))
+            else:
+                handler = grpc.unary_unary_rpc_method_handler(self._unary(spec))
             if len(self._handlers) < MAX_CACHED_METHODS:
                 self._handlers[method] = handler
         return handler
 
-    def _unary(self, method: str) -> Callable[[bytes, Any], Any]:
+    def _unary(self, spec: MethodSpec) -> UnaryHandler:
+        raise NotImplementedError
+
+    def _stream(self, spec: MethodSpec) -> StreamHandler:
         raise NotImplementedError
 
 
-class InferenceHandler(RawMethodHandler):
-    """External port: client calls, routed by the model they name."""
+async def relay_responses(stream: ResponseStream, context: Any) -> AsyncIterator[bytes]:
+    """Yield an open stream's responses; a runtime's or peer's status goes on as it is."""
+    try:
+        async for response in stream:
+            yield response
+    except grpc.aio.AioRpcError as e:
+        await context.abort(e.code(), e.details() or "", trailing_metadata=e.trailing_metadata() or None)
+    finally:
+        stream.close()
 
-    def _unary(self, method: str) -> Callable[[bytes, Any], Any]:
+
+class InferenceHandler(RawMethodHandler):
+    """External port: client calls, routed by the model they name.
+
+    `default_timeout_s`: applied when the client sets no deadline (None: no limit)."""
+
+    def __init__(self, router: Router, methods: MethodTable, default_timeout_s: float | None = None) -> None:
+        super().__init__(router, methods)
+        self.default_timeout_s = default_timeout_s
+
+    def _deadline(self, context: Any) -> tuple[float | None, bool]:
+        """(seconds left, whether meshd itself must enforce them: the client set none)."""
+        remaining: float | None = context.time_remaining()
+        if remaining is None and self.default_timeout_s is not None:
+            return self.default_timeout_s, True
+        return remaining, False
+
+    def _timed_out(self) -> DeadlineExceeded:
+        return DeadlineExceeded(
+            f"no answer within the default request timeout of {self.default_timeout_s:g} s "
+            "(MESHD_REQUEST_TIMEOUT_MS; set a deadline on the call to choose another)"
+        )
+
+    def _unary(self, spec: MethodSpec) -> UnaryHandler:
         router = self.router
 
         async def handle(request: bytes, context: Any) -> bytes:
             try:
-                ids, forward = parse_request_headers(context.invocation_metadata())
-                return await router.unary(method, request, ids, forward, context.time_remaining())
+                ids, forward = parse_request_headers(context.invocation_metadata(), required=not spec.extract)
+                if spec.extract:
+                    ids = ids_from_body(extract_id(request, spec.extract), spec.extract_vmodel, ids)
+                remaining, enforce = self._deadline(context)
+                if not enforce:
+                    return await router.unary(spec, request, ids, forward, remaining)
+                try:
+                    async with asyncio.timeout(remaining):
+                        return await router.unary(spec, request, ids, forward, remaining)
+                except TimeoutError:
+                    raise self._timed_out() from None
             except MeshError as e:
                 await context.abort(e.code, e.message)
                 raise  # unreachable: abort raises
+
+        return handle
+
+    def _stream(self, spec: MethodSpec) -> StreamHandler:
+        router = self.router
+
+        async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            try:
+                remaining, enforce = self._deadline(context)
+                timeout = asyncio.timeout(remaining) if enforce else contextlib.nullcontext()
+                try:
+                    async with timeout:
+                        ids, forward = parse_request_headers(context.invocation_metadata(), required=not spec.extract)
+                        first = None
+                        if spec.extract:
+                            first = await anext(aiter(requests), None)
+                            body_id = extract_id(first, spec.extract) if first is not None else None
+                            ids = ids_from_body(body_id, spec.extract_vmodel, ids)
+                        stream = await router.open_stream(spec, first, requests, ids, forward, remaining)
+                        async for response in relay_responses(stream, context):
+                            yield response
+                except TimeoutError:
+                    raise self._timed_out() from None
+            except MeshError as e:
+                await context.abort(e.code, e.message)
 
         return handle

@@ -32,6 +32,19 @@ class RequestIds:
     balanced: bool = False
 
 
+def ids_from_body(body_id: str | None, is_vmodel: bool, headers: RequestIds) -> RequestIds:
+    """Id extraction (MM_DATAPLANE_CONFIG): the body's id wins, the headers are the fallback."""
+    if body_id:
+        what = "vmodel id" if is_vmodel else "model id"
+        body_id = check_id(body_id, what)
+        if is_vmodel:
+            return RequestIds(None, body_id, headers.balanced)
+        return RequestIds(body_id, None, headers.balanced)
+    if headers.model_id is None and headers.vmodel_id is None:
+        raise InvalidArgument("no model named: the request body has no id and no mm-model-id header is set")
+    return headers
+
+
 def _set_once(found: dict[str, str], what: str, value: str) -> None:
     previous = found.get(what)
     if previous is not None and previous != value:
@@ -39,8 +52,12 @@ def _set_once(found: dict[str, str], what: str, value: str) -> None:
     found[what] = value
 
 
-def parse_request_headers(metadata: Iterable[tuple[str, str | bytes]]) -> tuple[RequestIds, Metadata]:
-    """The ids a request names and the headers to forward. Raises InvalidArgument."""
+def parse_request_headers(
+    metadata: Iterable[tuple[str, str | bytes]], required: bool = True
+) -> tuple[RequestIds, Metadata]:
+    """The ids a request names and the headers to forward. Raises InvalidArgument.
+
+    `required=False`: naming no model is allowed (the body may name it, id extraction)."""
     found: dict[str, str] = {}
     balanced = False
     forward: list[tuple[str, str | bytes]] = []
@@ -64,7 +81,7 @@ def parse_request_headers(metadata: Iterable[tuple[str, str | bytes]]) -> tuple[
     vmodel_id = found.get("vmodel id")
     if model_id is not None and vmodel_id is not None:
         raise InvalidArgument("the request names both a model and a vmodel; send one of mm-model-id or mm-vmodel-id")
-    if model_id is None and vmodel_id is None:
+    if model_id is None and vmodel_id is None and required:
         raise InvalidArgument("no model named: set the mm-model-id (or mm-vmodel-id) header")
     return RequestIds(model_id, vmodel_id, balanced), tuple(forward)
 

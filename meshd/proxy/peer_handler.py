@@ -1,19 +1,23 @@
 """The internal port's generic handler: inference forwarded by peers, original method and bytes.
 
 Only requests marked by a peer (`meshd-hop`) are taken; the model id is the concrete one
-the peer resolved (`mm-model-id-bin`). Refusals carry `meshd-reason` so the peer reroutes.
+the peer resolved (`mm-model-id-bin`). Refusals carry `meshd-reason` so the peer reroutes;
+a stream is accepted (initial metadata `meshd-accepted`) before its messages are read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from meshd.errors import InvalidArgument, MeshError, NotFound
 from meshd.ids import check_id, decode_id
-from meshd.proxy.handler import RawMethodHandler
+from meshd.proxy.handler import RawMethodHandler, StreamHandler, UnaryHandler, relay_responses
 from meshd.proxy.headers import INTERNAL_PREFIX, MODEL_ID, MODEL_ID_BIN, Metadata
-from meshd.router import HOP, MODE, PASSED_ON, REASON, UNKNOWN_MODEL, PeerRefusal
+from meshd.proxy.methods import MethodSpec
+from meshd.router import ACCEPTED, HOP, MODE, PASSED_ON, REASON, UNKNOWN_MODEL, PeerRefusal
+
+ACCEPTED_METADATA = ((ACCEPTED, "1"),)
 
 
 def parse_peer_metadata(metadata: Any, is_peer: Callable[[str], bool]) -> tuple[str, str, Metadata]:
@@ -39,24 +43,53 @@ def parse_peer_metadata(metadata: Any, is_peer: Callable[[str], bool]) -> tuple[
     return model_id, mode, tuple(runtime_md)
 
 
+async def _refuse(context: Any, e: MeshError) -> None:
+    if isinstance(e, PeerRefusal):
+        reason = e.reason
+    else:
+        # Every answer of ours carries a reason, so the peer can tell it from gRPC's
+        # own UNAVAILABLE (this instance unreachable) whatever the details say.
+        reason = UNKNOWN_MODEL if isinstance(e, NotFound) else PASSED_ON
+    await context.abort(e.code, e.message, trailing_metadata=((REASON, reason),))
+
+
 class PeerInferenceHandler(RawMethodHandler):
     """Internal port: calls forwarded by peers."""
 
-    def _unary(self, method: str) -> Callable[[bytes, Any], Any]:
+    def _unary(self, spec: MethodSpec) -> UnaryHandler:
         router = self.router
 
         async def handle(request: bytes, context: Any) -> bytes:
             try:
                 model_id, mode, metadata = parse_peer_metadata(context.invocation_metadata(), router.is_peer)
-                return await router.serve_forwarded(method, request, model_id, mode, metadata, context.time_remaining())
-            except PeerRefusal as e:
-                await context.abort(e.code, e.message, trailing_metadata=((REASON, e.reason),))
-                raise
+                return await router.serve_forwarded(spec, request, model_id, mode, metadata, context.time_remaining())
             except MeshError as e:
-                # Every answer of ours carries a reason, so the peer can tell it from gRPC's
-                # own UNAVAILABLE (this instance unreachable) whatever the details say.
-                reason = UNKNOWN_MODEL if isinstance(e, NotFound) else PASSED_ON
-                await context.abort(e.code, e.message, trailing_metadata=((REASON, reason),))
+                await _refuse(context, e)
+                raise  # unreachable: abort raises
+
+        return handle
+
+    def _stream(self, spec: MethodSpec) -> StreamHandler:
+        router = self.router
+
+        async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            try:
+                model_id, mode, metadata = parse_peer_metadata(context.invocation_metadata(), router.is_peer)
+                stream = await router.open_forwarded_stream(
+                    spec, requests, model_id, mode, metadata, context.time_remaining()
+                )
+            except MeshError as e:
+                await _refuse(context, e)
+                return
+            try:
+                await context.send_initial_metadata(ACCEPTED_METADATA)
+            except BaseException:
+                stream.close()
                 raise
+            try:
+                async for response in relay_responses(stream, context):
+                    yield response
+            except MeshError as e:  # a request message we refused (id injection)
+                await _refuse(context, e)
 
         return handle

@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=_non_negative_int, default=0, help="LoadModelResponse.maxConcurrency")
     p.add_argument("--limit-model-concurrency", action="store_true", help="set limitModelConcurrency in runtimeStatus")
     p.add_argument("--inject-id", action="store_true", help="idInjectionPath [1] for ModelInfer and ModelMetadata")
+    p.add_argument("--infer-delay-ms", type=_non_negative_int, default=0, help="added to every inference request")
     p.add_argument("--max-message-bytes", type=_non_negative_int, default=64 << 20)
     p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio event loop")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -120,6 +121,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         max_concurrency=a.max_concurrency,
         limit_model_concurrency=a.limit_model_concurrency,
         inject_id=a.inject_id,
+        infer_delay_ms=a.infer_delay_ms,
     )
     return Options(
         host=a.host,

@@ -12,12 +12,13 @@ and the behaviour SPEC §1 and §4 describe; `demo` owns the process, flags and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -42,6 +43,7 @@ PLATFORM = "meshd-demo"
 # model name in field 1, so with --inject-id meshd writes the concrete id there.
 ANNOUNCED_METHODS = ("ModelInfer", "ModelMetadata", "ModelReady", "ModelConfig", "ModelStreamInfer")
 INJECTABLE_METHODS = ("ModelInfer", "ModelMetadata")
+ECHO_METHODS = ("Unary", "ServerStream", "ClientStream", "Bidi")  # meshd.demo.Echo (runtimes/echo.py)
 MODEL_ID_HEADER = "mm-model-id"
 MODEL_ID_BIN_HEADER = "mm-model-id-bin"
 
@@ -61,6 +63,7 @@ class RuntimeConfig:
     max_concurrency: int = 0
     limit_model_concurrency: bool = False
     inject_id: bool = False
+    infer_delay_ms: int = 0  # added to every inference request (concurrency and deadline tests)
 
 
 @dataclass
@@ -88,9 +91,28 @@ class RuntimeState:
     loaded: dict[str, LoadedModel] = field(default_factory=dict)
     loads_in_flight: dict[str, int] = field(default_factory=dict)
     ready_announced: bool = False
+    # Inference requests (ModelInfer, Echo): so tests can see a cancel reach the runtime.
+    counters: dict[str, int] = field(
+        default_factory=lambda: {"started": 0, "finished": 0, "cancelled": 0, "in_flight": 0, "max_in_flight": 0}
+    )
     # A load only lands if no unload of its id and no purge happened while it ran.
     _unload_epochs: dict[str, int] = field(default_factory=dict)
     _purge_epoch: int = 0
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        c = self.counters
+        c["started"] += 1
+        c["in_flight"] += 1
+        c["max_in_flight"] = max(c["max_in_flight"], c["in_flight"])
+        try:
+            yield
+        except asyncio.CancelledError:
+            c["cancelled"] += 1
+            raise
+        finally:
+            c["finished"] += 1
+            c["in_flight"] -= 1
 
     def past_startup(self) -> bool:
         return (time.monotonic() - self.started_at) * 1000 >= self.config.startup_delay_ms
@@ -292,6 +314,8 @@ class ModelRuntimeServicer(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
             info = resp.methodInfos[f"{INFERENCE_SERVICE}/{method}"]
             if cfg.inject_id and method in INJECTABLE_METHODS:
                 info.idInjectionPath.append(1)
+        for method in ECHO_METHODS:
+            resp.methodInfos[f"meshd.demo.Echo/{method}"].SetInParent()  # allowed, no injection
         return resp
 
 
@@ -358,8 +382,18 @@ class InferenceService:
     @_answers_errors
     async def ModelInfer(self, raw: bytes, context: _Context) -> pb.ModelInferResponse:
         req = _parse(pb.ModelInferRequest, raw)
-        model_id = _model_id(context, req.model_name)
-        return infer(model_id, self.state.get(model_id), req)
+        model_id = self._body_model_id(context, req.model_name)
+        with self.state.counting():
+            if self.state.config.infer_delay_ms:
+                await asyncio.sleep(self.state.config.infer_delay_ms / 1000)
+            return infer(model_id, self.state.get(model_id), req)
+
+    def _body_model_id(self, context: _Context, body_name: str) -> str:
+        # With idInjectionPath announced, the body names the model (as with Triton): meshd
+        # wrote the concrete id there. Otherwise the header wins, as upstream runtimes do.
+        if self.state.config.inject_id and body_name:
+            return body_name
+        return _model_id(context, body_name)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[bytes], context: _Context
@@ -383,7 +417,7 @@ class InferenceService:
     @_answers_errors
     async def ModelMetadata(self, raw: bytes, context: _Context) -> pb.ModelMetadataResponse:
         req = _parse(pb.ModelMetadataRequest, raw)
-        model_id = _model_id(context, req.name)
+        model_id = self._body_model_id(context, req.name)
         model = self.state.get(model_id).model
         resp = pb.ModelMetadataResponse(name=model_id, versions=["1"], platform=PLATFORM)
         if model.kind == "linear":
@@ -471,4 +505,6 @@ def add_runtime_servicer(server: Any, state: RuntimeState) -> None:
 
 
 def add_inference_service(server: Any, state: RuntimeState) -> None:
-    server.add_generic_rpc_handlers((InferenceService(state).handler(),))
+    from meshd.runtimes.echo import EchoService  # echo builds on this module
+
+    server.add_generic_rpc_handlers((InferenceService(state).handler(), EchoService(state).handler()))

@@ -267,3 +267,29 @@ def test_worst_holder_is_the_worst_placement() -> None:
     assert worst_holder(view, [roomy, cramped], 16) == "cramped"
     assert worst_holder(view, [roomy, cramped, stopping], 16) == "stopping"
     assert worst_holder(view, [], 16) is None
+
+
+def test_latency_mode_threshold_and_queue_pressure() -> None:
+    from meshd.placement.scaling import QueueSample, latency_threshold_rpm, load_threshold_rpm, saturated
+
+    # 2 at a time, 100 ms each: at most 1200 per minute; copies are added above 90 % of it.
+    sample = QueueSample(max_concurrency=2, completed=50, service_ms=5000.0, queued=0, queue_ms=0.0)
+    assert latency_threshold_rpm(sample, 90) == 1080
+    assert load_threshold_rpm(2000, sample, 90) == 1080
+    assert load_threshold_rpm(2000, None, 90) == 2000  # no limit: the configured threshold
+    idle = QueueSample(2, 0, 0.0, 0, 0.0)
+    assert latency_threshold_rpm(idle, 90) is None and load_threshold_rpm(2000, idle, 90) == 2000
+    assert not saturated(sample)
+    # Requests waited as long as they ran (100 ms on average): saturated.
+    assert saturated(QueueSample(2, 50, 5000.0, 50, 5000.0))
+    assert not saturated(QueueSample(2, 50, 5000.0, 5, 100.0))  # a few short waits
+
+
+def test_queue_pressure_adds_a_copy_through_the_load_rule() -> None:
+    from meshd.placement.scaling import QueueSample, extra_copies_for_load, load_threshold_rpm, saturated
+
+    sample = QueueSample(1, 10, 10_000.0, 10, 20_000.0)  # 1 s each, 2 s waits
+    threshold = load_threshold_rpm(2000, sample, 90)
+    rpm = 30  # well under the configured 2000 rpm
+    assert saturated(sample)
+    assert extra_copies_for_load(max(rpm, threshold), 1, threshold, candidates=2, instances_total=3) == 1

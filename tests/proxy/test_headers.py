@@ -60,3 +60,19 @@ def test_runtime_metadata_carries_the_concrete_id() -> None:
     assert runtime_metadata((("x", "1"),), "m1") == (("x", "1"), ("mm-model-id-bin", b"m1"), ("mm-model-id", "m1"))
     # Non-ASCII ids travel only in the -bin header.
     assert runtime_metadata((), "modèle") == (("mm-model-id-bin", "modèle".encode()),)
+
+
+def test_ids_from_the_body_win_and_headers_are_the_fallback() -> None:
+    from meshd.proxy.headers import RequestIds, ids_from_body
+
+    none, _ = parse_request_headers([], required=False)
+    assert none == RequestIds(None, None)
+    headers, _ = parse_request_headers([("mm-model-id", "h"), ("mm-balanced", "true")], required=False)
+    assert ids_from_body("b", False, headers) == RequestIds("b", None, True)
+    assert ids_from_body("v", True, headers) == RequestIds(None, "v", True)
+    assert ids_from_body(None, False, headers) is headers
+    assert ids_from_body("", False, headers) is headers
+    with pytest.raises(InvalidArgument, match="no model named"):
+        ids_from_body(None, False, none)
+    with pytest.raises(InvalidArgument, match="control"):
+        ids_from_body("bad\nid", False, none)

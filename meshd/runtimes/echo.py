@@ -1,0 +1,106 @@
+"""`meshd.demo.Echo`: one method of each gRPC shape, on raw bytes, for any loaded model.
+
+It lets tests and benchmarks drive every RPC shape through meshd: each answer starts with
+the model id the runtime was asked for (header `mm-model-id[-bin]`), so a test sees which
+model served it. `Stats` (not announced, so not reachable through meshd) reports how many
+requests started, finished and were cancelled, so tests can see a cancel reach the runtime.
+
+    Unary          body               -> b"<model>|<body>"
+    ServerStream   body               -> b"<model>|<body>|0", ...|1, ...|2
+    ClientStream   bodies...          -> b"<model>|<b1>,<b2>,..."
+    Bidi           body, body, ...    -> b"<model>|<body>" for each, as it arrives
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from meshd.runtimes.demo_server import RpcFailure, RuntimeState, _header_model_id
+
+SERVICE = "meshd.demo.Echo"
+STREAMING = ("ServerStream", "ClientStream", "Bidi")
+SERVER_STREAM_REPLIES = 3
+
+
+def dataplane_streaming() -> dict[str, dict[str, bool]]:
+    """meshd's dataplane rpcConfigs declaring the streaming Echo methods."""
+    return {f"{SERVICE}/{m}": {"streaming": True} for m in STREAMING}
+
+
+class EchoService:
+    def __init__(self, state: RuntimeState) -> None:
+        self.state = state
+
+    def _model(self, context: Any) -> bytes:
+        model_id = _header_model_id(context)
+        if not model_id:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "no model named: set mm-model-id")
+        self.state.get(model_id)  # NOT_FOUND unless loaded
+        return model_id.encode()
+
+    async def _delay(self) -> None:
+        if self.state.config.infer_delay_ms:
+            await asyncio.sleep(self.state.config.infer_delay_ms / 1000)
+
+    async def Unary(self, body: bytes, context: Any) -> bytes:
+        try:
+            with self.state.counting():
+                model = self._model(context)
+                await self._delay()
+                return model + b"|" + body
+        except RpcFailure as e:
+            await context.abort(e.code, e.details)
+            raise
+
+    async def ServerStream(self, body: bytes, context: Any) -> AsyncIterator[bytes]:
+        try:
+            model = self._model(context)
+        except RpcFailure as e:
+            await context.abort(e.code, e.details)
+            return
+        with self.state.counting():
+            for i in range(SERVER_STREAM_REPLIES):
+                await self._delay()
+                yield model + b"|" + body + b"|" + str(i).encode()
+
+    async def ClientStream(self, bodies: AsyncIterator[bytes], context: Any) -> bytes:
+        try:
+            model = self._model(context)
+        except RpcFailure as e:
+            await context.abort(e.code, e.details)
+            raise
+        with self.state.counting():
+            received = [b async for b in bodies]
+            await self._delay()
+            return model + b"|" + b",".join(received)
+
+    async def Bidi(self, bodies: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        try:
+            model = self._model(context)
+        except RpcFailure as e:
+            await context.abort(e.code, e.details)
+            return
+        with self.state.counting():
+            async for body in bodies:
+                await self._delay()
+                yield model + b"|" + body
+
+    async def Stats(self, body: bytes, context: Any) -> bytes:
+        return json.dumps(self.state.counters).encode()
+
+    def handler(self) -> Any:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Unary": grpc.unary_unary_rpc_method_handler(self.Unary),
+                "ServerStream": grpc.unary_stream_rpc_method_handler(self.ServerStream),
+                "ClientStream": grpc.stream_unary_rpc_method_handler(self.ClientStream),
+                "Bidi": grpc.stream_stream_rpc_method_handler(self.Bidi),
+                "Stats": grpc.unary_unary_rpc_method_handler(self.Stats),
+            },
+        )

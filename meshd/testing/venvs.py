@@ -1,0 +1,84 @@
+"""Throwaway virtualenvs for running third-party clients (tritonclient, MLServer, ...) in tests.
+
+Such clients pin their own dependencies (tritonclient wants protobuf < 7), so they never go
+into meshd's venv: each gets its own, built on first use and kept for later runs under
+`<repo>/.venvs/<name>-<hash>/`, where the hash covers the requirements and the Python version.
+A marker file, written only after pip succeeded, marks a venv complete; a venv without it
+(an interrupted install) is removed and built again. An fcntl lock around the build keeps
+two processes (pytest-xdist workers, two test runs) from building the same venv at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+MARKER = ".meshd-venv-complete"
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / ".venvs"
+INSTALL_TIMEOUT_S = 900.0
+_ERROR_TAIL_LINES = 30
+
+
+def venv_dir(name: str, requirements: Sequence[str], root: Path = DEFAULT_ROOT) -> Path:
+    """Where the venv for `name` with `requirements` lives (whether built or not)."""
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"bad venv name {name!r}")
+    key = json.dumps({"python": list(sys.version_info[:2]), "requirements": list(requirements)})
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return root / f"{name}-{digest}"
+
+
+def venv_python(directory: Path) -> Path:
+    return directory / "bin" / "python"
+
+
+def ensure_venv(
+    name: str,
+    requirements: Sequence[str],
+    *,
+    root: Path = DEFAULT_ROOT,
+    timeout_s: float = INSTALL_TIMEOUT_S,
+) -> Path:
+    """The python executable of a venv holding `requirements`, built first if needed.
+
+    RuntimeError (with the tail of pip's stderr) if the venv cannot be built; the half-built
+    venv is left unmarked, so the next call starts again from scratch.
+    """
+    directory = venv_dir(name, requirements, root)
+    python = venv_python(directory)
+    if _complete(directory):
+        return python
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{directory.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if _complete(directory):  # another process built it while we waited
+            return python
+        if directory.exists():
+            shutil.rmtree(directory)
+        _run([sys.executable, "-m", "venv", str(directory)], "create the venv", directory, timeout_s)
+        if requirements:
+            pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
+            _run([*pip, *requirements], f"pip install {' '.join(requirements)}", directory, timeout_s)
+        (directory / MARKER).write_text(json.dumps({"requirements": list(requirements)}) + "\n", encoding="utf-8")
+    return python
+
+
+def _complete(directory: Path) -> bool:
+    return (directory / MARKER).is_file() and venv_python(directory).exists()
+
+
+def _run(argv: list[str], what: str, directory: Path, timeout_s: float) -> None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{directory.name}: could not {what}: timed out after {timeout_s:.0f}s") from None
+    if proc.returncode != 0:
+        output = proc.stderr.strip() or proc.stdout.strip()
+        tail = "\n".join(output.splitlines()[-_ERROR_TAIL_LINES:])
+        raise RuntimeError(f"{directory.name}: could not {what} (exit {proc.returncode}):\n{tail}")
