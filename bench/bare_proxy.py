@@ -2,7 +2,8 @@
 
     python bench/bare_proxy.py --port P --target 127.0.0.1:R
 
-Any unary method is forwarded to the target unchanged, as bytes (no (de)serialisation):
+Any unary method is forwarded to the target unchanged, as bytes (no (de)serialisation),
+and KServe's bidirectional ModelStreamInfer message by message:
 the client's metadata minus grpc-*/content-type/user-agent, and the client's deadline.
 The upstream status (code, details, trailing metadata) is passed back on failure.
 Nothing else: no routing, no model ids, no policy. `proxy_overhead.py` compares meshd
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -24,6 +25,7 @@ _DROP_PREFIXES = ("grpc-",)
 _DROP_KEYS = frozenset({"content-type", "user-agent", ":authority", "te"})
 
 Handler = Callable[[bytes, Any], Awaitable[bytes]]
+STREAMING = frozenset({"/inference.GRPCInferenceService/ModelStreamInfer"})
 
 
 def _forwarded(metadata: Sequence[tuple[str, str | bytes]] | None) -> tuple[tuple[str, str | bytes], ...]:
@@ -43,11 +45,31 @@ class ProxyHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
         method: str = handler_call_details.method
         handler = self._handlers.get(method)
         if handler is None:
-            handler = grpc.unary_unary_rpc_method_handler(
-                self._unary(method), request_deserializer=None, response_serializer=None
-            )
+            if method in STREAMING:
+                handler = grpc.stream_stream_rpc_method_handler(self._stream(method))
+            else:
+                handler = grpc.unary_unary_rpc_method_handler(
+                    self._unary(method), request_deserializer=None, response_serializer=None
+                )
             self._handlers[method] = handler
         return handler
+
+    def _stream(self, method: str) -> Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]:
+        upstream = self._channel.stream_stream(method)
+
+        async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            call = upstream(
+                requests, metadata=_forwarded(context.invocation_metadata()), timeout=context.time_remaining()
+            )
+            try:
+                async for response in call:
+                    yield response
+            except grpc.aio.AioRpcError as e:
+                await context.abort(e.code(), e.details() or "")
+            finally:
+                call.cancel()
+
+        return handle
 
     def _unary(self, method: str) -> Handler:
         # request_serializer / response_deserializer None: bytes in, bytes out.

@@ -55,6 +55,7 @@ from meshd.testing.cluster import LocalMesh, Node  # noqa: E402
 from meshd.testing.procs import Child, free_port, port_open, wait_until  # noqa: E402
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
+STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 MODEL_ID = "bench-echo"
 TINY_PAYLOAD = 64  # raw tensor bytes; the serialised ModelInferRequest is ~100 B
 BIG_PAYLOAD = 1 << 20  # 1 MiB: well under meshd's 16 MiB and the runtime's 64 MiB limits
@@ -114,6 +115,11 @@ class Case:
     payload_name: str
     payload_bytes: int
     concurrency: int
+    shape: str = "unary"  # or "stream": one ModelStreamInfer stream per task, one message at a time
+
+    @property
+    def label(self) -> str:
+        return self.payload_name if self.shape == "unary" else f"{self.payload_name}~s"
 
 
 @dataclass
@@ -145,9 +151,14 @@ async def drive(
     warmup_s: float,
     duration_s: float,
     pids: dict[str, int],
+    shape: str = "unary",
 ) -> Measured:
-    """N tasks sending `request` in a loop; only the window after warm-up is recorded."""
+    """N tasks sending `request` in a loop; only the window after warm-up is recorded.
+
+    shape "stream": each task opens one ModelStreamInfer stream and sends `request` on it,
+    waiting for each answer before the next (a request is one message each way)."""
     call = channel.unary_unary(INFER)  # no serialisers: bytes in, bytes out
+    open_stream = channel.stream_stream(STREAM_INFER)
     recording = False
     stop = False
     latencies: list[float] = []
@@ -155,6 +166,22 @@ async def drive(
     all_errors = 0
     expected_len = len(request)  # echo: the response is about the request's size
     perf = time.perf_counter
+
+    async def stream_worker() -> None:
+        stream = open_stream(metadata=metadata, timeout=3600)
+        try:
+            while not stop:
+                t0 = perf()
+                await stream.write(request)
+                resp = await stream.read()
+                if resp is grpc.aio.EOF:
+                    raise RuntimeError(f"stream ended: {await stream.code()} {await stream.details()}")
+                if recording:
+                    latencies.append(perf() - t0)
+                elif len(resp) < expected_len // 2:
+                    raise RuntimeError(f"short response: {len(resp)} bytes for a {expected_len}-byte request")
+        finally:
+            stream.cancel()
 
     async def worker() -> None:
         nonlocal errors, all_errors
@@ -174,7 +201,8 @@ async def drive(
             elif len(resp) < expected_len // 2:  # sanity check, outside the window
                 raise RuntimeError(f"short response: {len(resp)} bytes for a {expected_len}-byte request")
 
-    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    run = stream_worker if shape == "stream" else worker
+    tasks = [asyncio.create_task(run()) for _ in range(concurrency)]
     try:
         await _sleep_or_fail(warmup_s, tasks)
         cpu0 = {role: cpu_seconds(pid) for role, pid in pids.items()}
@@ -207,10 +235,10 @@ async def _sleep_or_fail(seconds: float, tasks: list[asyncio.Task[None]]) -> Non
 
 
 # ---- setup -----------------------------------------------------------------------------------
-def start_bare_proxy(log_dir: Path, runtime_port: int) -> tuple[Child, int]:
+def start_bare_proxy(log_dir: Path, target: str) -> tuple[Child, int]:
     port = free_port()
     argv = [sys.executable, str(Path(__file__).resolve().parent / "bare_proxy.py")]
-    child = Child("bare-proxy", [*argv, "--port", str(port), "--target", f"127.0.0.1:{runtime_port}"], log_dir)
+    child = Child("bare-proxy", [*argv, "--port", str(port), "--target", target], log_dir)
 
     def up() -> bool:
         if not child.alive():
@@ -242,6 +270,14 @@ class Settings:
     repeat: int
     payloads: list[tuple[str, int]]
     concurrencies: list[int]
+    stream_concurrencies: list[int] = field(default_factory=lambda: [1, 8])
+    unix_socket: bool = False
+    direct_port: int = 0  # the runtime's inference TCP port
+
+    def cases(self) -> list[Case]:
+        unary = [Case(n, b, c) for n, b in self.payloads for c in self.concurrencies]
+        name, size = self.payloads[0]
+        return unary + [Case(name, size, c, "stream") for c in self.stream_concurrencies]
 
 
 async def run_all(settings: Settings, node: Node, bare: Child, bare_port: int, log: Callable[[str], None]) -> Results:
@@ -250,7 +286,7 @@ async def run_all(settings: Settings, node: Node, bare: Child, bare_port: int, l
         ("grpc.max_send_message_length", CLIENT_MAX_MESSAGE),
     ]
     addrs = {
-        "direct": f"127.0.0.1:{node.runtime_port}",
+        "direct": f"127.0.0.1:{settings.direct_port}",
         "bare": f"127.0.0.1:{bare_port}",
         "meshd": node.target,
     }
@@ -264,28 +300,27 @@ async def run_all(settings: Settings, node: Node, bare: Child, bare_port: int, l
     metadata = (("mm-model-id", MODEL_ID),)
     results = Results()
     try:
+        requests = {size: make_echo_request(MODEL_ID, size).SerializeToString() for _, size in settings.payloads}
         for rep in range(settings.repeat):
             order = TARGETS[rep % len(TARGETS) :] + TARGETS[: rep % len(TARGETS)]
-            for pname, pbytes in settings.payloads:
-                request = make_echo_request(MODEL_ID, pbytes).SerializeToString()
-                for conc in settings.concurrencies:
-                    case = Case(pname, pbytes, conc)
-                    for target in order:
-                        m = await drive(
-                            channels[target],
-                            request,
-                            metadata,
-                            conc,
-                            settings.warmup_s,
-                            settings.duration_s,
-                            pids[target],
-                        )
-                        results.add(case, target, m)
-                        log(
-                            f"  run {rep + 1}/{settings.repeat} {pname:>5} c={conc:<3} {target:<6} "
-                            f"{m.rps:9.0f} req/s  p50 {m.pct_ms(0.5):7.3f} ms  p99 {m.pct_ms(0.99):7.3f} ms"
-                            + (f"  errors {m.errors}" if m.errors else "")
-                        )
+            for case in settings.cases():
+                for target in order:
+                    m = await drive(
+                        channels[target],
+                        requests[case.payload_bytes],
+                        metadata,
+                        case.concurrency,
+                        settings.warmup_s,
+                        settings.duration_s,
+                        pids[target],
+                        case.shape,
+                    )
+                    results.add(case, target, m)
+                    log(
+                        f"  run {rep + 1}/{settings.repeat} {case.label:>7} c={case.concurrency:<3} {target:<6} "
+                        f"{m.rps:9.0f} req/s  p50 {m.pct_ms(0.5):7.3f} ms  p99 {m.pct_ms(0.99):7.3f} ms"
+                        + (f"  errors {m.errors}" if m.errors else "")
+                    )
     finally:
         for ch in channels.values():
             await ch.close()
@@ -299,7 +334,7 @@ def fmt(v: float, spec: str) -> str:
 
 def report(results: Results, settings: Settings, command: str, elapsed_s: float) -> list[str]:
     out: list[str] = []
-    cases = sorted({c for c, _ in results.runs}, key=lambda c: (c.payload_bytes, c.concurrency))
+    cases = sorted({c for c, _ in results.runs}, key=lambda c: (c.shape, c.payload_bytes, c.concurrency))
     runs = settings.repeat
     out.append("")
     out.append(f"command: {command}")
@@ -325,7 +360,7 @@ def report(results: Results, settings: Settings, command: str, elapsed_s: float)
             rt = median([m.cpu_us_per_req("runtime") for m in ms])
             proxy_rt = median([ratio(m.cpu_us_per_req("proxy"), m.cpu_us_per_req("runtime")) for m in ms])
             out.append(
-                f"{case.payload_name:>7} {case.concurrency:>4} {target:<6} "
+                f"{case.label:>7} {case.concurrency:>4} {target:<6} "
                 f"{fmt(median([m.rps for m in ms]), '9.0f')} "
                 f"{fmt(median([m.pct_ms(0.5) for m in ms]), '8.3f')} "
                 f"{fmt(median([m.pct_ms(0.99) for m in ms]), '8.3f')} "
@@ -358,9 +393,9 @@ def report(results: Results, settings: Settings, command: str, elapsed_s: float)
             "cb": median([ratio(b[i].cpu_us_per_req("proxy"), b[i].cpu_us_per_req("runtime")) for i in range(n)]),
             "cmb": median([ratio(x[i].cpu_us_per_req("proxy"), b[i].cpu_us_per_req("proxy")) for i in range(n)]),
         }
-        summary[(case.payload_name, case.concurrency)] = row
+        summary[(case.label, case.concurrency)] = row
         out.append(
-            f"{case.payload_name:>7} {case.concurrency:>4} {fmt(row['md'], '12.2f')} {fmt(row['bd'], '11.2f')} "
+            f"{case.label:>7} {case.concurrency:>4} {fmt(row['md'], '12.2f')} {fmt(row['bd'], '11.2f')} "
             f"{fmt(row['mb'], '10.2f')} {fmt(row['p50m'], '+13.3f')} {fmt(row['p50b'], '+12.3f')} "
             f"{fmt(row['cm'], '12.2f')} {fmt(row['cb'], '11.2f')} {fmt(row['cmb'], '14.2f')}"
         )
@@ -375,6 +410,17 @@ def report(results: Results, settings: Settings, command: str, elapsed_s: float)
             f"per request (bare {c8['cb']:.2f}x); concurrency 1 p50 +{c1['p50m']:.2f} ms (bare +{c1['p50b']:.2f} ms) "
             f"[median of {runs} x {settings.duration_s:g} s, grpcio {grpc.__version__}, {os.cpu_count()} cpus]"
         )
+    big = summary.get((settings.payloads[-1][0], 8))
+    stream8 = summary.get((f"{tiny}~s", 8))
+    goals = [
+        (f"{tiny} unary, c=8", c8, 1.2),
+        (f"{settings.payloads[-1][0]} unary, c=8", big, 1.0),
+        (f"{tiny} stream messages, c=8", stream8, None),
+    ]
+    for name, row, goal in goals:
+        if row:
+            verdict = "" if goal is None else f" (goal <= {goal:.1f}: {'met' if row['cm'] <= goal else 'NOT met'})"
+            out.append(f"meshd CPU per request / runtime CPU per request, {name}: {row['cm']:.2f}{verdict}")
     return out
 
 
@@ -390,6 +436,14 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Settings
     mode.add_argument("--quick", action="store_true", help="a short run (~30 s) for smoke testing")
     mode.add_argument("--smoke", action="store_true", help="the shortest run that still covers every case")
     p.add_argument("--keep-workdir", action="store_true", help="keep the temp dir (logs) after the run")
+    p.add_argument(
+        "--unix-socket",
+        action="store_true",
+        help="meshd and the bare proxy reach the runtime's inference port over a unix socket (default TCP)",
+    )
+    p.add_argument("--payloads", default="100B,1MiB", help="which payloads (default 100B,1MiB)")
+    p.add_argument("--concurrency", default="1,8,64", help="unary concurrencies (default 1,8,64)")
+    p.add_argument("--stream-concurrency", default="1,8", help="stream concurrencies, '' for none (default 1,8)")
     a = p.parse_args(argv)
     if a.smoke:
         duration, warmup, repeat = 0.2, 0.1, 1
@@ -401,12 +455,26 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Settings
         duration_s=a.duration if a.duration is not None else duration,
         warmup_s=a.warmup if a.warmup is not None else warmup,
         repeat=a.repeat if a.repeat is not None else repeat,
-        payloads=[("100B", TINY_PAYLOAD), ("1MiB", BIG_PAYLOAD)],
-        concurrencies=[1, 8, 64],
+        payloads=[(n, b) for n, b in (("100B", TINY_PAYLOAD), ("1MiB", BIG_PAYLOAD)) if n in a.payloads.split(",")],
+        concurrencies=_ints(p, a.concurrency),
+        stream_concurrencies=_ints(p, a.stream_concurrency),
+        unix_socket=a.unix_socket,
     )
+    if not s.payloads:
+        p.error("--payloads: name 100B and/or 1MiB")
     if s.duration_s <= 0 or s.warmup_s < 0 or s.repeat < 1:
         p.error("--duration must be > 0, --warmup >= 0, --repeat >= 1")
     return a, s
+
+
+def _ints(p: argparse.ArgumentParser, text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"not a comma-separated list of integers: {text!r}")
+    if any(v < 1 for v in values):
+        p.error(f"concurrency must be at least 1: {text!r}")
+    return values
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -425,14 +493,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"workdir {workdir}; starting etcd, runtime, meshd, bare proxy")
         mesh.start_etcd()
         # Capacity far beyond the one echo model, so nothing is ever evicted.
-        node = mesh.add_node("bench-a", runtime_args=["--capacity-bytes", str(1 << 30)])
-        bare, bare_port = start_bare_proxy(workdir / "logs", node.runtime_port)
+        runtime_args = ["--capacity-bytes", str(1 << 30)]
+        settings_for_meshd: dict[str, str | int] = {}
+        upstream = None
+        direct_port = 0
+        if settings.unix_socket:
+            sock = workdir / "runtime-serving.sock"
+            direct_port = free_port()  # the runtime serves inference on both; direct calls use TCP
+            runtime_args += ["--serving-socket", str(sock), "--serving-port", str(direct_port)]
+            settings_for_meshd["serving_socket"] = str(sock)
+            upstream = f"unix:{sock}"
+        node = mesh.add_node("bench-a", runtime_args=runtime_args, settings=settings_for_meshd)
+        settings.direct_port = direct_port or node.runtime_port
+        bare, bare_port = start_bare_proxy(workdir / "logs", upstream or f"127.0.0.1:{node.runtime_port}")
         try:
             model_path = write_echo_model(workdir / "models" / f"{MODEL_ID}.json")
             asyncio_run(register_echo(node, model_path))
             log(
                 f"pids: meshd {node.meshd.pid}, runtime {node.runtime.pid}, bare proxy {bare.pid}; "
-                f"{settings.repeat} run(s) x 18 cases x {settings.warmup_s + settings.duration_s:g} s"
+                f"{settings.repeat} run(s) x {len(settings.cases()) * len(TARGETS)} cases x "
+                f"{settings.warmup_s + settings.duration_s:g} s"
             )
             results = asyncio_run(run_all(settings, node, bare, bare_port, log))
         finally:
