@@ -7,7 +7,7 @@
     python3 scripts/dev.py bench [flags]       # bench/proxy_overhead.py
     python3 scripts/dev.py protos              # regenerate meshd/_proto
 
-The virtual environment is created in .venv and reinstalled when pyproject.toml changes.
+The virtual environment is created in .venv and reinstalled when pyproject.toml or constraints.txt changes.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ def run(*argv: str | Path) -> None:
 def ensure_venv() -> None:
     if sys.version_info < (3, 11):  # noqa: UP036 - this runs under whatever python3 the user has
         sys.exit(f"meshd needs Python 3.11 or newer (this is {sys.version.split()[0]})")
-    pyproject = ROOT / "pyproject.toml"
-    if STAMP.exists() and STAMP.stat().st_mtime >= pyproject.stat().st_mtime:
+    inputs = (ROOT / "pyproject.toml", ROOT / "constraints.txt")
+    if STAMP.exists() and all(STAMP.stat().st_mtime >= f.stat().st_mtime for f in inputs):
         return
     if not (BIN / "python").exists():
         print(f"creating {VENV}", flush=True)
         venv.create(VENV, with_pip=True)
     run(BIN / "python", "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-    run(BIN / "python", "-m", "pip", "install", "--quiet", "-e", ".[dev]")
+    run(BIN / "python", "-m", "pip", "install", "--quiet", "-c", "constraints.txt", "-e", ".[dev]")
     STAMP.touch()
 
 

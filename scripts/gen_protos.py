@@ -1,7 +1,8 @@
 """Regenerate meshd/_proto from protos/ (the one way generated code is made).
 
-Use grpcio-tools 1.81.x: its output imports under protobuf 6 and 7, so meshd installs
-beside tritonclient and mlserver (which pin protobuf < 7). `--check` regenerates into a
+Use grpcio-tools 1.75.1 (the dev pin): its output needs only grpcio >= 1.75.1 and
+protobuf >= 6.31.1 and imports under protobuf 6 and 7, so meshd installs beside tritonclient
+and mlserver (which pin protobuf < 7). Tools >= 1.82 emit code that needs protobuf 7. `--check` regenerates into a
 temporary folder and exits 1 when the committed code differs (the staleness test uses it).
 """
 

@@ -111,21 +111,32 @@ def test_kserve_v2_contract() -> None:
 
 
 @pytest.mark.slow
-def test_generated_code_imports_under_protobuf_7(tmp_path: Path) -> None:
-    """meshd pins nothing that stops protobuf 7; the generated code must import under it too."""
-    venv = tmp_path / "pb7"
+@pytest.mark.parametrize(
+    ("requirements", "protobuf_prefix"),
+    [
+        (["protobuf>=7,<8", "grpcio>=1.75.1"], "7."),  # the newest meshd allows
+        (["protobuf==6.31.1", "grpcio==1.75.1"], "6.31.1"),  # the floors pyproject.toml declares
+    ],
+    ids=["protobuf-7", "declared-floors"],
+)
+def test_generated_code_imports_under_protobuf_7_and_the_declared_floors(
+    tmp_path: Path, requirements: list[str], protobuf_prefix: str
+) -> None:
+    """meshd pins nothing that stops protobuf 7, and its floors are true: the generated code
+    imports under the newest protobuf and under the oldest versions pyproject.toml allows."""
+    venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = venv / "bin" / "pip"
-    done = subprocess.run(
-        [str(pip), "install", "-q", "protobuf>=7,<8", "grpcio>=1.81.1"], capture_output=True, text=True, timeout=300
-    )
+    done = subprocess.run([str(pip), "install", "-q", *requirements], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     code = (
-        "import google.protobuf as p; assert p.__version__.startswith('7'), p.__version__\n"
+        f"import google.protobuf as p; assert p.__version__.startswith({protobuf_prefix!r}), p.__version__\n"
         "import meshd._proto.mmesh.model_mesh_pb2_grpc, meshd._proto.mmesh.model_runtime_pb2_grpc\n"
         "import meshd._proto.inference.grpc_predict_v2_pb2_grpc, meshd._proto.meshd.peer_pb2_grpc\n"
         "print('ok')"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-W", "error", "-c", code], capture_output=True, text=True, env=env
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

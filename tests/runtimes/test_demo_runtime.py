@@ -28,7 +28,7 @@ ROWS = [[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0], [-1.5, 0.25, 8.0, -2.0]]
 INFERENCE_METHODS = {
     f"inference.GRPCInferenceService/{m}"
     for m in ("ModelInfer", "ModelMetadata", "ModelReady", "ModelConfig", "ModelStreamInfer")
-}
+} | {f"meshd.demo.Echo/{m}" for m in ("Unary", "ServerStream", "ClientStream", "Bidi")}
 Status = rt.RuntimeStatusResponse
 # conftest.start_runtime(*flags, socket=, serving_port=, wait_ready=) -> DemoRuntime
 StartRuntime = Callable[..., Any]

@@ -19,7 +19,7 @@ class InternalOpRequest(_message.Message):
     sync: bool
     lastUsed: int
     excludeInstances: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, modelId: _Optional[str] = ..., load: _Optional[bool] = ..., sync: _Optional[bool] = ..., lastUsed: _Optional[int] = ..., excludeInstances: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, modelId: _Optional[str] = ..., load: bool = ..., sync: bool = ..., lastUsed: _Optional[int] = ..., excludeInstances: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InternalOpResponse(_message.Message):
     __slots__ = ("state", "instanceId", "message")
@@ -75,4 +75,4 @@ class InstanceStatsResponse(_message.Message):
     modelsManagedTotal: int
     modelsLoadedTotal: int
     modelsWithFailureTotal: int
-    def __init__(self, instanceId: _Optional[str] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., loads: _Optional[int] = ..., loadFailures: _Optional[int] = ..., evictions: _Optional[int] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., loadedModels: _Optional[_Iterable[str]] = ..., leader: _Optional[bool] = ..., modelsManagedTotal: _Optional[int] = ..., modelsLoadedTotal: _Optional[int] = ..., modelsWithFailureTotal: _Optional[int] = ...) -> None: ...
+    def __init__(self, instanceId: _Optional[str] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., loads: _Optional[int] = ..., loadFailures: _Optional[int] = ..., evictions: _Optional[int] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., loadedModels: _Optional[_Iterable[str]] = ..., leader: bool = ..., modelsManagedTotal: _Optional[int] = ..., modelsLoadedTotal: _Optional[int] = ..., modelsWithFailureTotal: _Optional[int] = ...) -> None: ...

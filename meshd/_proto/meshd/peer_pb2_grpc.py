@@ -6,7 +6,7 @@ import warnings
 
 from meshd._proto.meshd import peer_pb2 as meshd_dot_peer__pb2
 
-GRPC_GENERATED_VERSION = '1.81.1'
+GRPC_GENERATED_VERSION = '1.75.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -19,14 +19,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in meshd/peer_pb2_grpc.py depends on'
+        + f' but the generated code in meshd/peer_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class MeshPeerStub:
+class MeshPeerStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -47,7 +47,7 @@ class MeshPeerStub:
                 _registered_method=True)
 
 
-class MeshPeerServicer:
+class MeshPeerServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def InternalOperation(self, request, context):
@@ -85,7 +85,7 @@ def add_MeshPeerServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class MeshPeer:
+class MeshPeer(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -29,7 +29,7 @@ class RegisterModelRequest(_message.Message):
     loadNow: bool
     sync: bool
     lastUsedTime: int
-    def __init__(self, modelId: _Optional[str] = ..., modelInfo: _Optional[_Union[ModelInfo, _Mapping]] = ..., loadNow: _Optional[bool] = ..., sync: _Optional[bool] = ..., lastUsedTime: _Optional[int] = ...) -> None: ...
+    def __init__(self, modelId: _Optional[str] = ..., modelInfo: _Optional[_Union[ModelInfo, _Mapping]] = ..., loadNow: bool = ..., sync: bool = ..., lastUsedTime: _Optional[int] = ...) -> None: ...
 
 class UnregisterModelRequest(_message.Message):
     __slots__ = ("modelId",)
@@ -55,7 +55,7 @@ class EnsureLoadedRequest(_message.Message):
     modelId: str
     lastUsedTime: int
     sync: bool
-    def __init__(self, modelId: _Optional[str] = ..., lastUsedTime: _Optional[int] = ..., sync: _Optional[bool] = ...) -> None: ...
+    def __init__(self, modelId: _Optional[str] = ..., lastUsedTime: _Optional[int] = ..., sync: bool = ...) -> None: ...
 
 class ModelStatusInfo(_message.Message):
     __slots__ = ("status", "errors", "modelCopyInfos")
@@ -112,7 +112,7 @@ class SetVModelRequest(_message.Message):
     sync: bool
     expectedTargetModelId: str
     owner: str
-    def __init__(self, vModelId: _Optional[str] = ..., targetModelId: _Optional[str] = ..., updateOnly: _Optional[bool] = ..., modelInfo: _Optional[_Union[ModelInfo, _Mapping]] = ..., autoDeleteTargetModel: _Optional[bool] = ..., loadNow: _Optional[bool] = ..., force: _Optional[bool] = ..., sync: _Optional[bool] = ..., expectedTargetModelId: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
+    def __init__(self, vModelId: _Optional[str] = ..., targetModelId: _Optional[str] = ..., updateOnly: bool = ..., modelInfo: _Optional[_Union[ModelInfo, _Mapping]] = ..., autoDeleteTargetModel: bool = ..., loadNow: bool = ..., force: bool = ..., sync: bool = ..., expectedTargetModelId: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class DeleteVModelRequest(_message.Message):
     __slots__ = ("vModelId", "owner")

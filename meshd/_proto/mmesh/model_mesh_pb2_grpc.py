@@ -6,7 +6,7 @@ import warnings
 
 from meshd._proto.mmesh import model_mesh_pb2 as mmesh_dot_model__mesh__pb2
 
-GRPC_GENERATED_VERSION = '1.81.1'
+GRPC_GENERATED_VERSION = '1.75.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -19,14 +19,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in mmesh/model_mesh_pb2_grpc.py depends on'
+        + f' but the generated code in mmesh/model_mesh_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class ModelMeshStub:
+class ModelMeshStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -72,7 +72,7 @@ class ModelMeshStub:
                 _registered_method=True)
 
 
-class ModelMeshServicer:
+class ModelMeshServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def registerModel(self, request, context):
@@ -163,7 +163,7 @@ def add_ModelMeshServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class ModelMesh:
+class ModelMesh(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

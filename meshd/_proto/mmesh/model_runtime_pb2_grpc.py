@@ -6,7 +6,7 @@ import warnings
 
 from meshd._proto.mmesh import model_runtime_pb2 as mmesh_dot_model__runtime__pb2
 
-GRPC_GENERATED_VERSION = '1.81.1'
+GRPC_GENERATED_VERSION = '1.75.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -19,14 +19,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in mmesh/model_runtime_pb2_grpc.py depends on'
+        + f' but the generated code in mmesh/model_runtime_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class ModelRuntimeStub:
+class ModelRuntimeStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -62,7 +62,7 @@ class ModelRuntimeStub:
                 _registered_method=True)
 
 
-class ModelRuntimeServicer:
+class ModelRuntimeServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def loadModel(self, request, context):
@@ -131,7 +131,7 @@ def add_ModelRuntimeServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class ModelRuntime:
+class ModelRuntime(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
