@@ -493,7 +493,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"workdir {workdir}; starting etcd, runtime, meshd, bare proxy")
         mesh.start_etcd()
         # Capacity far beyond the one echo model, so nothing is ever evicted.
-        runtime_args = ["--capacity-bytes", str(1 << 30)]
+        # --inject-id: the runtime announces idInjectionPath [1] for ModelInfer, as KServe
+        # adapters do, so meshd's splice (its fast path: the body already names the model) is
+        # on the measured path.
+        runtime_args = ["--capacity-bytes", str(1 << 30), "--inject-id"]
         settings_for_meshd: dict[str, str | int] = {}
         upstream = None
         direct_port = 0

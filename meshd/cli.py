@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     runtime = sub.add_parser("runtime", help="run the reference (demo) runtime", add_help=False)
     runtime.set_defaults(func=None)
+    adapter = sub.add_parser("adapter", help="run the ModelRuntime adapter for Triton or MLServer", add_help=False)
+    adapter.set_defaults(func=None)
     gen = sub.add_parser("gen-models", help="write a set of demo model files", add_help=False)
     gen.set_defaults(func=None)
     return parser
@@ -82,11 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # These two own their flags; pass the rest through untouched.
+    # These own their flags; pass the rest through untouched.
     if argv and argv[0] == "runtime":
         from meshd.runtimes.demo import main as runtime_main
 
         return runtime_main(argv[1:])
+    if argv and argv[0] == "adapter":
+        from meshd.adapter.main import main as adapter_main
+
+        return adapter_main(argv[1:])
     if argv and argv[0] == "gen-models":
         from meshd.runtimes.models import main as gen_main
 

@@ -63,3 +63,15 @@ class RuntimeStatusError(MeshError):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+# How model servers say "no such model": NOT_FOUND, or Triton's UNAVAILABLE "Request for
+# unknown model", MLServer's "Model ... not found" under another code.
+_MISSING_MODEL_WORDS = ("not found", "unknown model", "no such model", "does not exist")
+
+
+def means_model_missing(code: grpc.StatusCode, details: str) -> bool:
+    """Whether a model server's error may mean it does not hold the model (to be confirmed)."""
+    if code == grpc.StatusCode.NOT_FOUND:
+        return True
+    return any(w in details.lower() for w in _MISSING_MODEL_WORDS)

@@ -41,6 +41,7 @@ from meshd.errors import (
     ResourceExhausted,
     RuntimeStatusError,
     Unavailable,
+    means_model_missing,
 )
 from meshd.kv.records import ModelRecord, RecordError, VModelRecord
 from meshd.local import LocalModels, NoRoom
@@ -454,10 +455,11 @@ class Router:
             return response
         except grpc.aio.AioRpcError as e:
             code = e.code()
-            if code == grpc.StatusCode.NOT_FOUND and await self.local.runtime.has_model(model_id) is False:
+            missing = means_model_missing(code, e.details() or "")
+            if missing and await self.local.runtime.has_model(model_id) is False:
                 # Confirmed lost (the runtime restarted): drop the copy and reroute; loading
-                # here again is allowed. Any other NOT_FOUND (an unknown version, say) is the
-                # runtime's own answer and goes to the client, the copy untouched.
+                # here again is allowed. Any other "not found" (an unknown version, say) is
+                # the runtime's own answer and goes to the client, the copy untouched.
                 self.local.lost(model_id, entry)
                 raise Refused(f"the runtime no longer has {model_id!r}", exclude=False) from None
             if code == grpc.StatusCode.UNAVAILABLE:

@@ -1,0 +1,177 @@
+"""`meshd adapter`: the process. Flags (and upstream adapters' environment names), the SPI
+server, the supervisor and the reconcile loop.
+
+    meshd adapter --server mlserver --server-grpc 127.0.0.1:8001 --repository /models/_repo \\
+        --port 8085 [--launch -- mlserver start ...]
+
+meshd then runs with `--runtime-port 8085 --serving-port 8001`: management through the
+adapter, inference straight to the model server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import grpc
+
+from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+from meshd.adapter import sizing
+from meshd.adapter.layout import Layout, MLServerLayout, TritonLayout
+from meshd.adapter.server import Adapter, AdapterConfig, ModelServer
+from meshd.adapter.supervisor import Supervisor, SupervisorConfig
+
+log = logging.getLogger("meshd.adapter")
+
+LAYOUTS: dict[str, type[MLServerLayout] | type[TritonLayout]] = {"mlserver": MLServerLayout, "triton": TritonLayout}
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+def _env_int(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        value = env.get(name)
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise SystemExit(f"meshd adapter: {name} must be an integer (got {value!r})") from None
+    return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="meshd adapter",
+        description="A ModelRuntime (SPI) server for a KServe V2 model server with the repository extension.",
+    )
+    p.add_argument("--server", choices=sorted(LAYOUTS), required=True, help="which model server (repository layout)")
+    p.add_argument("--server-grpc", required=True, metavar="HOST:PORT", help="the model server's gRPC endpoint")
+    p.add_argument("--repository", type=Path, required=True, help="the model server's model repository (owned)")
+    p.add_argument("--model-root", type=Path, help="relative model paths are under this folder")
+    p.add_argument("--host", default="127.0.0.1", help="address of the SPI port")
+    p.add_argument("--port", type=int, help="SPI (mmesh.ModelRuntime) TCP port")
+    p.add_argument("--socket", type=Path, help="SPI unix socket")
+    p.add_argument(
+        "--memory-bytes",
+        type=int,
+        help="model server memory (env MODEL_SERVER_MEM_REQ_BYTES or CONTAINER_MEM_REQ_BYTES; default 1 GiB)",
+    )
+    p.add_argument("--memory-overhead-bytes", type=int, help="what the server needs itself (env MEM_BUFFER_BYTES)")
+    p.add_argument("--default-model-size", type=int, help="size of a model of unknown size (env DEFAULT_MODELSIZE)")
+    p.add_argument("--size-multiplier", type=float, help="loaded size / disk size (env MODELSIZE_MULTIPLIER)")
+    p.add_argument("--loading-concurrency", type=int, help="loads at a time (env LOADING_CONCURRENCY)")
+    p.add_argument("--loading-timeout-ms", type=int, help="load timeout (env LOADTIME_TIMEOUT)")
+    p.add_argument(
+        "--max-concurrency", type=int, help="requests per copy, 0 = unlimited (env LIMIT_PER_MODEL_CONCURRENCY)"
+    )
+    p.add_argument("--reconcile-interval-s", type=float, default=5.0, help="compare with the server's index this often")
+    p.add_argument("--pid-file", type=Path, help="write the launched model server's PID here")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("launch", nargs=argparse.REMAINDER, help="-- COMMAND...: start and supervise the model server")
+    return p
+
+
+def config_from(a: argparse.Namespace, env: Mapping[str, str]) -> AdapterConfig:
+    def pick(flag: int | None, *names: str, default: int) -> int:
+        if flag is not None:
+            return flag
+        value = _env_int(env, *names)
+        return default if value is None else value
+
+    memory = pick(a.memory_bytes, "MODEL_SERVER_MEM_REQ_BYTES", "CONTAINER_MEM_REQ_BYTES", default=1 << 30)
+    overhead = pick(a.memory_overhead_bytes, "MEM_BUFFER_BYTES", default=sizing.DEFAULT_OVERHEAD_BYTES)
+    multiplier = a.size_multiplier
+    if multiplier is None:
+        multiplier = float(env.get("MODELSIZE_MULTIPLIER") or sizing.DEFAULT_MULTIPLIER)
+    if multiplier <= 0:
+        raise SystemExit("meshd adapter: the size multiplier must be > 0")
+    return AdapterConfig(
+        repository=a.repository,
+        model_root=a.model_root,
+        capacity_bytes=sizing.capacity(memory, overhead),
+        default_model_size=pick(a.default_model_size, "DEFAULT_MODELSIZE", default=1 << 20),
+        size_multiplier=multiplier,
+        max_loading_concurrency=max(1, pick(a.loading_concurrency, "LOADING_CONCURRENCY", default=1)),
+        loading_timeout_ms=pick(a.loading_timeout_ms, "LOADTIME_TIMEOUT", default=90_000),
+        max_concurrency=max(0, pick(a.max_concurrency, "LIMIT_PER_MODEL_CONCURRENCY", default=0)),
+        version=f"meshd-adapter/{a.server}",
+    )
+
+
+async def serve(a: argparse.Namespace, config: AdapterConfig) -> int:
+    config.repository.mkdir(parents=True, exist_ok=True)
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]
+    channel = grpc.aio.insecure_channel(a.server_grpc, options=options)
+    model_layout: Layout = LAYOUTS[a.server]()
+    adapter = Adapter(config, model_layout, ModelServer(channel))
+    command = [c for c in a.launch if c != "--"] or None
+    supervisor = Supervisor(
+        adapter.server.ready, adapter.restore, command, dict(os.environ), SupervisorConfig(), a.pid_file
+    )
+    adapter.supervisor = supervisor
+
+    server = grpc.aio.server(options=options)
+    rt_grpc.add_ModelRuntimeServicer_to_server(adapter, server)
+    bound = []
+    if a.port is not None:
+        port = server.add_insecure_port(f"{a.host}:{a.port}")
+        bound.append(f"{a.host}:{port}")
+    if a.socket is not None:
+        server.add_insecure_port(f"unix:{a.socket}")
+        bound.append(f"unix:{a.socket}")
+    await server.start()
+    tasks = [asyncio.create_task(supervisor.run()), asyncio.create_task(_reconcile_loop(adapter, a))]
+    print(f"meshd adapter ({a.server}) ready on {' '.join(bound)}; model server {a.server_grpc}", flush=True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(grace=2.0)
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+    await channel.close()
+    return 0
+
+
+async def _reconcile_loop(adapter: Adapter, a: argparse.Namespace) -> None:
+    while True:
+        await asyncio.sleep(a.reconcile_interval_s)
+        try:
+            await adapter.reconcile()
+        except grpc.aio.AioRpcError as e:
+            log.debug("reconcile skipped: %s", e.details())
+        except Exception:
+            log.exception("reconcile failed")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.port is None and a.socket is None:
+        print("meshd adapter: give --port and/or --socket for the SPI endpoint", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = config_from(a, os.environ)
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(a, config))
+    code: int = uvloop.run(serve(a, config))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

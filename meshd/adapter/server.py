@@ -1,0 +1,300 @@
+"""The adapter's ModelRuntime (SPI) servicer: meshd's loads become repository loads.
+
+`loadModel` lays the model out in the server's repository and asks the server to load it
+(`RepositoryModelLoad`); `unloadModel` asks it to unload and removes the folder; sizes come
+from `sizing`; `runtimeStatus` purges the server and reports what meshd needs, including
+`methodInfos` with `idInjectionPath [1]` for the KServe methods that name the model in
+field 1 (the servers route by the body's model name).
+
+The adapter remembers what it loaded. `modelSize` answers only for models the server really
+holds now, so meshd's check after a "model not found" drops exactly the lost copies. When
+the server comes back after a crash (a new supervisor generation) or is found to have lost
+models (periodic reconcile), the adapter loads them again; those it cannot are forgotten.
+While the server is down, SPI calls wait for it up to their deadline, then fail UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from meshd._proto.inference import grpc_predict_v2_pb2 as v2
+from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
+from meshd._proto.mmesh import model_runtime_pb2 as rt
+from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+from meshd.adapter import layout, sizing
+from meshd.adapter.layout import Layout, LayoutError, ModelSource
+from meshd.adapter.supervisor import Supervisor
+from meshd.errors import means_model_missing
+
+log = logging.getLogger(__name__)
+
+INFERENCE = "inference.GRPCInferenceService"
+# KServe methods whose request names the model in field 1 (ModelInferRequest.model_name,
+# ModelMetadataRequest.name, ...): meshd writes the concrete id there.
+INJECTED_METHODS = ("ModelInfer", "ModelMetadata", "ModelReady", "ModelStreamInfer", "ModelConfig")
+SERVER_CALL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterConfig:
+    repository: Path
+    model_root: Path | None = None  # relative model paths are under it
+    capacity_bytes: int = 1 << 30
+    default_model_size: int = 1 << 20
+    size_multiplier: float = sizing.DEFAULT_MULTIPLIER
+    max_loading_concurrency: int = 1
+    loading_timeout_ms: int = 90_000
+    max_concurrency: int = 0  # per copy; > 0 turns on limitModelConcurrency
+    version: str = "meshd-adapter"
+
+
+@dataclass
+class Loaded:
+    size_bytes: int
+    directory: Path
+
+
+@dataclass
+class AdapterState:
+    loaded: dict[str, Loaded] = field(default_factory=dict)
+    restoring: set[str] = field(default_factory=set)
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, model_id: str) -> asyncio.Lock:
+        lock = self.locks.get(model_id)
+        if lock is None:
+            lock = self.locks[model_id] = asyncio.Lock()
+        return lock
+
+
+class Failure(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class ModelServer:
+    """The model server's KServe V2 gRPC API (health and the repository extension)."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.stub = v2_grpc.GRPCInferenceServiceStub(channel)
+
+    async def ready(self) -> bool:
+        resp = await self.stub.ServerReady(v2.ServerReadyRequest(), timeout=2.0)
+        return bool(resp.ready)
+
+    async def load(self, name: str, timeout_s: float) -> None:
+        await self.stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name=name), timeout=timeout_s)
+
+    async def unload(self, name: str) -> None:
+        await self.stub.RepositoryModelUnload(
+            v2.RepositoryModelUnloadRequest(model_name=name), timeout=SERVER_CALL_TIMEOUT_S
+        )
+
+    async def loaded_names(self) -> set[str]:
+        resp = await self.stub.RepositoryIndex(v2.RepositoryIndexRequest(ready=True), timeout=SERVER_CALL_TIMEOUT_S)
+        return {m.name for m in resp.models if m.state.upper() in ("READY", "AVAILABLE", "")}
+
+
+T = TypeVar("T")
+
+
+class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
+    def __init__(self, config: AdapterConfig, model_layout: Layout, server: ModelServer) -> None:
+        self.config = config
+        self.layout = model_layout
+        self.server = server
+        self.state = AdapterState()
+        self.supervisor: Supervisor | None = None
+
+    # ---- plumbing --------------------------------------------------------------------
+    async def _server_up(self, context: Any) -> None:
+        if self.supervisor is None:
+            return
+        remaining = context.time_remaining()
+        if not await self.supervisor.wait_up(min(remaining, 60.0) if remaining else 60.0):
+            raise Failure(grpc.StatusCode.UNAVAILABLE, f"the {self.layout.server} model server is not up")
+
+    async def _answer(self, context: Any, work: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await work()
+        except Failure as e:
+            await context.abort(e.code, e.details)
+            raise AssertionError("context.abort returned") from e
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            details = f"{self.layout.server}: {e.details()}"
+            await context.abort(code, details)
+            raise AssertionError("context.abort returned") from e
+
+    def _source(self, request: Any) -> ModelSource:
+        key = _key(request.modelKey)
+        path = Path(request.modelPath)
+        if not path.is_absolute() and self.config.model_root is not None:
+            path = self.config.model_root / path
+        return ModelSource(request.modelId, layout.model_type_of(request.modelType, key), path, key)
+
+    def _size(self, request: Any, source: ModelSource) -> int:
+        disk = sizing.disk_usage(source.path) if source.path.exists() else None
+        return sizing.model_size(request.modelKey, disk, self.config.size_multiplier, self.config.default_model_size)
+
+    # ---- the SPI ---------------------------------------------------------------------
+    async def loadModel(self, request: rt.LoadModelRequest, context: Any) -> rt.LoadModelResponse:
+        async def work() -> rt.LoadModelResponse:
+            if not request.modelId:
+                raise Failure(grpc.StatusCode.INVALID_ARGUMENT, "modelId is empty")
+            await self._server_up(context)
+            async with self.state.lock(request.modelId):
+                known = self.state.loaded.get(request.modelId)
+                if known is not None and request.modelId not in self.state.restoring:
+                    return rt.LoadModelResponse(
+                        sizeInBytes=known.size_bytes, maxConcurrency=self.config.max_concurrency
+                    )
+                source = self._source(request)
+                try:
+                    directory = await asyncio.to_thread(layout.install, self.layout, self.config.repository, source)
+                except (LayoutError, OSError) as e:
+                    raise Failure(
+                        grpc.StatusCode.FAILED_PRECONDITION, f"cannot prepare {request.modelId!r}: {e}"
+                    ) from None
+                timeout = context.time_remaining() or self.config.loading_timeout_ms / 1000
+                try:
+                    await self.server.load(request.modelId, timeout)
+                except BaseException:
+                    await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, request.modelId)
+                    raise
+                size = await asyncio.to_thread(self._size, request, source)
+                self.state.loaded[request.modelId] = Loaded(size, directory)
+                self.state.restoring.discard(request.modelId)
+                log.info("loaded %s (%d bytes) from %s", request.modelId, size, source.path)
+                return self._loaded_response(size)
+
+        return await self._answer(context, work)
+
+    def _loaded_response(self, size: int) -> rt.LoadModelResponse:
+        return rt.LoadModelResponse(sizeInBytes=size, maxConcurrency=self.config.max_concurrency)
+
+    async def unloadModel(self, request: rt.UnloadModelRequest, context: Any) -> rt.UnloadModelResponse:
+        async def work() -> rt.UnloadModelResponse:
+            await self._server_up(context)
+            async with self.state.lock(request.modelId):
+                await self._unload(request.modelId)
+                return rt.UnloadModelResponse()
+
+        return await self._answer(context, work)
+
+    async def _unload(self, model_id: str) -> None:
+        try:
+            await self.server.unload(model_id)
+        except grpc.aio.AioRpcError as e:
+            if not means_model_missing(e.code(), e.details() or ""):
+                raise  # the folder stays, so a retry can still unload it
+        self.state.loaded.pop(model_id, None)
+        self.state.restoring.discard(model_id)
+        await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, model_id)
+        log.info("unloaded %s", model_id)
+
+    async def predictModelSize(self, request: rt.PredictModelSizeRequest, context: Any) -> rt.PredictModelSizeResponse:
+        async def work() -> rt.PredictModelSizeResponse:
+            source = self._source(request)
+            return rt.PredictModelSizeResponse(sizeInBytes=await asyncio.to_thread(self._size, request, source))
+
+        return await self._answer(context, work)
+
+    async def modelSize(self, request: rt.ModelSizeRequest, context: Any) -> rt.ModelSizeResponse:
+        async def work() -> rt.ModelSizeResponse:
+            known = self.state.loaded.get(request.modelId)
+            up = self.supervisor is None or self.supervisor.up
+            if known is None or request.modelId in self.state.restoring or not up:
+                raise Failure(grpc.StatusCode.NOT_FOUND, f"model {request.modelId} is not loaded")
+            return rt.ModelSizeResponse(sizeInBytes=known.size_bytes)
+
+        return await self._answer(context, work)
+
+    async def runtimeStatus(self, request: rt.RuntimeStatusRequest, context: Any) -> rt.RuntimeStatusResponse:
+        async def work() -> rt.RuntimeStatusResponse:
+            cfg = self.config
+            resp = rt.RuntimeStatusResponse(
+                status=rt.RuntimeStatusResponse.STARTING,
+                capacityInBytes=cfg.capacity_bytes,
+                maxLoadingConcurrency=cfg.max_loading_concurrency,
+                modelLoadingTimeoutMs=cfg.loading_timeout_ms,
+                defaultModelSizeInBytes=cfg.default_model_size,
+                runtimeVersion=cfg.version,
+                limitModelConcurrency=cfg.max_concurrency > 0,
+            )
+            if self.supervisor is not None and not self.supervisor.up:
+                return resp
+            try:
+                if not await self.server.ready():
+                    return resp
+            except grpc.aio.AioRpcError:
+                return resp
+            await self.purge()  # SPI: the runtime holds nothing when it first answers READY
+            resp.status = rt.RuntimeStatusResponse.READY
+            for method in INJECTED_METHODS:
+                resp.methodInfos[f"{INFERENCE}/{method}"].idInjectionPath.append(1)
+            return resp
+
+        return await self._answer(context, work)
+
+    # ---- keeping the server and our records in step ---------------------------------------
+    async def purge(self) -> None:
+        for name in await self.server.loaded_names():
+            try:
+                await self.server.unload(name)
+            except grpc.aio.AioRpcError as e:
+                if not means_model_missing(e.code(), e.details() or ""):
+                    raise
+        self.state.loaded.clear()
+        self.state.restoring.clear()
+        await asyncio.to_thread(layout.clear, self.config.repository)
+        log.info("purged the %s model server", self.layout.server)
+
+    async def restore(self, only: set[str] | None = None) -> None:
+        """Load again what the server lost (all after a restart, or `only` those)."""
+        lost = set(self.state.loaded) if only is None else only & set(self.state.loaded)
+        self.state.restoring |= lost
+        for model_id in sorted(lost):
+            async with self.state.lock(model_id):
+                if model_id not in self.state.restoring:
+                    continue  # unloaded or loaded again meanwhile
+                try:
+                    await self.server.load(model_id, self.config.loading_timeout_ms / 1000)
+                    self.state.restoring.discard(model_id)
+                    log.info("restored %s after the model server lost it", model_id)
+                except grpc.aio.AioRpcError as e:
+                    log.warning("cannot restore %s (%s); forgetting it", model_id, e.details())
+                    self.state.loaded.pop(model_id, None)
+                    self.state.restoring.discard(model_id)
+                    await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, model_id)
+
+    async def reconcile(self) -> None:
+        """Find models the server no longer holds (a restart between health checks) and
+        restore them."""
+        if self.supervisor is not None and not self.supervisor.up:
+            return
+        held = await self.server.loaded_names()
+        lost = {m for m in self.state.loaded if m not in held and m not in self.state.restoring}
+        if lost:
+            log.warning("the model server lost %s; loading them again", sorted(lost))
+            await self.restore(lost)
+
+
+def _key(model_key: str) -> dict[str, Any]:
+    if not model_key:
+        return {}
+    try:
+        data = json.loads(model_key)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,52 @@
+"""Model and capacity sizes for the adapter (pure), upstream's adapters' rules.
+
+A model's size is what the user declared (`{"meshd": {"size_bytes": N}}` in the model key),
+else its size on disk (upstream's `disk_size_bytes` in the key, else measured) times a
+multiplier (upstream `MODELSIZE_MULTIPLIER`, 1.25): loaded models take more memory than their
+files. Capacity is the model server's memory (upstream `CONTAINER_MEM_REQ_BYTES`) minus what
+the server itself needs (upstream `MEM_BUFFER_BYTES`, 256 MiB).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from meshd.placement.modelkey import policy_from_key
+
+DEFAULT_MULTIPLIER = 1.25
+DEFAULT_OVERHEAD_BYTES = 256 << 20
+MIN_CAPACITY_BYTES = 16 << 20
+
+
+def model_size(key: str, disk_bytes: int | None, multiplier: float, default_bytes: int) -> int:
+    """Bytes a loaded model is taken to use. `disk_bytes`: measured, None if unknown."""
+    try:
+        policy = policy_from_key(key)
+    except ValueError:
+        policy = None  # validated by meshd at registration; other writers may differ
+    if policy is not None and policy.declared_size_bytes is not None:
+        return policy.declared_size_bytes
+    on_disk = policy.disk_size_bytes if policy is not None and policy.disk_size_bytes else disk_bytes
+    if not on_disk:
+        return default_bytes
+    return max(1, int(on_disk * multiplier))
+
+
+def capacity(memory_bytes: int, overhead_bytes: int) -> int:
+    """What models may use: the server's memory minus its own needs (never below a floor)."""
+    return max(MIN_CAPACITY_BYTES, memory_bytes - overhead_bytes)
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes under `path` (a file or a directory tree), following no symlinked directories."""
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += (Path(root) / name).stat().st_size
+            except OSError:
+                continue  # a dangling link: contributes nothing
+    return total
