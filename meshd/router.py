@@ -44,7 +44,7 @@ from meshd.errors import (
     means_model_missing,
 )
 from meshd.kv.records import ModelRecord, RecordError, VModelRecord
-from meshd.local import LocalModels, NoRoom
+from meshd.local import LocalModels
 from meshd.peers import PeerChannel, Peers
 from meshd.placement.constraints import TypeConstraints
 from meshd.placement.rank import LoadRequest, choose_load_target, may_load_as_last_resort
@@ -413,7 +413,7 @@ class Router:
         in flight, and the unload waits for them."""
         try:
             return await self.local.ensure(model_id, record)
-        except (LoadFailed, NoRoom) as e:
+        except (LoadFailed, Unavailable) as e:  # incl. NoRoom, and a runtime down for now
             raise Refused(e.message) from None
 
     async def _enter(self, entry: CacheEntry) -> float:
@@ -577,7 +577,7 @@ class Router:
                 return await self.local.ensure(model_id, record)  # served even if evicted since
             except LoadFailed as e:
                 raise PeerRefusal(LOAD_FAILED, e.message) from None
-            except NoRoom as e:
+            except Unavailable as e:  # no room, or the runtime down for now
                 raise PeerRefusal(NOT_HERE, e.message) from None
         entry = self.local.cache.get(model_id)
         pending = self.local.pending(model_id)

@@ -38,9 +38,15 @@ log = logging.getLogger(__name__)
 
 INFERENCE = "inference.GRPCInferenceService"
 # KServe methods whose request names the model in field 1 (ModelInferRequest.model_name,
-# ModelMetadataRequest.name, ...): meshd writes the concrete id there.
-INJECTED_METHODS = ("ModelInfer", "ModelMetadata", "ModelReady", "ModelStreamInfer", "ModelConfig")
+# ModelMetadataRequest.name, ...): meshd writes the concrete id there. MLServer has no
+# ModelConfig, and its ModelStreamInfer answers ModelInferResponse messages where Triton's
+# (and KServe clients') answer ModelStreamInferResponse, so it is not announced for MLServer.
+INJECTED_METHODS = {
+    "triton": ("ModelInfer", "ModelMetadata", "ModelReady", "ModelStreamInfer", "ModelConfig"),
+    "mlserver": ("ModelInfer", "ModelMetadata", "ModelReady"),
+}
 SERVER_CALL_TIMEOUT_S = 10.0
+RETRY_PAUSE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +108,8 @@ class ModelServer:
 
     async def loaded_names(self) -> set[str]:
         resp = await self.stub.RepositoryIndex(v2.RepositoryIndexRequest(ready=True), timeout=SERVER_CALL_TIMEOUT_S)
-        return {m.name for m in resp.models if m.state.upper() in ("READY", "AVAILABLE", "")}
+        # Triton says "READY"; MLServer "State.READY" (and "State.UNAVAILABLE" when not loaded).
+        return {m.name for m in resp.models if m.state.upper().removeprefix("STATE.") in ("READY", "")}
 
 
 T = TypeVar("T")
@@ -168,7 +175,7 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                     ) from None
                 timeout = context.time_remaining() or self.config.loading_timeout_ms / 1000
                 try:
-                    await self.server.load(request.modelId, timeout)
+                    await self._load_when_up(request.modelId, timeout)
                 except BaseException:
                     await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, request.modelId)
                     raise
@@ -179,6 +186,24 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                 return self._loaded_response(size)
 
         return await self._answer(context, work)
+
+    async def _load_when_up(self, model_id: str, timeout_s: float) -> None:
+        """Ask the server to load; if it is down (crashed mid-load), wait for the supervisor
+        to bring it back and ask again, within the load's time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                await self.server.load(model_id, max(0.1, deadline - loop.time()))
+                return
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or self.supervisor is None:
+                    raise
+                await asyncio.sleep(RETRY_PAUSE_S)  # let the supervisor notice the outage
+                remaining = deadline - loop.time()
+                if remaining <= 0 or not await self.supervisor.wait_up(remaining):
+                    raise
+                log.info("the model server was unavailable while loading %s; asking again", model_id)
 
     def _loaded_response(self, size: int) -> rt.LoadModelResponse:
         return rt.LoadModelResponse(sizeInBytes=size, maxConcurrency=self.config.max_concurrency)
@@ -241,7 +266,7 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                 return resp
             await self.purge()  # SPI: the runtime holds nothing when it first answers READY
             resp.status = rt.RuntimeStatusResponse.READY
-            for method in INJECTED_METHODS:
+            for method in INJECTED_METHODS[self.layout.server]:
                 resp.methodInfos[f"{INFERENCE}/{method}"].idInjectionPath.append(1)
             return resp
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import grpc
 
-from meshd.errors import LoadFailed
+from meshd.errors import LoadFailed, Unavailable
 from meshd.runtime.client import LoadedModel, RuntimeClient, RuntimeInfo
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,10 @@ class LoadQueue:
             self.after_failure(model_id)
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise LoadFailed(f"load of {model_id} timed out after {time.monotonic() - started:.1f}s") from None
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                # The runtime (or the server behind an adapter) is down, not the model at
+                # fault: not recorded as the model's failure, so it loads once it is back.
+                raise Unavailable(f"the runtime could not load {model_id} now: {e.details()}") from None
             raise LoadFailed(f"runtime failed to load {model_id}: {e.code().name}: {e.details()}") from None
         except BaseException:
             self.after_failure(model_id)  # cancelled: the runtime may hold a half-loaded model

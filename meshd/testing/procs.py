@@ -38,7 +38,14 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str, interval_
 class Child:
     """One child process with its output in a log file; `stop()` is idempotent."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_dir / f"{name}.log"
@@ -47,7 +54,7 @@ class Child:
         full_env = {**os.environ, **(env or {})}
         self.teardown_signal = signal.SIGTERM  # what `Children.stop_all` sends
         self.proc = subprocess.Popen(
-            self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True, cwd=cwd
         )
         self.pid = self.proc.pid
 
@@ -89,8 +96,10 @@ class Children:
         self.log_dir = log_dir
         self.items: list[Child] = []
 
-    def start(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Child:
-        child = Child(name, argv, self.log_dir, env)
+    def start(
+        self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> Child:
+        child = Child(name, argv, self.log_dir, env, cwd)
         self.items.append(child)
         return child
 
