@@ -16,6 +16,7 @@ import grpc
 
 from meshd._proto.meshd import peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2_grpc
+from meshd.api.health import EXTERNAL_SERVICES, INTERNAL_SERVICES, Health
 from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.peer import PeerServicer
 from meshd.cache import State, to_units
@@ -74,6 +75,7 @@ class Instance:
     runtime: RuntimeClient | None = None
     local: LocalModels | None = None
     servers: list[grpc.aio.Server] = field(default_factory=list)
+    health: list[Health] = field(default_factory=list)
     serving_channel: grpc.aio.Channel | None = None
     peers: Peers | None = None
     vmodels: VModels | None = None
@@ -196,15 +198,19 @@ class Instance:
         timeout_s = cfg.request_timeout_ms / 1000 if cfg.request_timeout_ms else None
         external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s)])
         self.grpc_port = external.add_insecure_port(f"0.0.0.0:{cfg.grpc_port}")
+        self.health.append(Health(external, EXTERNAL_SERVICES))
 
         internal = grpc.aio.server(options=channel_options(cfg.max_msg_size))
         self.peer_servicer = PeerServicer(cfg.instance_id, self.local, registry)
         peer_pb2_grpc.add_MeshPeerServicer_to_server(self.peer_servicer, internal)
         internal.add_generic_rpc_handlers([PeerInferenceHandler(router, methods)])
         self.peer_port = internal.add_insecure_port(f"0.0.0.0:{cfg.peer_port}")
+        self.health.append(Health(internal, INTERNAL_SERVICES))
         for server in (external, internal):
             await server.start()
             self.servers.append(server)
+        for h in self.health:
+            await h.set_serving(True)
         await self.publisher.start()  # last: peers see the instance only once it serves
         self.election = Election(
             self.store,
@@ -384,6 +390,8 @@ class Instance:
         """Stop; with `drain` (SIGTERM) hand held models to other instances first."""
         grace = self.config.shutdown_timeout_ms / 1000
         self.shutting_down = True
+        for h in self.health:
+            await h.set_serving(False)  # probes and balancers stop sending new work now
         for task in self.background:
             task.cancel()
         await asyncio.gather(*self.background, return_exceptions=True)
