@@ -65,13 +65,17 @@ class RuntimeStatusError(MeshError):
         self.code = code
 
 
-# How model servers say "no such model": NOT_FOUND, or Triton's UNAVAILABLE "Request for
-# unknown model", MLServer's "Model ... not found" under another code.
-_MISSING_MODEL_WORDS = ("not found", "unknown model", "no such model", "does not exist")
-
-
+# How model servers say "no such model": NOT_FOUND (MLServer >= 1.x, the reference runtime),
+# Triton's UNAVAILABLE "Request for unknown model", older MLServers' INVALID_ARGUMENT
+# "Model ... not found". Code and phrase together, so a transport error ("Domain name not
+# found") is never read as a missing model.
 def means_model_missing(code: grpc.StatusCode, details: str) -> bool:
     """Whether a model server's error may mean it does not hold the model (to be confirmed)."""
+    text = details.lower()
     if code == grpc.StatusCode.NOT_FOUND:
         return True
-    return any(w in details.lower() for w in _MISSING_MODEL_WORDS)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return "unknown model" in text
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return text.startswith("model ") and "not found" in text
+    return False

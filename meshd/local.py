@@ -158,6 +158,9 @@ class LocalModels:
             log.warning("runtime lost %s; dropping the copy", model_id)
             self._remove(model_id)
             self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
+            # Unload anyway (NOT_FOUND counts as done): a runtime that was about to bring the
+            # copy back (an adapter restoring after a crash) must not keep one nobody counts.
+            self._unload_later(model_id)
             self.on_change()
 
     def shed(self, model_id: str) -> bool:

@@ -12,7 +12,8 @@ the model's files (symlinked, never copied or modified) plus what the server nee
   file under the backend's default name, unless the model already has version folders.
 
 A folder is built under a temporary name and renamed into place, so the server never sees
-half of one.
+half of one. Each folder the adapter makes carries a marker file, and only marked folders are
+ever removed: the repository may hold other things, and model files are never deleted.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 MLSERVER_SETTINGS = "model-settings.json"
+MARKER = ".meshd-adapter"  # in every folder the adapter makes, and only those
 TRITON_CONFIG = "config.pbtxt"
 
 # Model type (lower case) -> MLServer runtime class, as modelmesh-serving's runtimes name them.
@@ -186,15 +189,30 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def overlap_problem(repository: Path, model_root: Path | None) -> str | None:
+    """Why the repository and the model root cannot be used together (None: they can)."""
+    if model_root is None:
+        return None
+    repo, root = repository.resolve(), model_root.resolve()
+    if repo == root or repo in root.parents or root in repo.parents:
+        return f"the repository {repository} and the model root {model_root} must not contain each other"
+    return None
+
+
 def install(layout: Layout, repository: Path, source: ModelSource) -> Path:
     """Build the model's folder in the repository (replacing a stale one); its path."""
     if not source.path.exists():
         raise LayoutError(f"model path {str(source.path)!r} does not exist")
+    resolved, repo = source.path.resolve(), repository.resolve()
+    if resolved == repo or repo in resolved.parents:
+        raise LayoutError(f"model path {str(source.path)!r} is inside the model server's repository")
     final = repository / layout.directory_name(source.model_id)
-    staging = repository / f".staging-{final.name}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    if (final.exists() or final.is_symlink()) and not _ours(final):
+        raise LayoutError(f"{final} exists and was not made by the adapter; not replacing it")
+    staging = repository / f".staging-{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
     staging.mkdir(parents=True)
     try:
+        (staging / MARKER).write_text("made by meshd adapter; removed with the model\n")
         layout.build(source, staging)
         if final.exists() or final.is_symlink():
             _remove_path(final)
@@ -211,14 +229,21 @@ def uninstall(layout: Layout, repository: Path, model_id: str) -> None:
         name = layout.directory_name(model_id)
     except LayoutError:
         return  # never installed
-    _remove_path(repository / name)
+    if _ours(repository / name):
+        _remove_path(repository / name)
 
 
 def clear(repository: Path) -> None:
-    """Empty the repository (the adapter owns it): the model server restarts clean."""
+    """Remove every model folder the adapter made (and unfinished ones): the server then
+    starts clean. Anything else in the repository is left alone."""
     repository.mkdir(parents=True, exist_ok=True)
     for entry in repository.iterdir():
-        _remove_path(entry)
+        if _ours(entry) or (entry.name.startswith(".staging-") and entry.is_dir()):
+            _remove_path(entry)
+
+
+def _ours(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and (path / MARKER).is_file()
 
 
 def _remove_path(path: Path) -> None:

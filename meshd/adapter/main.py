@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
-from meshd.adapter import sizing
+from meshd.adapter import layout, sizing
 from meshd.adapter.layout import Layout, MLServerLayout, TritonLayout
 from meshd.adapter.server import Adapter, AdapterConfig, ModelServer
 from meshd.adapter.supervisor import Supervisor, SupervisorConfig
@@ -113,9 +113,19 @@ async def serve(a: argparse.Namespace, config: AdapterConfig) -> int:
     channel = grpc.aio.insecure_channel(a.server_grpc, options=options)
     model_layout: Layout = LAYOUTS[a.server]()
     adapter = Adapter(config, model_layout, ModelServer(channel))
-    command = [c for c in a.launch if c != "--"] or None
+    command = list(a.launch[1:] if a.launch[:1] == ["--"] else a.launch) or None
+    env = dict(os.environ)
+    if a.server == "mlserver":
+        env["MLSERVER_LOAD_MODELS_AT_STARTUP"] = "false"  # meshd decides what loads, not the folder
+    await asyncio.to_thread(layout.clear, config.repository)  # nothing left from an earlier run
     supervisor = Supervisor(
-        adapter.server.ready, adapter.restore, command, dict(os.environ), SupervisorConfig(), a.pid_file
+        adapter.server.live,
+        adapter.restore,
+        command,
+        env,
+        SupervisorConfig(),
+        a.pid_file,
+        ready=adapter.server.ready,
     )
     adapter.supervisor = supervisor
 
@@ -165,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = config_from(a, os.environ)
+    problem = layout.overlap_problem(config.repository, config.model_root)
+    if problem:
+        print(f"meshd adapter: {problem}", file=sys.stderr)
+        return 2
     try:
         import uvloop
     except ImportError:

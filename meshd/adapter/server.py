@@ -16,6 +16,7 @@ While the server is down, SPI calls wait for it up to their deadline, then fail 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -98,6 +99,11 @@ class ModelServer:
         resp = await self.stub.ServerReady(v2.ServerReadyRequest(), timeout=2.0)
         return bool(resp.ready)
 
+    async def live(self) -> bool:
+        # Liveness, not readiness: servers report not-ready while any model loads.
+        resp = await self.stub.ServerLive(v2.ServerLiveRequest(), timeout=2.0)
+        return bool(resp.live)
+
     async def load(self, name: str, timeout_s: float) -> None:
         await self.stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name=name), timeout=timeout_s)
 
@@ -110,6 +116,11 @@ class ModelServer:
         resp = await self.stub.RepositoryIndex(v2.RepositoryIndexRequest(ready=True), timeout=SERVER_CALL_TIMEOUT_S)
         # Triton says "READY"; MLServer "State.READY" (and "State.UNAVAILABLE" when not loaded).
         return {m.name for m in resp.models if m.state.upper().removeprefix("STATE.") in ("READY", "")}
+
+    async def known_names(self) -> set[str]:
+        """Every model the server lists, in any state (a load cut short may leave one half-made)."""
+        resp = await self.stub.RepositoryIndex(v2.RepositoryIndexRequest(ready=False), timeout=SERVER_CALL_TIMEOUT_S)
+        return {m.name for m in resp.models}
 
 
 T = TypeVar("T")
@@ -142,9 +153,14 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
             details = f"{self.layout.server}: {e.details()}"
             await context.abort(code, details)
             raise AssertionError("context.abort returned") from e
+        except (OSError, ValueError) as e:  # the file system, or a path no file can have
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"adapter: {e}")
+            raise AssertionError("context.abort returned") from e
 
     def _source(self, request: Any) -> ModelSource:
         key = _key(request.modelKey)
+        if not request.modelPath or "\0" in request.modelPath:
+            raise Failure(grpc.StatusCode.INVALID_ARGUMENT, f"model {request.modelId!r}: modelPath is empty or invalid")
         path = Path(request.modelPath)
         if not path.is_absolute() and self.config.model_root is not None:
             path = self.config.model_root / path
@@ -177,7 +193,9 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                 try:
                     await self._load_when_up(request.modelId, timeout)
                 except BaseException:
-                    await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, request.modelId)
+                    # A load cut short (deadline, cancel, crash) may leave the model half-made
+                    # in the server, which then reports itself not ready: unload it too.
+                    await asyncio.shield(self._discard(request.modelId))
                     raise
                 size = await asyncio.to_thread(self._size, request, source)
                 self.state.loaded[request.modelId] = Loaded(size, directory)
@@ -187,11 +205,20 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
 
         return await self._answer(context, work)
 
+    async def _discard(self, model_id: str) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.server.unload(model_id)
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, model_id)
+
     async def _load_when_up(self, model_id: str, timeout_s: float) -> None:
-        """Ask the server to load; if it is down (crashed mid-load), wait for the supervisor
-        to bring it back and ask again, within the load's time."""
+        """Ask the server to load. If it goes down (killed just before, or while loading),
+        wait for the supervisor to bring it back and ask once more, within the load's time.
+        Down a second time while loading this model: the model may be what brings it down, so
+        that is the model's failure (meshd records it) and the server is not crashed again."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        retried = False
         while True:
             try:
                 await self.server.load(model_id, max(0.1, deadline - loop.time()))
@@ -199,20 +226,32 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE or self.supervisor is None:
                     raise
+                if retried:
+                    raise Failure(
+                        grpc.StatusCode.INTERNAL,
+                        f"the {self.layout.server} model server went down twice while loading {model_id} "
+                        f"({e.details()}); not retried, in case the model brings it down",
+                    ) from None
+                retried = True
                 await asyncio.sleep(RETRY_PAUSE_S)  # let the supervisor notice the outage
                 remaining = deadline - loop.time()
                 if remaining <= 0 or not await self.supervisor.wait_up(remaining):
                     raise
-                log.info("the model server was unavailable while loading %s; asking again", model_id)
+                log.info("the model server went down while loading %s; asking again", model_id)
 
     def _loaded_response(self, size: int) -> rt.LoadModelResponse:
         return rt.LoadModelResponse(sizeInBytes=size, maxConcurrency=self.config.max_concurrency)
 
     async def unloadModel(self, request: rt.UnloadModelRequest, context: Any) -> rt.UnloadModelResponse:
         async def work() -> rt.UnloadModelResponse:
-            await self._server_up(context)
             async with self.state.lock(request.modelId):
-                await self._unload(request.modelId)
+                if self.supervisor is not None and not self.supervisor.up:
+                    # A server that is down holds nothing once back: forget the model now,
+                    # so no restore loads what meshd has let go of.
+                    self._forget(request.modelId)
+                    await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, request.modelId)
+                else:
+                    await self._unload(request.modelId)
                 return rt.UnloadModelResponse()
 
         return await self._answer(context, work)
@@ -223,10 +262,13 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         except grpc.aio.AioRpcError as e:
             if not means_model_missing(e.code(), e.details() or ""):
                 raise  # the folder stays, so a retry can still unload it
-        self.state.loaded.pop(model_id, None)
-        self.state.restoring.discard(model_id)
+        self._forget(model_id)
         await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, model_id)
         log.info("unloaded %s", model_id)
+
+    def _forget(self, model_id: str) -> None:
+        self.state.loaded.pop(model_id, None)
+        self.state.restoring.discard(model_id)
 
     async def predictModelSize(self, request: rt.PredictModelSizeRequest, context: Any) -> rt.PredictModelSizeResponse:
         async def work() -> rt.PredictModelSizeResponse:
@@ -240,6 +282,9 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
             known = self.state.loaded.get(request.modelId)
             up = self.supervisor is None or self.supervisor.up
             if known is None or request.modelId in self.state.restoring or not up:
+                # meshd drops its copy on this answer (without an unload): stop restoring it,
+                # or the server would hold a model nobody counts.
+                self._forget(request.modelId)
                 raise Failure(grpc.StatusCode.NOT_FOUND, f"model {request.modelId} is not loaded")
             return rt.ModelSizeResponse(sizeInBytes=known.size_bytes)
 
@@ -274,7 +319,7 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
 
     # ---- keeping the server and our records in step ---------------------------------------
     async def purge(self) -> None:
-        for name in await self.server.loaded_names():
+        for name in await self.server.known_names() | set(self.state.loaded):
             try:
                 await self.server.unload(name)
             except grpc.aio.AioRpcError as e:
@@ -292,21 +337,26 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         for model_id in sorted(lost):
             async with self.state.lock(model_id):
                 if model_id not in self.state.restoring:
-                    continue  # unloaded or loaded again meanwhile
+                    continue  # unloaded, forgotten or loaded again meanwhile
                 try:
                     await self.server.load(model_id, self.config.loading_timeout_ms / 1000)
+                except grpc.aio.AioRpcError as e:
+                    if e.code() == grpc.StatusCode.UNAVAILABLE:
+                        return  # down again: the next generation restores what is left
+                    log.warning("cannot restore %s (%s); forgetting it", model_id, e.details())
+                    self._forget(model_id)
+                    await self._discard(model_id)
+                    continue
+                if model_id in self.state.restoring:
                     self.state.restoring.discard(model_id)
                     log.info("restored %s after the model server lost it", model_id)
-                except grpc.aio.AioRpcError as e:
-                    log.warning("cannot restore %s (%s); forgetting it", model_id, e.details())
-                    self.state.loaded.pop(model_id, None)
-                    self.state.restoring.discard(model_id)
-                    await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, model_id)
+                else:  # meshd let it go (or a purge ran) while it loaded
+                    await self._discard(model_id)
 
     async def reconcile(self) -> None:
         """Find models the server no longer holds (a restart between health checks) and
         restore them."""
-        if self.supervisor is not None and not self.supervisor.up:
+        if self.supervisor is not None and (not self.supervisor.up or self.supervisor.restoring):
             return
         held = await self.server.loaded_names()
         lost = {m for m in self.state.loaded if m not in held and m not in self.state.restoring}

@@ -1,11 +1,15 @@
 """Keeps the model server running: start it (optionally), watch its health, restart it.
 
 With a command, the server is a child process in its own process group: started, waited
-for (ServerReady), health-checked every second, and killed and restarted with backoff when
-it exits or stops answering. Without one, the server is someone else's and only its health
-is watched. Either way `up` says whether it answers now, and every return to health after
-an outage counts as a new `generation`: the adapter then restores the models it had
-loaded, since a restarted server holds none.
+for (ServerReady), checked for liveness every second (ServerLive: readiness turns false
+while any model loads, which is no reason to kill a server), and killed and restarted with
+backoff when it exits or fails several checks in a row. Without one, the server is someone
+else's and only its liveness is watched. Either way `up` says whether it answers, and every
+return after an outage counts as a new `generation`: the adapter then restores the models it
+had loaded (in a task of its own, so the watch goes on), since a restarted server holds none.
+
+A launched server dies with the adapter (parent-death signal), and one left by an adapter
+that was killed before that could be set up is found through the pid file and killed.
 """
 
 from __future__ import annotations
@@ -47,8 +51,11 @@ class Supervisor:
         env: dict[str, str] | None = None,
         config: SupervisorConfig | None = None,
         pid_file: Path | None = None,
+        ready: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
+        """`healthy`: liveness (after start-up); `ready`: start-up readiness (default: `healthy`)."""
         self.healthy = healthy
+        self.ready = ready or healthy
         self.on_recovered = on_recovered
         self.command = list(command) if command else None
         self.env = env
@@ -60,6 +67,7 @@ class Supervisor:
         self.process: asyncio.subprocess.Process | None = None
         self._up_changed = asyncio.Event()
         self._seen_up = False
+        self._restore: asyncio.Task[None] | None = None
 
     async def wait_up(self, timeout_s: float) -> bool:
         """Whether the server answers, waiting up to `timeout_s` for it."""
@@ -75,7 +83,14 @@ class Supervisor:
                     await event.wait()
         return True
 
+    @property
+    def restoring(self) -> bool:
+        return self._restore is not None and not self._restore.done()
+
     def _set_up(self, up: bool) -> None:
+        if not up and self._restore is not None:
+            self._restore.cancel()  # a restore against a dead server only forgets models
+            self._restore = None
         if up != self.up:
             self.up = up
             event, self._up_changed = self._up_changed, asyncio.Event()
@@ -85,17 +100,19 @@ class Supervisor:
         """Supervise until cancelled (then stop the child, if any)."""
         try:
             if self.command:
+                self._kill_leftover()
                 await self._run_child()
             else:
                 await self._watch()
         finally:
+            self._set_up(False)
             await self.stop_child()
 
     async def _watch(self) -> None:
         failures = 0
         was_up = False
         while True:
-            ok = await self._check()
+            ok = await self._check(None if was_up else self.ready)
             failures = 0 if ok else failures + 1
             if ok and not was_up:
                 await self._recovered()
@@ -112,14 +129,16 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         while True:
             await self._start_child()
-            started = loop.time()
+            healthy_since = None
             if await self._wait_ready():
+                healthy_since = loop.time()
                 await self._recovered()
                 await self._monitor_child()
             self._set_up(False)
             await self.stop_child(kill=True)
             self.restarts += 1
-            backoff = 0.0 if loop.time() - started > self.config.healthy_reset_s else next_backoff(backoff, self.config)
+            long_healthy = healthy_since is not None and loop.time() - healthy_since > self.config.healthy_reset_s
+            backoff = 0.0 if long_healthy else next_backoff(backoff, self.config)
             log.warning("model server down; restarting it in %.1f s (restart %d)", backoff, self.restarts)
             await asyncio.sleep(backoff)
 
@@ -131,15 +150,24 @@ class Supervisor:
         self._set_up(True)
         log.info("model server up (generation %d)", self.generation)
         if restarted:
-            try:
-                await self.on_recovered()
-            except Exception:
-                log.exception("restoring models after a model server restart failed")
+            self._restore = asyncio.create_task(self._restore_models())
+
+    async def _restore_models(self) -> None:
+        try:
+            await self.on_recovered()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("restoring models after a model server restart failed")
 
     async def _start_child(self) -> None:
         assert self.command is not None
         self.process = await asyncio.create_subprocess_exec(
-            *self.command, env=self.env, start_new_session=True, stdin=asyncio.subprocess.DEVNULL
+            *self.command,
+            env=self.env,
+            start_new_session=True,
+            stdin=asyncio.subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
         log.info("started model server (pid %d): %s", self.process.pid, " ".join(self.command))
         if self.pid_file is not None:
@@ -152,7 +180,7 @@ class Supervisor:
             if self.process is not None and self.process.returncode is not None:
                 log.warning("model server exited with %s while starting", self.process.returncode)
                 return False
-            if await self._check():
+            if await self._check(self.ready):
                 return True
             await asyncio.sleep(min(0.2, self.config.check_interval_s))
         log.warning("model server not ready after %.0f s", self.config.startup_timeout_s)
@@ -166,23 +194,36 @@ class Supervisor:
                 log.warning("model server exited with %s", self.process.returncode)
                 return
             failures = 0 if await self._check() else failures + 1
-            if failures:
-                self._set_up(False)  # fail fast while it does not answer
             if failures >= self.config.failures_before_restart:
-                log.warning("model server failed %d health checks", failures)
+                log.warning("model server failed %d liveness checks", failures)
                 return
-            if not failures and not self.up:
-                self._set_up(True)
 
-    async def _check(self) -> bool:
+    async def _check(self, probe: Callable[[], Awaitable[bool]] | None = None) -> bool:
         try:
-            return await self.healthy()
+            return await (probe or self.healthy)()
         except Exception:
             return False
 
+    def _kill_leftover(self) -> None:
+        """Kill a server left running by an earlier adapter that was killed (found by the
+        pid file, and only if that process runs the same program)."""
+        if self.pid_file is None or not self.pid_file.exists() or not self.command:
+            return
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            return
+        if os.fsencode(self.command[0]) in cmdline:
+            log.warning("killing model server pid %d left by an earlier adapter", pid)
+            _signal_group(pid, signal.SIGKILL)
+
     async def stop_child(self, kill: bool = False) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.returncode is not None:
+        if proc is None:
+            return
+        if proc.returncode is not None:
+            _signal_group(proc.pid, signal.SIGKILL)  # its workers may outlive it
             return
         _signal_group(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
         try:
@@ -191,6 +232,20 @@ class Supervisor:
         except TimeoutError:
             _signal_group(proc.pid, signal.SIGKILL)
             await proc.wait()
+        _signal_group(proc.pid, signal.SIGKILL)  # whatever of its group is left
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL when the adapter dies (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the pid file is the fallback
 
 
 def _signal_group(pid: int, sig: int) -> None:

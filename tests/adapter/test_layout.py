@@ -144,3 +144,43 @@ def test_disk_usage_of_files_and_trees(tmp_path: Path) -> None:
     (tmp_path / "d" / "dangling").symlink_to(tmp_path / "nowhere")
     assert sizing.disk_usage(tmp_path / "d") == 5
     assert sizing.disk_usage(tmp_path / "d" / "a") == 3
+
+
+def test_the_repository_is_shared_safely(tmp_path: Path, repo: Path) -> None:
+    # Model files inside the repository are refused (replacing the folder would delete them).
+    repo.mkdir()
+    inside = repo / "m1"
+    inside.mkdir()
+    (inside / "model.joblib").write_bytes(b"precious")
+    with pytest.raises(LayoutError, match="inside the model server's repository"):
+        layout.install(MLServerLayout(), repo, source("m1", "sklearn", inside))
+    # A folder the adapter did not make is neither replaced nor cleared.
+    model = tmp_path / "model.joblib"
+    model.write_bytes(b"w")
+    with pytest.raises(LayoutError, match="not made by the adapter"):
+        layout.install(MLServerLayout(), repo, source("m1", "sklearn", model))
+    layout.install(MLServerLayout(), repo, source("m2", "sklearn", model))
+    layout.clear(repo)
+    assert sorted(p.name for p in repo.iterdir()) == ["m1"]
+    assert (inside / "model.joblib").read_bytes() == b"precious"
+    layout.uninstall(MLServerLayout(), repo, "m1")  # not ours: left alone
+    assert inside.exists()
+    assert layout.overlap_problem(repo, tmp_path) is not None  # the root contains the repository
+    assert layout.overlap_problem(repo, repo / "sub") is not None
+    assert layout.overlap_problem(repo, tmp_path / "models") is None
+    assert layout.overlap_problem(repo, None) is None
+
+
+def test_what_counts_as_a_missing_model() -> None:
+    import grpc
+
+    from meshd.errors import means_model_missing
+
+    code = grpc.StatusCode
+    assert means_model_missing(code.NOT_FOUND, "Model m with version  not found")
+    assert means_model_missing(code.UNAVAILABLE, "Request for unknown model: 'm' is not found")
+    assert means_model_missing(code.INVALID_ARGUMENT, "Model m not found")
+    assert not means_model_missing(code.UNAVAILABLE, "DNS resolution failed: Domain name not found")
+    assert not means_model_missing(code.UNAVAILABLE, "failed to connect to all addresses")
+    assert not means_model_missing(code.INTERNAL, "unknown model")
+    assert not means_model_missing(code.INVALID_ARGUMENT, "input x not found")

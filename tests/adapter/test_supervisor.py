@@ -114,3 +114,60 @@ async def test_an_external_server_is_only_watched() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_live_server_that_is_not_ready_is_left_alone(tmp_path: Path) -> None:
+    """Readiness turns false while a model loads: only liveness decides a restart."""
+    port = free_port()
+    ready = {"value": True}
+
+    async def live() -> bool:
+        return await answers(port)
+
+    async def is_ready() -> bool:
+        return ready["value"]
+
+    pid_file = tmp_path / "server.pid"
+    restored: list[int] = []
+    sup = Supervisor(
+        live,
+        lambda: _note(restored, sup),
+        [sys.executable, "-c", SERVER.format(port=port)],
+        dict(os.environ),
+        FAST,
+        pid_file,
+        ready=is_ready,
+    )
+    task = asyncio.create_task(sup.run())
+    try:
+        assert await sup.wait_up(20)
+        first = int(pid_file.read_text())
+        ready["value"] = False  # a model loading
+        await asyncio.sleep(FAST.check_interval_s * (FAST.failures_before_restart + 3))
+        assert sup.up and sup.restarts == 0 and int(pid_file.read_text()) == first
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_a_server_left_by_a_killed_adapter_is_killed_at_start(tmp_path: Path) -> None:
+    port = free_port()
+    command = [sys.executable, "-c", SERVER.format(port=port)]
+    leftover = await asyncio.create_subprocess_exec(*command, start_new_session=True)
+    pid_file = tmp_path / "server.pid"
+    pid_file.write_text(f"{leftover.pid}\n")
+
+    async def live() -> bool:
+        return await answers(port)
+
+    sup = Supervisor(live, lambda: _note([], sup), command, dict(os.environ), FAST, pid_file)
+    task = asyncio.create_task(sup.run())
+    try:
+        assert await sup.wait_up(20)
+        assert await leftover.wait() == -signal.SIGKILL
+        assert int(pid_file.read_text()) != leftover.pid
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
