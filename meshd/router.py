@@ -270,6 +270,7 @@ class Router:
         metadata = runtime_metadata(forward, model_id)
         entry = self.local.cache.get(model_id)
         excluded: set[str] = set()
+        tried: list[str] = []
         busy = 0
         if entry is not None and entry.state is State.LOADED:  # the common case, kept short
             self.local.counters.hits += 1
@@ -278,10 +279,11 @@ class Router:
                 return await self._serve_entry(entry, spec, request, model_id, metadata, remaining_s)
             except Refused as e:
                 busy += e.busy
+                tried.append(f"{self.self_id} (serve): {e}")
                 if e.exclude:
                     excluded.add(self.self_id)  # e.g. its runtime is down: do not ask it again
         attempt = _Unary(self, spec, request, model_id, metadata, remaining_s)
-        return await self._route(model_id, balanced, excluded, busy, attempt)
+        return await self._route(model_id, balanced, excluded, busy, attempt, tried)
 
     async def _open_stream(
         self,
@@ -296,6 +298,7 @@ class Router:
         metadata = runtime_metadata(forward, model_id)
         entry = self.local.cache.get(model_id)
         excluded: set[str] = set()
+        tried: list[str] = []
         busy = 0
         if entry is not None and entry.state is State.LOADED:
             self.local.counters.hits += 1
@@ -304,15 +307,18 @@ class Router:
                 return await self.open_entry_stream(entry, spec, first, requests, model_id, metadata, remaining_s)
             except Refused as e:
                 busy += e.busy
+                tried.append(f"{self.self_id} (serve): {e}")
                 if e.exclude:
                     excluded.add(self.self_id)
         attempt = _Stream(self, spec, first, requests, model_id, metadata, remaining_s)
-        return await self._route(model_id, balanced, excluded, busy, attempt)
+        return await self._route(model_id, balanced, excluded, busy, attempt, tried)
 
-    async def _route(self, model_id: str, balanced: bool, excluded: set[str], busy: int, attempt: Attempt[T]) -> T:
-        """Try copies (or loads) until one serves; `busy`: refusals for a full queue so far."""
+    async def _route(
+        self, model_id: str, balanced: bool, excluded: set[str], busy: int, attempt: Attempt[T], tried: list[str]
+    ) -> T:
+        """Try copies (or loads) until one serves; `busy`: refusals for a full queue so far,
+        `tried`: what was tried already (the local copy), for the final message."""
         record = await self.record(model_id)
-        tried: list[str] = []
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
             view = self.cluster.view()
@@ -417,20 +423,27 @@ class Router:
             raise Refused(e.message) from None
 
     async def _enter(self, entry: CacheEntry) -> float:
-        """Take a slot on the copy (its concurrency limit, if any): the start time, for service time."""
+        """Take a slot on the copy (its concurrency limit, if any): the start time, for service time.
+
+        Counted in flight while queued too, so an eviction's unload waits for queued requests."""
+        self.local.acquire(entry)
         gate = entry.gate
         if gate is not None:
             try:
                 await gate.enter()
-            except ResourceExhausted as e:
-                raise Refused(e.message, busy=True) from None
-        self.local.acquire(entry)
+            except BaseException as e:
+                self.local.release(entry)
+                if isinstance(e, ResourceExhausted):
+                    raise Refused(e.message, busy=True) from None
+                raise
         return time.monotonic() if gate is not None else 0.0
 
-    def _leave(self, entry: CacheEntry, started: float) -> None:
+    def _leave(self, entry: CacheEntry, started: float, timed: bool = True) -> None:
+        """Give the slot back; `timed`: feed the service time to copy scaling (unary only: a
+        stream's lifetime says nothing about how fast the copy serves)."""
         self.local.release(entry)
         if entry.gate is not None:
-            entry.gate.leave((time.monotonic() - started) * 1000)
+            entry.gate.leave((time.monotonic() - started) * 1000 if timed else None)
 
     def _count_served(self, entry: CacheEntry) -> None:
         self.local.counters.served += 1
@@ -496,9 +509,9 @@ class Router:
         try:
             call = self._runtime_stream(spec.path)(relay, metadata=metadata, timeout=remaining_s)
         except BaseException:
-            self._leave(entry, started)
+            self._leave(entry, started, timed=False)
             raise
-        return ResponseStream(call, relay, lambda: self._leave(entry, started))
+        return ResponseStream(call, relay, lambda: self._leave(entry, started, timed=False))
 
     # ---- peers -----------------------------------------------------------------------
     async def _forward(
@@ -539,18 +552,23 @@ class Router:
         md = (*metadata, (HOP, self.self_id), (MODE, mode))
         relay = Relay(first, requests, None, hold=True)
         call = peer.stream(spec.path)(relay, metadata=md, timeout=remaining_s)
+        relay.call = call
         self.inflight[target] = self.inflight.get(target, 0) + 1
         try:
             accepted = any(k == ACCEPTED for k, _ in (await call.initial_metadata()) or ())
             if not accepted:  # the call ended without the peer taking it
                 code = await call.code()
+                if code == grpc.StatusCode.OK:  # a peer carrying the method as unary (config skew)
+                    raise Refused(f"{target} does not carry {spec.path} as a stream")
                 raise _peer_failure(code, await call.details(), await call.trailing_metadata(), model_id)
         except grpc.aio.AioRpcError as e:
             self.inflight[target] -= 1
+            relay.close()
             raise _peer_failure(e.code(), e.details(), e.trailing_metadata(), model_id) from None
         except BaseException:
             self.inflight[target] -= 1
             call.cancel()
+            relay.close()
             raise
         relay.release()
 

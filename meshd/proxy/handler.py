@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from meshd.errors import DeadlineExceeded, MeshError
-from meshd.proxy.headers import ids_from_body, parse_request_headers
+from meshd.proxy.headers import INTERNAL_PREFIX, ids_from_body, parse_request_headers
 from meshd.proxy.methods import MAX_CACHED_METHODS, MethodSpec, MethodTable
 from meshd.proxy.streams import ResponseStream
 from meshd.proxy.wire import extract_id
@@ -61,7 +61,9 @@ async def relay_responses(stream: ResponseStream, context: Any) -> AsyncIterator
         async for response in stream:
             yield response
     except grpc.aio.AioRpcError as e:
-        await context.abort(e.code(), e.details() or "", trailing_metadata=e.trailing_metadata() or None)
+        # The status as it is, with its trailers (minus meshd's own between peers).
+        trailers = tuple((k, v) for k, v in (e.trailing_metadata() or ()) if not k.startswith(INTERNAL_PREFIX))
+        await context.abort(e.code(), e.details() or "", trailing_metadata=trailers)
     finally:
         stream.close()
 
@@ -116,7 +118,12 @@ class InferenceHandler(RawMethodHandler):
         async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
             try:
                 remaining, enforce = self._deadline(context)
+                # meshd's own timer covers opening only: a timer firing while this generator is
+                # suspended at a yield would land in grpc, not here. Once open, the outbound
+                # call carries the deadline and its DEADLINE_EXCEEDED is relayed.
                 timeout = asyncio.timeout(remaining) if enforce else contextlib.nullcontext()
+                loop = asyncio.get_running_loop()
+                started = loop.time()
                 try:
                     async with timeout:
                         ids, forward = parse_request_headers(context.invocation_metadata(), required=not spec.extract)
@@ -125,11 +132,12 @@ class InferenceHandler(RawMethodHandler):
                             first = await anext(aiter(requests), None)
                             body_id = extract_id(first, spec.extract) if first is not None else None
                             ids = ids_from_body(body_id, spec.extract_vmodel, ids)
-                        stream = await router.open_stream(spec, first, requests, ids, forward, remaining)
-                        async for response in relay_responses(stream, context):
-                            yield response
+                        left = None if remaining is None else max(0.001, remaining - (loop.time() - started))
+                        stream = await router.open_stream(spec, first, requests, ids, forward, left)
                 except TimeoutError:
                     raise self._timed_out() from None
+                async for response in relay_responses(stream, context):
+                    yield response
             except MeshError as e:
                 await context.abort(e.code, e.message)
 

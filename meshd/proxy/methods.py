@@ -17,13 +17,24 @@ Dataplane config (upstream `MM_DATAPLANE_CONFIG`):
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from meshd.proxy.wire import check_path
 
-FORBIDDEN_PREFIXES = ("/mmesh.ModelRuntime/", "/mmesh.ModelMesh/", "/meshd.peer.", "/grpc.")
+FORBIDDEN_PREFIXES = (
+    "/mmesh.ModelRuntime/",
+    "/mmesh.ModelMesh/",
+    "/meshd.peer.",
+    "/grpc.",
+    # The runtime's own repository API would let a client unload models behind meshd's back.
+    "/inference.GRPCInferenceService/Repository",
+)
+# Exactly "/service/method": other spellings ("mmesh.ModelRuntime/x" without the slash, which
+# some servers accept) must not slip past the checks above.
+_METHOD_PATH = re.compile(r"^/[^/]+/[^/]+$")
 KNOWN_STREAMING = frozenset({"/inference.GRPCInferenceService/ModelStreamInfer"})
 MAX_CACHED_METHODS = 1024  # bounds memory when any method is allowed
 
@@ -122,7 +133,7 @@ class MethodTable:
         spec = self._specs.get(path)
         if spec is not None:
             return spec
-        if path.startswith(FORBIDDEN_PREFIXES):
+        if not _METHOD_PATH.match(path) or path.startswith(FORBIDDEN_PREFIXES):
             return None
         if not self.runtime_allows_any and path not in self.injection:
             return None

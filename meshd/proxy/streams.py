@@ -35,10 +35,22 @@ class Relay:
         self.error: MeshError | None = None
         self.call: Any = None  # set by ResponseStream, so an error can end the call
         self._go: asyncio.Event | None = asyncio.Event() if hold else None
+        self._closed = False
 
     def release(self) -> None:
         if self._go is not None:
             self._go.set()
+
+    def close(self) -> None:
+        """Send nothing more: a held relay ends without a message, and grpc's task pulling
+        from this relay is cancelled (it would otherwise wait forever on a client that has
+        nothing more to send once the call has ended)."""
+        self._closed = True
+        if self._go is not None:
+            self._go.set()
+        poller = getattr(self.call, "_async_request_poller", None)  # grpc.aio's, if any
+        if poller is not None and not poller.done():
+            poller.cancel()
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._messages()
@@ -46,6 +58,8 @@ class Relay:
     async def _messages(self) -> AsyncIterator[bytes]:
         if self._go is not None:
             await self._go.wait()
+        if self._closed:
+            return
         on_message = self.on_message
         try:
             if self.first is not None:
@@ -85,4 +99,5 @@ class ResponseStream:
         on_close, self._on_close = self._on_close, None
         if on_close is not None:
             self.call.cancel()  # no-op once the call has ended
+            self.relay.close()
             on_close()

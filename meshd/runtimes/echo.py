@@ -8,7 +8,8 @@ requests started, finished and were cancelled, so tests can see a cancel reach t
     Unary          body               -> b"<model>|<body>"
     ServerStream   body               -> b"<model>|<body>|0", ...|1, ...|2
     ClientStream   bodies...          -> b"<model>|<b1>,<b2>,..."
-    Bidi           body, body, ...    -> b"<model>|<body>" for each, as it arrives
+    Bidi           body, body, ...    -> b"<model>|<body>" for each, as it arrives;
+                   a body b"abort:<STATUS>" ends the stream with that status (e.g. abort:INVALID_ARGUMENT)
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ class EchoService:
             return
         with self.state.counting():
             async for body in bodies:
+                if body.startswith(b"abort:"):
+                    code = grpc.StatusCode[body[6:].decode()]
+                    await context.abort(code, f"asked to fail with {code.name}")
                 await self._delay()
                 yield model + b"|" + body
 

@@ -132,6 +132,16 @@ def test_bidi_stream_outlives_requests_and_works_through_a_peer(
     assert talk.ask(b"second") == m2.id.encode() + b"|second"
     talk.close()
     assert b.runtime_loaded() == sorted([m.id, m2.id])
+    # A runtime's status in the middle of a stream reaches the client as it is, here and via a peer.
+    for client in (b, a):
+        with pytest.raises(grpc.RpcError) as e:
+            list(
+                client.channel.stream_stream(f"{ECHO}/Bidi")(
+                    iter([b"ok", b"abort:INVALID_ARGUMENT"]), metadata=header(m.id), timeout=10
+                )
+            )
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "asked to fail" in (e.value.details() or "")
 
 
 def test_id_injection_writes_the_concrete_id_into_the_body(
@@ -263,6 +273,11 @@ def test_deadlines_and_cancellation_reach_the_runtime(start_node: NodeFactory, m
         list(a.channel.stream_stream(f"{ECHO}/Bidi")(iter([b"s"]), metadata=header(m.id), timeout=0.5))
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_until(lambda: cancelled() == 4, 10, "the runtime stream to be cancelled")
+    # ... and so does a stream without a deadline, under meshd's default timeout.
+    with pytest.raises(grpc.RpcError) as e:
+        list(a.channel.stream_stream(f"{ECHO}/Bidi")(iter([b"s"]), metadata=header(m.id)))
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_until(lambda: cancelled() == 5, 10, "the runtime stream to be cancelled")
     assert runtime_counters(a)["in_flight"] == 0
 
 

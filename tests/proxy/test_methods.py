@@ -24,6 +24,10 @@ def test_any_method_with_allow_any_or_an_empty_map_but_never_the_spi() -> None:
     for table in (MethodTable({}, allow_any=False), MethodTable({INFER: (1,)}, allow_any=True)):
         assert table.spec("/custom.Svc/Predict") is not None
         for forbidden in (
+            "mmesh.ModelRuntime/unloadModel",  # no leading slash: some servers accept it
+            "//mmesh.ModelRuntime/unloadModel",
+            "/mmesh.ModelRuntime/unloadModel/x",
+            "/inference.GRPCInferenceService/RepositoryModelUnload",  # the runtime's own repository API
             "/mmesh.ModelRuntime/loadModel",
             "/mmesh.ModelMesh/registerModel",
             "/meshd.peer.MeshPeer/InternalOperation",

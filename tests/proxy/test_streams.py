@@ -82,3 +82,18 @@ async def test_a_refused_message_ends_the_call_with_that_error() -> None:
         async for r in stream:
             got.append(r)
     assert got == [b"OK"] and call.cancelled == 1
+
+
+async def test_a_closed_held_relay_ends_without_sending() -> None:
+    relay = Relay(b"first", messages(b"x"), None, hold=True)
+    pulled: list[bytes] = []
+
+    async def pull() -> None:
+        async for m in relay:
+            pulled.append(m)
+
+    task = asyncio.ensure_future(pull())
+    await asyncio.sleep(0.01)
+    relay.close()  # the peer refused: nothing of the client's may have been sent
+    await asyncio.wait_for(task, 1)
+    assert pulled == []
