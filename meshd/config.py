@@ -10,13 +10,16 @@ import argparse
 import json
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlparse
 
 from meshd.placement.constraints import TypeConstraints
 from meshd.proxy.methods import DataplaneConfig
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -297,32 +300,27 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
     )
 
 
-def _type_constraints(text: str | None, path: str | None) -> TypeConstraints:
+def _json_setting(env: str, text: str | None, path: str | None, parse: Callable[[str], T], empty: T) -> T:
+    """A JSON setting given inline (`env`) or in a file (`env`_PATH); errors name the setting."""
     if path:
         try:
             text = Path(path).read_text()
         except OSError as e:
-            raise ConfigError(f"MM_TYPE_CONSTRAINTS_PATH: cannot read {path}: {e}") from None
+            raise ConfigError(f"{env}_PATH: cannot read {path}: {e}") from None
     if not text:
-        return TypeConstraints()
+        return empty
     try:
-        return TypeConstraints.parse(text)
+        return parse(text)
     except ValueError as e:
-        raise ConfigError(f"MM_TYPE_CONSTRAINTS: {e}") from None
+        raise ConfigError(f"{env}{'_PATH' if path else ''}: {e}") from None
+
+
+def _type_constraints(text: str | None, path: str | None) -> TypeConstraints:
+    return _json_setting("MM_TYPE_CONSTRAINTS", text, path, TypeConstraints.parse, TypeConstraints())
 
 
 def _dataplane(text: str | None, path: str | None) -> DataplaneConfig:
-    if path:
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ConfigError(f"MM_DATAPLANE_CONFIG_PATH: cannot read {path}: {e}") from None
-    if not text:
-        return DataplaneConfig()
-    try:
-        return DataplaneConfig.parse(text)
-    except ValueError as e:
-        raise ConfigError(f"MM_DATAPLANE_CONFIG{'_PATH' if path else ''}: {e}") from None
+    return _json_setting("MM_DATAPLANE_CONFIG", text, path, DataplaneConfig.parse, DataplaneConfig())
 
 
 def _bounded(what: str, text: str, low: int, high: int) -> int:

@@ -152,6 +152,16 @@ class LocalModels:
     def release(self, entry: CacheEntry) -> None:
         entry.inflight -= 1
 
+    def check_lost(self, model_id: str, entry: CacheEntry) -> None:
+        """The runtime said it lacks a model we hold: confirm (modelSize) in the background
+        and drop the copy if so (a stream cannot wait for the answer)."""
+
+        async def check() -> None:
+            if await self.runtime.has_model(model_id) is False:
+                self.lost(model_id, entry)
+
+        self._spawn(check())
+
     def lost(self, model_id: str, entry: CacheEntry) -> None:
         """The runtime answered NOT_FOUND for a copy we hold: forget it so it reloads."""
         if self.cache.get(model_id) is entry:

@@ -18,10 +18,12 @@ from meshd.runtime.endpoints import channel_options
 MAX_CACHED_METHODS = 1024
 
 
-class PeerChannel:
-    def __init__(self, location: str, max_message_bytes: int) -> None:
-        self.location = location
-        self.channel = grpc.aio.insecure_channel(location, options=channel_options(max_message_bytes))
+class RawCalls:
+    """Raw-bytes callables on one channel, made once per method path: no (de)serializer,
+    requests and responses are never parsed. Bounded, as method names may be client-chosen."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
         self._unary: dict[str, Callable[..., Any]] = {}
         self._streams: dict[str, Callable[..., Any]] = {}
 
@@ -40,6 +42,12 @@ class PeerChannel:
             if len(self._streams) < MAX_CACHED_METHODS:
                 self._streams[method] = call
         return call
+
+
+class PeerChannel(RawCalls):
+    def __init__(self, location: str, max_message_bytes: int) -> None:
+        super().__init__(grpc.aio.insecure_channel(location, options=channel_options(max_message_bytes)))
+        self.location = location
 
 
 class Peers:

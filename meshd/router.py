@@ -24,7 +24,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -45,7 +45,7 @@ from meshd.errors import (
 )
 from meshd.kv.records import ModelRecord, RecordError, VModelRecord
 from meshd.local import LocalModels
-from meshd.peers import PeerChannel, Peers
+from meshd.peers import PeerChannel, Peers, RawCalls
 from meshd.placement.constraints import TypeConstraints
 from meshd.placement.rank import LoadRequest, choose_load_target, may_load_as_last_resort
 from meshd.placement.serving import choose_copy
@@ -62,7 +62,6 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 8  # upstream's routing iterations per request (SPEC §6)
 MAX_RECENT_FAILURES = 3  # upstream gives up loading after 3 recent failures (SPEC §6)
 MAX_BUSY_RETRIES = 2  # upstream retries RESOURCE_EXHAUSTED at most twice, on other copies
-MAX_CACHED_METHODS = 1024  # bounds memory when any method is allowed
 RECENT_PLACEMENT_MS = 5_000  # longer than instance records take to show a load (>= 2 s)
 PLACE_TIMEOUT_S = 10.0
 
@@ -77,7 +76,6 @@ BUSY = "busy"  # the copy's queue is full (its concurrency limit): try another c
 PASSED_ON = "status"  # the runtime's (or meshd's) own answer: goes to the client as is
 ACCEPTED = "meshd-accepted"  # initial metadata: the peer took the stream, send the messages
 
-UnaryCall = Callable[..., Any]
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
@@ -120,14 +118,12 @@ class Router:
         self.labels = labels
         self.local = local
         self.registry = registry
-        self.channel = serving_channel
         self.cluster = cluster
         self.peers = peers
         self.failure_expiry_ms = failure_expiry_ms
         self.rng = rng or random.Random()
         self.self_id = local.instance_id
-        self._unary: dict[str, UnaryCall] = {}
-        self._streams: dict[str, UnaryCall] = {}
+        self.runtime_calls = RawCalls(serving_channel)
         self.inflight: dict[str, int] = {}  # requests this instance has in flight per peer
         self._placed: deque[tuple[int, str]] = deque()  # (ms, instance) of loads placed lately
         self.forwarded = 0  # external requests served by a peer (share of peer hops)
@@ -178,23 +174,6 @@ class Router:
         if rec is not None:
             return rec
         return await self.registry.fetch(model_id)
-
-    def _runtime_call(self, method: str) -> UnaryCall:
-        call = self._unary.get(method)
-        if call is None:
-            # Raw bytes both ways: no (de)serializer, the request is never parsed.
-            call = self.channel.unary_unary(method, request_serializer=None, response_deserializer=None)
-            if len(self._unary) < MAX_CACHED_METHODS:  # method names may be client-chosen
-                self._unary[method] = call
-        return call
-
-    def _runtime_stream(self, method: str) -> UnaryCall:
-        call = self._streams.get(method)
-        if call is None:
-            call = self.channel.stream_stream(method, request_serializer=None, response_deserializer=None)
-            if len(self._streams) < MAX_CACHED_METHODS:
-                self._streams[method] = call
-        return call
 
     # ---- external calls ----------------------------------------------------------------
     async def unary(
@@ -464,7 +443,7 @@ class Router:
         started = await self._enter(entry)
         self._count_served(entry)
         try:
-            response: bytes = await self._runtime_call(spec.path)(request, metadata=metadata, timeout=remaining_s)
+            response: bytes = await self.runtime_calls.unary(spec.path)(request, metadata=metadata, timeout=remaining_s)
             return response
         except grpc.aio.AioRpcError as e:
             code = e.code()
@@ -507,11 +486,16 @@ class Router:
 
         relay = Relay(first, requests, on_message)
         try:
-            call = self._runtime_stream(spec.path)(relay, metadata=metadata, timeout=remaining_s)
+            call = self.runtime_calls.stream(spec.path)(relay, metadata=metadata, timeout=remaining_s)
         except BaseException:
             self._leave(entry, started, timed=False)
             raise
-        return ResponseStream(call, relay, lambda: self._leave(entry, started, timed=False))
+
+        def on_error(e: grpc.aio.AioRpcError) -> None:
+            if means_model_missing(e.code(), e.details() or ""):
+                self.local.check_lost(model_id, entry)  # confirmed in the background, then dropped
+
+        return ResponseStream(call, relay, lambda: self._leave(entry, started, timed=False), on_error)
 
     # ---- peers -----------------------------------------------------------------------
     async def _forward(

@@ -11,6 +11,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import grpc
+
 from meshd.errors import MeshError
 
 
@@ -75,11 +77,19 @@ class Relay:
 class ResponseStream:
     """An opened stream's responses; `close()` exactly once when done with it."""
 
-    def __init__(self, call: Any, relay: Relay, on_close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        call: Any,
+        relay: Relay,
+        on_close: Callable[[], None],
+        on_error: Callable[[grpc.aio.AioRpcError], None] | None = None,
+    ) -> None:
+        """`on_error`: told of the outbound call's non-OK status (before it is relayed)."""
         self.call = call
         self.relay = relay
         relay.call = call
         self._on_close: Callable[[], None] | None = on_close
+        self._on_error = on_error
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._responses()
@@ -88,9 +98,11 @@ class ResponseStream:
         try:
             async for response in self.call:
                 yield response
-        except BaseException:
+        except BaseException as e:
             if self.relay.error is not None:  # our own refusal of a request message ended it
                 raise self.relay.error from None
+            if isinstance(e, grpc.aio.AioRpcError) and self._on_error is not None:
+                self._on_error(e)
             raise
         if self.relay.error is not None:
             raise self.relay.error

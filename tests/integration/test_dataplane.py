@@ -292,3 +292,24 @@ def test_deadline_propagates_through_a_peer(start_node: NodeFactory, models: lis
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_until(lambda: runtime_counters(b)["cancelled"] == 1, 10, "b's runtime call to be cancelled")
     assert runtime_counters(a)["started"] == 0
+
+
+def test_a_stream_finding_its_copy_gone_drops_it_and_the_next_one_reloads(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    from meshd._proto.mmesh import model_runtime_pb2 as rt
+    from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+
+    c = start_node(settings={"dataplane_config": STREAMING_CONFIG})
+    m = models[0]
+    load(c, m)
+    # The runtime loses the model behind meshd's back (a restart, say).
+    rt_grpc.ModelRuntimeStub(c.runtime_channel).unloadModel(rt.UnloadModelRequest(modelId=m.id), timeout=10)
+    bidi = c.channel.stream_stream(f"{ECHO}/Bidi")
+    with pytest.raises(grpc.RpcError) as e:
+        list(bidi(iter([b"x"]), metadata=header(m.id), timeout=10))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND  # the runtime's answer, as it is
+    st = mm.ModelStatusInfo
+    wait_until(lambda: c.status(m.id).status != st.LOADED, 10, "the lost copy to be dropped")
+    assert list(bidi(iter([b"y"]), metadata=header(m.id), timeout=30)) == [m.id.encode() + b"|y"]
+    assert c.runtime_loaded() == [m.id]
