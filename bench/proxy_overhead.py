@@ -410,7 +410,7 @@ def report(results: Results, settings: Settings, command: str, elapsed_s: float)
             f"per request (bare {c8['cb']:.2f}x); concurrency 1 p50 +{c1['p50m']:.2f} ms (bare +{c1['p50b']:.2f} ms) "
             f"[median of {runs} x {settings.duration_s:g} s, grpcio {grpc.__version__}, {os.cpu_count()} cpus]"
         )
-    big = summary.get((settings.payloads[-1][0], 8))
+    big = summary.get((settings.payloads[-1][0], 8)) if len(settings.payloads) > 1 else None
     stream8 = summary.get((f"{tiny}~s", 8))
     goals = [
         (f"{tiny} unary, c=8", c8, 1.2),

@@ -17,6 +17,7 @@ import grpc
 from meshd._proto.meshd import peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2_grpc
 from meshd.api.health import EXTERNAL_SERVICES, INTERNAL_SERVICES, Health
+from meshd.api.kserve import MeshKServe
 from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.peer import PeerServicer
 from meshd.cache import State, to_units
@@ -196,7 +197,8 @@ class Instance:
         )
         model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(servicer, external)
         timeout_s = cfg.request_timeout_ms / 1000 if cfg.request_timeout_ms else None
-        external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s)])
+        kserve = MeshKServe(management.status, lambda: not self.shutting_down)
+        external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, kserve.handlers)])
         self.grpc_port = external.add_insecure_port(f"0.0.0.0:{cfg.grpc_port}")
         self.health.append(Health(external, EXTERNAL_SERVICES))
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
 
 from meshd.errors import DeadlineExceeded, MeshError
-from meshd.proxy.headers import INTERNAL_PREFIX, ids_from_body, parse_request_headers
+from meshd.proxy.headers import INTERNAL_PREFIX, Metadata, RequestIds, ids_from_body, parse_request_headers
 from meshd.proxy.methods import MAX_CACHED_METHODS, MethodSpec, MethodTable
 from meshd.proxy.streams import ResponseStream
 from meshd.proxy.wire import extract_id
@@ -68,14 +68,36 @@ async def relay_responses(stream: ResponseStream, context: Any) -> AsyncIterator
         stream.close()
 
 
+def _ids(spec: MethodSpec, context: Any, body: bytes | None) -> tuple[RequestIds, Metadata]:
+    """The model a request names: the dataplane's extraction path (the body wins), else the
+    headers, else (KServe methods) the body's model name."""
+    ids, forward = parse_request_headers(context.invocation_metadata(), required=not (spec.extract or spec.fallback))
+    if spec.extract:
+        body_id = extract_id(body, spec.extract) if body is not None else None
+        return ids_from_body(body_id, spec.extract_vmodel, ids), forward
+    if ids.model_id is None and ids.vmodel_id is None:
+        body_id = extract_id(body, spec.fallback) if body is not None else None
+        return ids_from_body(body_id, False, ids), forward
+    return ids, forward
+
+
 class InferenceHandler(RawMethodHandler):
     """External port: client calls, routed by the model they name.
 
     `default_timeout_s`: applied when the client sets no deadline (None: no limit)."""
 
-    def __init__(self, router: Router, methods: MethodTable, default_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        methods: MethodTable,
+        default_timeout_s: float | None = None,
+        answered: Mapping[str, UnaryHandler] | None = None,
+    ) -> None:
+        """`answered`: methods meshd answers itself (KServe health for the mesh)."""
         super().__init__(router, methods)
         self.default_timeout_s = default_timeout_s
+        for path, fn in (answered or {}).items():
+            self._handlers[path] = grpc.unary_unary_rpc_method_handler(fn)
 
     def _deadline(self, context: Any) -> tuple[float | None, bool]:
         """(seconds left, whether meshd itself must enforce them: the client set none)."""
@@ -95,9 +117,7 @@ class InferenceHandler(RawMethodHandler):
 
         async def handle(request: bytes, context: Any) -> bytes:
             try:
-                ids, forward = parse_request_headers(context.invocation_metadata(), required=not spec.extract)
-                if spec.extract:
-                    ids = ids_from_body(extract_id(request, spec.extract), spec.extract_vmodel, ids)
+                ids, forward = _ids(spec, context, request)
                 remaining, enforce = self._deadline(context)
                 if not enforce:
                     return await router.unary(spec, request, ids, forward, remaining)
@@ -126,12 +146,12 @@ class InferenceHandler(RawMethodHandler):
                 started = loop.time()
                 try:
                     async with timeout:
-                        ids, forward = parse_request_headers(context.invocation_metadata(), required=not spec.extract)
                         first = None
-                        if spec.extract:
-                            first = await anext(aiter(requests), None)
-                            body_id = extract_id(first, spec.extract) if first is not None else None
-                            ids = ids_from_body(body_id, spec.extract_vmodel, ids)
+                        if spec.extract or spec.fallback:  # the first message may name the model
+                            ids, _ = parse_request_headers(context.invocation_metadata(), required=False)
+                            if spec.extract or (ids.model_id is None and ids.vmodel_id is None):
+                                first = await anext(aiter(requests), None)
+                        ids, forward = _ids(spec, context, first)
                         left = None if remaining is None else max(0.001, remaining - (loop.time() - started))
                         stream = await router.open_stream(spec, first, requests, ids, forward, left)
                 except TimeoutError:

@@ -36,6 +36,12 @@ FORBIDDEN_PREFIXES = (
 # some servers accept) must not slip past the checks above.
 _METHOD_PATH = re.compile(r"^/[^/]+/[^/]+$")
 KNOWN_STREAMING = frozenset({"/inference.GRPCInferenceService/ModelStreamInfer"})
+# KServe V2 requests name their model in field 1: with no model header, that names it, so
+# KServe clients work unchanged (tritonclient's get_model_metadata sends no header).
+KSERVE_NAME_FIELD = {
+    f"/inference.GRPCInferenceService/{m}": (1,)
+    for m in ("ModelInfer", "ModelStreamInfer", "ModelMetadata", "ModelConfig", "ModelReady")
+}
 MAX_CACHED_METHODS = 1024  # bounds memory when any method is allowed
 
 
@@ -106,6 +112,7 @@ class MethodSpec:
     inject: tuple[int, ...] = ()  # the runtime's idInjectionPath; () = none
     extract: tuple[int, ...] = ()  # the dataplane idExtractionPath; () = headers only
     extract_vmodel: bool = False
+    fallback: tuple[int, ...] = ()  # where the body names the model when no header does
 
 
 class MethodTable:
@@ -147,6 +154,7 @@ class MethodTable:
             inject=self.injection.get(path, ()),
             extract=rpc.id_extraction_path,
             extract_vmodel=rpc.vmodel_id,
+            fallback=KSERVE_NAME_FIELD.get(path, ()),
         )
         if len(self._specs) < MAX_CACHED_METHODS:  # method names may be client-chosen
             self._specs[path] = spec

@@ -154,7 +154,8 @@ def test_bad_input_gets_clear_status_and_loses_nothing(
     assert code_of(infer, req, metadata=(("mm-model-id", "no-such-model"),), timeout=10) == grpc.StatusCode.NOT_FOUND
     non_utf8 = (("mm-model-id-bin", b"\xff\xfe\x80"),)
     assert code_of(infer, req, metadata=non_utf8, timeout=10) == grpc.StatusCode.INVALID_ARGUMENT
-    assert code_of(infer, req, timeout=10) == grpc.StatusCode.INVALID_ARGUMENT  # no id at all
+    nameless = make_infer_request("", ROWS).SerializeToString()
+    assert code_of(infer, nameless, timeout=10) == grpc.StatusCode.INVALID_ARGUMENT  # no id at all
     both = (("mm-model-id", m.id), ("mm-vmodel-id", "v"))
     assert code_of(infer, req, metadata=both, timeout=10) == grpc.StatusCode.INVALID_ARGUMENT
     two = (("mm-model-id", m.id), ("mm-model-id", "other"))

@@ -97,3 +97,29 @@ def test_tritonclient_stream_through_meshd(
     assert out["errors"] == []
     assert_answers(out["stream"], "stream", m)
     assert c.runtime_loaded() == [m.id]
+
+
+def test_tritonclient_health_and_metadata_without_headers(
+    start_node: NodeFactory, models: list[GeneratedModel], triton_python: Path
+) -> None:
+    c = start_node()
+    loaded, registered = models[0], models[1]
+    c.register(loaded, loadNow=True, sync=True)
+    c.register(registered)
+    script = Path(__file__).parent / "clients" / "triton_health.py"
+    argv = [str(triton_python), str(script), "--url", c.node.target]
+    argv += ["--loaded", loaded.id, "--registered", registered.id]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out == {
+        "live": True,
+        "ready": True,
+        "server": "meshd",
+        "loaded_ready": True,  # agrees with getModelStatus: LOADED somewhere in the mesh
+        "registered_ready": False,
+        "unknown_ready": False,
+        "metadata_name": loaded.id,  # routed to the copy by the body's model name alone
+        "metadata_inputs": ["x"],
+    }
+    assert c.status(loaded.id).status == ST.LOADED and c.status(registered.id).status == ST.NOT_LOADED

@@ -76,3 +76,12 @@ def test_bad_dataplane_config_is_refused_with_a_reason(text: str, message: str) 
 def test_a_bad_runtime_injection_path_is_refused() -> None:
     with pytest.raises(ValueError, match="ModelInfer"):
         MethodTable({INFER: (0,)}, allow_any=False)
+
+
+def test_kserve_methods_fall_back_to_the_body_model_name() -> None:
+    table = MethodTable({}, allow_any=True)
+    for method in ("ModelInfer", "ModelStreamInfer", "ModelMetadata", "ModelConfig"):
+        spec = table.spec(f"/inference.GRPCInferenceService/{method}")
+        assert spec is not None and spec.fallback == (1,) and spec.extract == ()
+    custom = table.spec("/custom.Svc/Predict")
+    assert custom is not None and custom.fallback == ()
