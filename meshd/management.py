@@ -17,7 +17,7 @@ from meshd.ids import ModelInfo, check_id
 from meshd.kv.records import ModelRecord
 from meshd.local import LocalModels
 from meshd.registry import Registry, default_last_used
-from meshd.status import StatusView, model_status
+from meshd.status import ModelStatus, StatusView, model_status
 
 
 class Management:
@@ -72,6 +72,19 @@ class Management:
         record = self.registry.require(model_id)
         await self._load(model_id, record, last_used_ms or self.clock(), sync)
         return self.status(model_id)
+
+    def model_ids(self) -> list[str]:
+        """Every registered model (the KServe repository index)."""
+        return [model_id for model_id, _ in self.registry.models.items()]
+
+    async def load(self, model_id: str) -> StatusView:
+        """KServe RepositoryModelLoad: loaded somewhere already, or loaded here now (waits)."""
+        view = self.status(model_id)
+        if view.status is ModelStatus.NOT_FOUND:
+            self.registry.require(model_id)  # NOT_FOUND (or DATA_LOSS) naming the model
+        if view.status is ModelStatus.LOADED:
+            return view
+        return await self.ensure_loaded(model_id, self.clock(), sync=True)
 
     async def _load(self, model_id: str, record: ModelRecord, last_used_ms: int, sync: bool) -> None:
         fut = self.local.start_load(model_id, record, last_used_ms)

@@ -46,6 +46,7 @@ from meshd.router import Router
 from meshd.runtime.client import RuntimeClient, RuntimeNotReady
 from meshd.runtime.endpoints import channel_options, open_channel
 from meshd.scaler import Scaler, ScalerConfig
+from meshd.status import StatusView
 from meshd.vmodels import VModels
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,24 @@ DRAIN_RESERVE_S = 5.0  # upstream stops waiting for reloads 5 s before the shutd
 
 def _live_copies(record: ModelRecord, view: ClusterView) -> int:
     return sum(1 for iid in record.instance_ids if view.live(iid))
+
+
+class _Repository:
+    """The KServe repository extension's view of the mesh (management plus the router)."""
+
+    def __init__(self, management: Management, router: Router) -> None:
+        self.management = management
+        self.router = router
+
+    def model_ids(self) -> list[str]:
+        return self.management.model_ids()
+
+    async def load(self, model_id: str) -> StatusView:
+        return await self.management.load(model_id)
+
+    async def unload(self, model_id: str) -> None:
+        self.management.registry.require(model_id)
+        await self.router.unload_copies(model_id)
 
 
 def _has_copy(registry: Registry, model_id: str) -> bool:
@@ -197,7 +216,7 @@ class Instance:
         )
         model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(servicer, external)
         timeout_s = cfg.request_timeout_ms / 1000 if cfg.request_timeout_ms else None
-        kserve = MeshKServe(management.status, lambda: not self.shutting_down)
+        kserve = MeshKServe(management.status, lambda: not self.shutting_down, _Repository(management, router))
         external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, kserve.handlers)])
         self.grpc_port = external.add_insecure_port(f"0.0.0.0:{cfg.grpc_port}")
         self.health.append(Health(external, EXTERNAL_SERVICES))

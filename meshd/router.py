@@ -168,6 +168,27 @@ class Router:
             return None
         return target
 
+    async def unload_copies(self, model_id: str) -> list[str]:
+        """Unload every copy of the model in the mesh (it stays registered); the holders asked."""
+        record = await self.record(model_id)
+        view = self.cluster.view()
+        asked: list[str] = []
+        for iid in sorted(record.instance_ids):
+            if iid == self.self_id:
+                self.local.shed(model_id)
+            else:
+                inst = view.get(iid)
+                if inst is None or not inst.location:
+                    continue  # gone: its copy goes with it
+                stub = peer_pb2_grpc.MeshPeerStub(self.peers.get(iid, inst.location).channel)
+                try:
+                    await stub.InternalOperation(peer_pb2.InternalOpRequest(modelId=model_id, unload=True), timeout=10)
+                except grpc.aio.AioRpcError as e:
+                    log.warning("asking %s to unload %s failed: %s", iid, model_id, e.details())
+                    continue
+            asked.append(iid)
+        return asked
+
     async def record(self, model_id: str) -> ModelRecord:
         """The model's record; a strong read when the mirror has not seen it yet."""
         rec = self.registry.get(model_id)

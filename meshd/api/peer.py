@@ -29,7 +29,10 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
 
     @statuses
     async def InternalOperation(self, request: Any, context: Any) -> Any:
-        if request.load:
+        if request.unload:
+            check_id(request.modelId)
+            self.local.shed(request.modelId)
+        elif request.load:
             check_id(request.modelId)
             record = self.registry.get(request.modelId) or await self.registry.fetch(request.modelId)
             now = self.local.clock()

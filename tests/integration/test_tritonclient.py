@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm
@@ -123,3 +124,40 @@ def test_tritonclient_health_and_metadata_without_headers(
         "metadata_inputs": ["x"],
     }
     assert c.status(loaded.id).status == ST.LOADED and c.status(registered.id).status == ST.NOT_LOADED
+
+
+def test_tritonclient_repository_api_over_the_mesh(
+    start_node: NodeFactory, models: list[GeneratedModel], triton_python: Path
+) -> None:
+    from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
+
+    b = start_node("inst-b")
+    a = start_node("inst-a")
+    m1, m2 = models[0], models[1]
+    a.register(m1)
+    a.register(m2)
+    with grpc.insecure_channel(f"127.0.0.1:{b.node.peer_port}") as ch:  # m1's copy on b only
+        req = peer_pb2.InternalOpRequest(modelId=m1.id, load=True, sync=True)
+        assert (
+            peer_pb2_grpc.MeshPeerStub(ch).InternalOperation(req, timeout=30).state
+            == peer_pb2.InternalOpResponse.LOADED
+        )
+    script = Path(__file__).parent / "clients" / "triton_repository.py"
+    steps = ["index", f"ready:{m2.id}", f"load:{m2.id}", f"ready:{m2.id}", f"unload:{m1.id}", f"ready:{m1.id}"]
+    steps += ["index", "load:no-such-model"]
+    proc = subprocess.run(
+        [str(triton_python), str(script), "--url", a.node.target, *steps],
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out[0] == {m1.id: ["READY", ""], m2.id: ["UNAVAILABLE", "not loaded"]}
+    assert out[1:6] == [False, "loaded", True, "unloaded", False]
+    assert out[6] == {m1.id: ["UNAVAILABLE", "not loaded"], m2.id: ["READY", ""]}
+    assert out[7]["error"] == "StatusCode.NOT_FOUND"
+    # It agrees with getModelStatus, and the unload really reached b's runtime.
+    assert a.status(m1.id).status == ST.NOT_LOADED and a.status(m2.id).status == ST.LOADED
+    assert b.runtime_loaded() == [] and a.runtime_loaded() == [m2.id]

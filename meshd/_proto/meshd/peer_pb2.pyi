@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InternalOpRequest(_message.Message):
-    __slots__ = ("modelId", "load", "sync", "lastUsed", "excludeInstances")
+    __slots__ = ("modelId", "load", "sync", "lastUsed", "excludeInstances", "unload")
     MODELID_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     LASTUSED_FIELD_NUMBER: _ClassVar[int]
     EXCLUDEINSTANCES_FIELD_NUMBER: _ClassVar[int]
+    UNLOAD_FIELD_NUMBER: _ClassVar[int]
     modelId: str
     load: bool
     sync: bool
     lastUsed: int
     excludeInstances: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, modelId: _Optional[str] = ..., load: bool = ..., sync: bool = ..., lastUsed: _Optional[int] = ..., excludeInstances: _Optional[_Iterable[str]] = ...) -> None: ...
+    unload: bool
+    def __init__(self, modelId: _Optional[str] = ..., load: bool = ..., sync: bool = ..., lastUsed: _Optional[int] = ..., excludeInstances: _Optional[_Iterable[str]] = ..., unload: bool = ...) -> None: ...
 
 class InternalOpResponse(_message.Message):
     __slots__ = ("state", "instanceId", "message")
