@@ -208,9 +208,9 @@ def test_id_extraction_from_the_body(start_node: NodeFactory, models: list[Gener
         with pytest.raises(grpc.RpcError) as e:
             c.raw("/inference.GRPCInferenceService/ModelInfer")(body, timeout=10)
         assert e.value.code() == code, body
-    # allowOtherRpcs false: methods without an rpcConfig are not carried.
+    # allowOtherRpcs false: methods without an rpcConfig are not carried (the runtime announces Echo).
     with pytest.raises(grpc.RpcError) as e:
-        c.raw("/inference.GRPCInferenceService/ModelReady")(b"", metadata=header(m.id), timeout=10)
+        c.raw(f"{ECHO}/Unary")(b"", metadata=header(m.id), timeout=10)
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
