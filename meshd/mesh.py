@@ -216,7 +216,9 @@ class Instance:
         )
         model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(servicer, external)
         timeout_s = cfg.request_timeout_ms / 1000 if cfg.request_timeout_ms else None
-        kserve = MeshKServe(management.status, lambda: not self.shutting_down, _Repository(management, router))
+        kserve = MeshKServe(
+            management.status, lambda: not self.shutting_down, _Repository(management, router), router.resolve_vmodel
+        )
         external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, kserve.handlers)])
         self.grpc_port = external.add_insecure_port(f"0.0.0.0:{cfg.grpc_port}")
         self.health.append(Health(external, EXTERNAL_SERVICES))

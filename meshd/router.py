@@ -563,8 +563,6 @@ class Router:
             accepted = any(k == ACCEPTED for k, _ in (await call.initial_metadata()) or ())
             if not accepted:  # the call ended without the peer taking it
                 code = await call.code()
-                if code == grpc.StatusCode.OK:  # a peer carrying the method as unary (config skew)
-                    raise Refused(f"{target} does not carry {spec.path} as a stream")
                 raise _peer_failure(code, await call.details(), await call.trailing_metadata(), model_id)
         except grpc.aio.AioRpcError as e:
             self.inflight[target] -= 1

@@ -47,7 +47,6 @@ INJECTED_METHODS = {
     "mlserver": ("ModelInfer", "ModelMetadata", "ModelReady"),
 }
 SERVER_CALL_TIMEOUT_S = 10.0
-RETRY_PAUSE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +72,7 @@ class Loaded:
 class AdapterState:
     loaded: dict[str, Loaded] = field(default_factory=dict)
     restoring: set[str] = field(default_factory=set)
+    unwanted: set[str] = field(default_factory=set)  # let go of while the server could not unload them
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     def lock(self, model_id: str) -> asyncio.Lock:
@@ -100,8 +100,9 @@ class ModelServer:
         return bool(resp.ready)
 
     async def live(self) -> bool:
-        # Liveness, not readiness: servers report not-ready while any model loads.
-        resp = await self.stub.ServerLive(v2.ServerLiveRequest(), timeout=2.0)
+        # Liveness, not readiness: servers report not-ready while any model loads. A generous
+        # timeout: a server whose event loop a model load blocks answers late, not never.
+        resp = await self.stub.ServerLive(v2.ServerLiveRequest(), timeout=5.0)
         return bool(resp.live)
 
     async def load(self, name: str, timeout_s: float) -> None:
@@ -212,19 +213,24 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
             await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, model_id)
 
     async def _load_when_up(self, model_id: str, timeout_s: float) -> None:
-        """Ask the server to load. If it goes down (killed just before, or while loading),
-        wait for the supervisor to bring it back and ask once more, within the load's time.
-        Down a second time while loading this model: the model may be what brings it down, so
-        that is the model's failure (meshd records it) and the server is not crashed again."""
+        """Ask the server to load. If it goes down meanwhile, wait for the supervisor to bring
+        it back (a new generation) and ask once more, within the load's time; if no restart
+        is seen in time, the UNAVAILABLE goes on (meshd does not hold it against the model).
+        Brought down again while loading this model: the model may be what does it, so that
+        is the model's failure and the server is not crashed a third time."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        supervisor = self.supervisor
+        generation = supervisor.generation if supervisor else 0
         retried = False
         while True:
             try:
                 await self.server.load(model_id, max(0.1, deadline - loop.time()))
                 return
             except grpc.aio.AioRpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or self.supervisor is None:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or supervisor is None:
+                    raise
+                if not await supervisor.wait_recovered(generation, deadline - loop.time()):
                     raise
                 if retried:
                     raise Failure(
@@ -233,11 +239,8 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                         f"({e.details()}); not retried, in case the model brings it down",
                     ) from None
                 retried = True
-                await asyncio.sleep(RETRY_PAUSE_S)  # let the supervisor notice the outage
-                remaining = deadline - loop.time()
-                if remaining <= 0 or not await self.supervisor.wait_up(remaining):
-                    raise
-                log.info("the model server went down while loading %s; asking again", model_id)
+                generation = supervisor.generation
+                log.info("the model server restarted while loading %s; asking again", model_id)
 
     def _loaded_response(self, size: int) -> rt.LoadModelResponse:
         return rt.LoadModelResponse(sizeInBytes=size, maxConcurrency=self.config.max_concurrency)
@@ -246,10 +249,10 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         async def work() -> rt.UnloadModelResponse:
             async with self.state.lock(request.modelId):
                 if self.supervisor is not None and not self.supervisor.up:
-                    # A server that is down holds nothing once back: forget the model now,
-                    # so no restore loads what meshd has let go of.
+                    # Forget it now, so no restore loads what meshd let go of; if the server
+                    # comes back still holding it, reconcile unloads it then.
                     self._forget(request.modelId)
-                    await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, request.modelId)
+                    self.state.unwanted.add(request.modelId)
                 else:
                     await self._unload(request.modelId)
                 return rt.UnloadModelResponse()
@@ -260,9 +263,16 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         try:
             await self.server.unload(model_id)
         except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                # meshd does not retry unloads: forget it here and let reconcile unload it
+                # once the server answers (the folder stays until then).
+                self._forget(model_id)
+                self.state.unwanted.add(model_id)
+                return
             if not means_model_missing(e.code(), e.details() or ""):
                 raise  # the folder stays, so a retry can still unload it
         self._forget(model_id)
+        self.state.unwanted.discard(model_id)
         await asyncio.to_thread(layout.uninstall, self.layout, self.config.repository, model_id)
         log.info("unloaded %s", model_id)
 
@@ -345,13 +355,13 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                         return  # down again: the next generation restores what is left
                     log.warning("cannot restore %s (%s); forgetting it", model_id, e.details())
                     self._forget(model_id)
-                    await self._discard(model_id)
+                    await asyncio.shield(self._discard(model_id))
                     continue
                 if model_id in self.state.restoring:
                     self.state.restoring.discard(model_id)
                     log.info("restored %s after the model server lost it", model_id)
                 else:  # meshd let it go (or a purge ran) while it loaded
-                    await self._discard(model_id)
+                    await asyncio.shield(self._discard(model_id))
 
     async def reconcile(self) -> None:
         """Find models the server no longer holds (a restart between health checks) and
@@ -363,6 +373,18 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         if lost:
             log.warning("the model server lost %s; loading them again", sorted(lost))
             await self.restore(lost)
+        # Models the server holds that nobody counts (let go of while it could not unload
+        # them, or loaded by someone else): unload them, meshd's capacity does not cover them.
+        extra = (held | self.state.unwanted) - set(self.state.loaded)
+        for model_id in sorted(extra):
+            lock = self.state.lock(model_id)
+            if lock.locked():
+                continue  # being loaded or unloaded right now
+            async with lock:
+                if model_id in self.state.loaded:
+                    continue
+                log.warning("unloading %s: the model server holds it but nothing counts it", model_id)
+                await self._unload(model_id)
 
 
 def _key(model_key: str) -> dict[str, Any]:

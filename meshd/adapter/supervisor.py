@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class SupervisorConfig:
     check_interval_s: float = 1.0
-    failures_before_restart: int = 3  # consecutive failed health checks
+    failures_before_restart: int = 5  # consecutive failed liveness checks (a busy server may be slow)
     startup_timeout_s: float = 180.0
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
@@ -74,6 +74,21 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while not self.up:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            event = self._up_changed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await event.wait()
+        return True
+
+    async def wait_recovered(self, after_generation: int, timeout_s: float) -> bool:
+        """Whether the server came back from an outage (a generation after `after_generation`)
+        and is up, waiting up to `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not (self.up and self.generation > after_generation):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
@@ -205,18 +220,30 @@ class Supervisor:
             return False
 
     def _kill_leftover(self) -> None:
-        """Kill a server left running by an earlier adapter that was killed (found by the
-        pid file, and only if that process runs the same program)."""
+        """Kill a server (and its workers) left running by an earlier adapter that was killed:
+        the process group named in the pid file, if a member of it runs our command."""
         if self.pid_file is None or not self.pid_file.exists() or not self.command:
             return
         try:
-            pid = int(self.pid_file.read_text().strip())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            group = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return
-        if os.fsencode(self.command[0]) in cmdline:
-            log.warning("killing model server pid %d left by an earlier adapter", pid)
-            _signal_group(pid, signal.SIGKILL)
+        if group in (os.getpid(), os.getpgrp()):
+            return
+        wanted = [os.fsencode(c) for c in self.command]
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                stat = (proc / "stat").read_text()
+                pgrp = int(stat[stat.rindex(")") + 2 :].split()[2])
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            if pgrp == group and argv[: len(wanted)] == wanted:
+                log.warning("killing model server group %d left by an earlier adapter", group)
+                _signal_group(group, signal.SIGKILL)
+                return
 
     async def stop_child(self, kill: bool = False) -> None:
         proc, self.process = self.process, None
@@ -238,14 +265,24 @@ class Supervisor:
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGKILL when the adapter dies (Linux)."""
+def _resolve_prctl() -> Callable[..., int] | None:
+    # Resolved once in the parent: loading libraries after fork in a threaded process is unsafe.
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
     except (OSError, AttributeError):
-        pass  # not Linux: the pid file is the fallback
+        return None  # not Linux: the pid file is the fallback
+
+
+_PRCTL = _resolve_prctl()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL when the adapter dies (Linux)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -14,6 +14,7 @@ unloads every copy, the model staying registered.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -22,7 +23,8 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped, 
 
 import meshd
 from meshd._proto.inference import grpc_predict_v2_pb2 as v2
-from meshd.errors import InvalidArgument, MeshError
+from meshd.errors import InvalidArgument, MeshError, NotFound
+from meshd.proxy.headers import parse_request_headers
 from meshd.status import ModelStatus, StatusView
 
 SERVICE = "/inference.GRPCInferenceService/"
@@ -53,10 +55,13 @@ class MeshKServe:
         status: Callable[[str], StatusView],
         serving: Callable[[], bool],
         repository: Repository | None = None,
+        resolve_vmodel: Callable[[str], Awaitable[str]] | None = None,
     ) -> None:
         """`status`: a model's mesh-wide status (getModelStatus); `serving`: whether this
-        instance takes work (false once it starts stopping)."""
+        instance takes work (false once it starts stopping); `resolve_vmodel`: a vmodel's
+        active model."""
         self.status = status
+        self.resolve_vmodel = resolve_vmodel
         self.serving = serving
         self.repository = repository
         self.handlers: dict[str, RawUnary] = {
@@ -83,15 +88,27 @@ class MeshKServe:
 
     async def model_ready(self, request: bytes, context: Any) -> bytes:
         req = await _parse(v2.ModelReadyRequest, request, context)
-        name = req.name or _header_id(context)
-        if not name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ModelReady needs a model name")
         try:
-            ready = self.status(name).status == ModelStatus.LOADED
+            # As for routing: a model header wins, then a vmodel header, then the body's name
+            # (a model, or else a vmodel of that name).
+            ids, _ = parse_request_headers(context.invocation_metadata(), required=False)
+            name = ids.model_id or (await self._active(ids.vmodel_id) if ids.vmodel_id else req.name)
+            if not name:
+                raise InvalidArgument("ModelReady needs a model name (body or mm-model-id header)")
+            view = self.status(name)
+            if view.status == ModelStatus.NOT_FOUND and not ids.model_id and not ids.vmodel_id:
+                with contextlib.suppress(NotFound):
+                    view = self.status(await self._active(name))
+            ready = view.status == ModelStatus.LOADED
         except MeshError as e:
             await context.abort(e.code, e.message)
             raise AssertionError("abort returned") from e
         return bytes(v2.ModelReadyResponse(ready=ready).SerializeToString())
+
+    async def _active(self, vmodel_id: str) -> str:
+        if self.resolve_vmodel is None:
+            raise NotFound(f"vmodel {vmodel_id!r} not found")
+        return await self.resolve_vmodel(vmodel_id)
 
     async def repository_index(self, request: bytes, context: Any) -> bytes:
         req = await _parse(v2.RepositoryIndexRequest, request, context)
@@ -148,12 +165,3 @@ def _name(model_name: str) -> str:
     if not model_name:
         raise InvalidArgument("model_name is empty")
     return model_name
-
-
-def _header_id(context: Any) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == "mm-model-id":
-            return str(value)
-        if key == "mm-model-id-bin":
-            return bytes(value).decode("utf-8", "replace")
-    return ""

@@ -107,9 +107,10 @@ def test_tritonclient_health_and_metadata_without_headers(
     loaded, registered = models[0], models[1]
     c.register(loaded, loadNow=True, sync=True)
     c.register(registered)
+    c.mm.setVModel(mm.SetVModelRequest(vModelId="vm", targetModelId=loaded.id), timeout=30)
     script = Path(__file__).parent / "clients" / "triton_health.py"
     argv = [str(triton_python), str(script), "--url", c.node.target]
-    argv += ["--loaded", loaded.id, "--registered", registered.id]
+    argv += ["--loaded", loaded.id, "--registered", registered.id, "--vmodel", "vm"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S, check=False)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -120,6 +121,8 @@ def test_tritonclient_health_and_metadata_without_headers(
         "loaded_ready": True,  # agrees with getModelStatus: LOADED somewhere in the mesh
         "registered_ready": False,
         "unknown_ready": False,
+        "vmodel_ready": True,  # the body names a vmodel: its active model is loaded
+        "vmodel_header_ready": True,
         "metadata_name": loaded.id,  # routed to the copy by the body's model name alone
         "metadata_inputs": ["x"],
     }

@@ -16,6 +16,7 @@ def main() -> int:
     p.add_argument("--url", required=True)
     p.add_argument("--loaded", required=True, help="a model loaded in the mesh")
     p.add_argument("--registered", required=True, help="a model registered but not loaded")
+    p.add_argument("--vmodel", required=True, help="a vmodel whose active model is loaded")
     a = p.parse_args()
     client = grpcclient.InferenceServerClient(url=a.url)
     meta = client.get_model_metadata(a.loaded, as_json=True)
@@ -26,6 +27,8 @@ def main() -> int:
         "loaded_ready": client.is_model_ready(a.loaded),
         "registered_ready": client.is_model_ready(a.registered),
         "unknown_ready": client.is_model_ready("no-such-model"),
+        "vmodel_ready": client.is_model_ready(a.vmodel),
+        "vmodel_header_ready": client.is_model_ready("ignored", headers={"mm-vmodel-id": a.vmodel}),
         "metadata_name": meta.get("name"),
         "metadata_inputs": [i["name"] for i in meta.get("inputs", [])],
     }
