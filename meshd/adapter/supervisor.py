@@ -71,28 +71,21 @@ class Supervisor:
 
     async def wait_up(self, timeout_s: float) -> bool:
         """Whether the server answers, waiting up to `timeout_s` for it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while not self.up:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            event = self._up_changed
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await event.wait()
-        return True
+        return await self._wait(lambda: self.up, timeout_s)
 
     async def wait_recovered(self, after_generation: int, timeout_s: float) -> bool:
         """Whether the server came back from an outage (a generation after `after_generation`)
         and is up, waiting up to `timeout_s`."""
+        return await self._wait(lambda: self.up and self.generation > after_generation, timeout_s)
+
+    async def _wait(self, condition: Callable[[], bool], timeout_s: float) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while not (self.up and self.generation > after_generation):
+        while not condition():
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            event = self._up_changed
+            event = self._up_changed  # replaced and set on every change of `up`
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):
                     await event.wait()
