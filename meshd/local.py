@@ -182,6 +182,14 @@ class LocalModels:
         self._evict_all([entry])
         return True
 
+    async def unload_now(self, model_id: str) -> None:
+        """Unload the loaded copy and wait until it has left the record and the runtime
+        (KServe RepositoryModelUnload)."""
+        if self.shed(model_id):
+            task = self._unloading.get(model_id)
+            if task is not None:
+                await asyncio.shield(task)
+
     def drop(self, model_id: str) -> None:
         """Unload the local copy (model unregistered). A load under way unloads when it ends."""
         entry = self._remove(model_id)

@@ -61,6 +61,9 @@ def _live_copies(record: ModelRecord, view: ClusterView) -> int:
     return sum(1 for iid in record.instance_ids if view.live(iid))
 
 
+UNLOAD_VISIBLE_S = 5.0
+
+
 class _Repository:
     """The KServe repository extension's view of the mesh (management plus the router)."""
 
@@ -76,7 +79,16 @@ class _Repository:
 
     async def unload(self, model_id: str) -> None:
         self.management.registry.require(model_id)
-        await self.router.unload_copies(model_id)
+        asked = set(await self.router.unload_copies(model_id))
+        # Answer once this instance's mirror shows the copies gone, so a status read right
+        # after (ModelReady, getModelStatus) agrees; the holders removed them before answering.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + UNLOAD_VISIBLE_S
+        while loop.time() < deadline:
+            record = self.management.registry.get(model_id)
+            if record is None or not asked & set(record.instance_ids):
+                return
+            await asyncio.sleep(0.02)
 
 
 def _has_copy(registry: Registry, model_id: str) -> bool:

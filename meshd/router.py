@@ -175,7 +175,7 @@ class Router:
         asked: list[str] = []
         for iid in sorted(record.instance_ids):
             if iid == self.self_id:
-                self.local.shed(model_id)
+                await self.local.unload_now(model_id)
             else:
                 inst = view.get(iid)
                 if inst is None or not inst.location:

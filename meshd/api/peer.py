@@ -31,7 +31,7 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
     async def InternalOperation(self, request: Any, context: Any) -> Any:
         if request.unload:
             check_id(request.modelId)
-            self.local.shed(request.modelId)
+            await self.local.unload_now(request.modelId)
         elif request.load:
             check_id(request.modelId)
             record = self.registry.get(request.modelId) or await self.registry.fetch(request.modelId)
