@@ -74,6 +74,7 @@ LOAD_FAILED = "load-failed"  # the load failed there (recorded): reroute
 UNKNOWN_MODEL = "unknown-model"  # the model is not registered (any more)
 BUSY = "busy"  # the copy's queue is full (its concurrency limit): try another copy
 PASSED_ON = "status"  # the runtime's (or meshd's) own answer: goes to the client as is
+GRPC_MASKED_STATUS = "Internal error from Core"  # grpc/grpc#36066, see open_entry_stream
 ACCEPTED = "meshd-accepted"  # initial metadata: the peer took the stream, send the messages
 
 T = TypeVar("T")
@@ -513,7 +514,11 @@ class Router:
             raise
 
         def on_error(e: grpc.aio.AioRpcError) -> None:
-            if means_model_missing(e.code(), e.details() or ""):
+            # grpc.aio reports INTERNAL "Internal error from Core" instead of the runtime's own
+            # status when the runtime ended the stream while a message was on its way to it
+            # (grpc/grpc#36066): the status is lost, so check the copy then too.
+            masked = e.code() == grpc.StatusCode.INTERNAL and (e.details() or "") == GRPC_MASKED_STATUS
+            if masked or means_model_missing(e.code(), e.details() or ""):
                 self.local.check_lost(model_id, entry)  # confirmed in the background, then dropped
 
         return ResponseStream(call, relay, lambda: self._leave(entry, started, timed=False), on_error)

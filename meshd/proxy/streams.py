@@ -15,6 +15,8 @@ import grpc
 
 from meshd.errors import MeshError
 
+POLLER_CANCEL_DELAY_S = 1.0  # the client's call has long finished by then
+
 
 class Relay:
     """The client's request messages, on to the next hop.
@@ -52,7 +54,9 @@ class Relay:
             self._go.set()
         poller = getattr(self.call, "_async_request_poller", None)  # grpc.aio's, if any
         if poller is not None and not poller.done():
-            poller.cancel()
+            # Later, not now: cancelling its pending read while the client's call is still
+            # finishing can make grpc answer "Internal error from Core" instead of our status.
+            asyncio.get_running_loop().call_later(POLLER_CANCEL_DELAY_S, poller.cancel)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._messages()
