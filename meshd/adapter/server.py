@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from meshd.adapter import layout, sizing
 from meshd.adapter.layout import Layout, LayoutError, ModelSource
 from meshd.adapter.supervisor import Supervisor
 from meshd.errors import means_model_missing
+from meshd.placement.modelkey import key_object
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
             raise AssertionError("context.abort returned") from e
 
     def _source(self, request: Any) -> ModelSource:
-        key = _key(request.modelKey)
+        key = key_object(request.modelKey) or {}
         if not request.modelPath or "\0" in request.modelPath:
             raise Failure(grpc.StatusCode.INVALID_ARGUMENT, f"model {request.modelId!r}: modelPath is empty or invalid")
         path = Path(request.modelPath)
@@ -385,13 +385,3 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                     continue
                 log.warning("unloading %s: the model server holds it but nothing counts it", model_id)
                 await self._unload(model_id)
-
-
-def _key(model_key: str) -> dict[str, Any]:
-    if not model_key:
-        return {}
-    try:
-        data = json.loads(model_key)
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}

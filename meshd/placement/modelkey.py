@@ -31,7 +31,9 @@ DISK_SIZE_KEY = "disk_size_bytes"  # written by modelmesh-serving's controller
 FIELDS = ("min_copies", "max_copies", "size_bytes")
 
 
-def _key_object(key: str) -> dict[str, Any] | None:
+def key_object(key: str) -> dict[str, Any] | None:
+    """The model key as a JSON object, or None when it is not one (keys are opaque to meshd,
+    JSON by convention; too deeply nested JSON counts as not an object)."""
     if not key or not key.lstrip().startswith("{"):
         return None
     try:
@@ -49,7 +51,7 @@ def _count(raw: Any, name: str) -> int:
 
 def policy_from_key(key: str) -> ModelPolicy:
     """The model's policy from its key string (defaults when the key carries none)."""
-    obj = _key_object(key)
+    obj = key_object(key)
     if obj is None:
         return DEFAULT_POLICY
     disk = obj.get(DISK_SIZE_KEY)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import re
 import time
@@ -32,6 +31,7 @@ import meshd
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+from meshd.placement.modelkey import key_object
 from meshd.runtimes.models import DemoModel, decode_infer_request, make_infer_response
 
 log = logging.getLogger("meshd.runtimes.demo")
@@ -176,14 +176,10 @@ def _answers_errors(fn: Callable[[Any, Q, _Context], Awaitable[R]]) -> Callable[
 
 def parse_model_key(model_key: str) -> dict[str, Any]:
     """modelKey is JSON by convention; anything else (or a non-object) counts as empty."""
-    if not model_key:
-        return {}
-    try:
-        data = json.loads(model_key)
-    except ValueError:
-        log.warning("ignoring modelKey that is not JSON: %r", model_key[:200])
-        return {}
-    return data if isinstance(data, dict) else {}
+    data = key_object(model_key)
+    if data is None and model_key:
+        log.warning("ignoring modelKey that is not a JSON object: %r", model_key[:200])
+    return data or {}
 
 
 def _non_negative(value: object) -> float | None:

@@ -162,3 +162,14 @@ async def test_models_come_back_after_a_restart(adapter: tuple[Adapter, FakeServ
             break
         await asyncio.sleep(0.05)
     assert server.held == {"m"} and set(ad.state.loaded) == {"m"}
+
+
+async def test_odd_model_keys_are_sized_not_crashed_on(adapter: tuple[Adapter, FakeServer, Path]) -> None:
+    ad, _, path = adapter
+    for key in ("not json", "[1, 2]", '{"a": ' * 100_000, '{"meshd": {"size_bytes": "x"}}'):
+        req = rt.PredictModelSizeRequest(modelId="m", modelPath=str(path / "m"), modelType="sklearn", modelKey=key)
+        assert (await ad.predictModelSize(req, Context(5))).sizeInBytes > 0
+    bad_path = rt.LoadModelRequest(modelId="m", modelPath="", modelType="sklearn")
+    with pytest.raises(Aborted) as e:
+        await ad.loadModel(bad_path, Context(5))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
