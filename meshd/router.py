@@ -95,11 +95,19 @@ class Refused(Exception):
 
 
 class Attempt(Protocol[T_co]):
-    """What one request does once a copy is chosen: serve here, or go to a peer."""
+    """What one request does once a copy is chosen: serve from a loaded local copy, load
+    here and serve, or go to a peer. `retarget` is the same request for another model (a
+    vmodel that moved)."""
+
+    model_id: str
+
+    async def local(self, entry: CacheEntry) -> T_co: ...
 
     async def here(self, record: ModelRecord) -> T_co: ...
 
     async def peer(self, target: str, mode: str) -> T_co: ...
+
+    def retarget(self, model_id: str) -> Attempt[T_co]: ...
 
 
 class Router:
@@ -203,15 +211,8 @@ class Router:
     ) -> bytes:
         """Serve one external unary call; `remaining_s` is the client's deadline (None: none)."""
         self.local.counters.requests += 1
-        if ids.model_id is not None:
-            return await self._serve_unary(spec, request, ids.model_id, forward, remaining_s, ids.balanced)
-        assert ids.vmodel_id is not None
-        model_id = await self.resolve_vmodel(ids.vmodel_id)
-        try:
-            return await self._serve_unary(spec, request, model_id, forward, remaining_s, ids.balanced)
-        except NotFound:
-            current = await self._moved(ids.vmodel_id, model_id)
-            return await self._serve_unary(spec, request, current, forward, remaining_s, ids.balanced)
+        model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
+        return await self._serve_ids(ids, _Unary(self, spec, request, model_id, forward, remaining_s))
 
     async def open_stream(
         self,
@@ -229,23 +230,23 @@ class Router:
         `first`: a request message already read (for id extraction), sent first.
         """
         self.local.counters.requests += 1
-        if ids.model_id is not None:
-            return await self._open_stream(spec, first, requests, ids.model_id, forward, remaining_s, ids.balanced)
-        assert ids.vmodel_id is not None
-        model_id = await self.resolve_vmodel(ids.vmodel_id)
-        try:
-            return await self._open_stream(spec, first, requests, model_id, forward, remaining_s, ids.balanced)
-        except NotFound:
-            current = await self._moved(ids.vmodel_id, model_id)
-            return await self._open_stream(spec, first, requests, current, forward, remaining_s, ids.balanced)
+        model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
+        return await self._serve_ids(ids, _Stream(self, spec, first, requests, model_id, forward, remaining_s))
 
-    async def _moved(self, vmodel_id: str, model_id: str) -> str:
-        # The active model went away (an autoDelete switch) before this instance saw the
-        # vmodel move: read the vmodel from etcd and try its new active model once.
-        current = await self.resolve_vmodel(vmodel_id, strong=True)
-        if current == model_id:
-            raise NotFound(f"model {model_id!r} (active model of vmodel {vmodel_id!r}) not found")
-        return current
+    async def _serve_ids(self, ids: RequestIds, attempt: Attempt[T]) -> T:
+        if ids.vmodel_id is None:
+            return await self._serve(attempt, ids.balanced)
+        try:
+            return await self._serve(attempt, ids.balanced)
+        except NotFound:
+            # The active model went away (an autoDelete switch) before this instance saw the
+            # vmodel move: read the vmodel from etcd and try its new active model once.
+            current = await self.resolve_vmodel(ids.vmodel_id, strong=True)
+            if current == attempt.model_id:
+                raise NotFound(
+                    f"model {attempt.model_id!r} (active model of vmodel {ids.vmodel_id!r}) not found"
+                ) from None
+            return await self._serve(attempt.retarget(current), ids.balanced)
 
     async def resolve_vmodel(self, vmodel_id: str, strong: bool = False) -> str:
         vrec = None if strong else self.registry.vmodels.get(vmodel_id)
@@ -259,60 +260,20 @@ class Router:
                 raise DataLoss(f"stored record for vmodel {vmodel_id!r} is corrupt: {e}") from None
         return vrec.active_model
 
-    async def _serve_unary(
-        self,
-        spec: MethodSpec,
-        request: bytes,
-        model_id: str,
-        forward: Metadata,
-        remaining_s: float | None,
-        balanced: bool,
-    ) -> bytes:
-        metadata = runtime_metadata(forward, model_id)
+    async def _serve(self, attempt: Attempt[T], balanced: bool) -> T:
+        model_id = attempt.model_id
         entry = self.local.cache.get(model_id)
-        excluded: set[str] = set()
-        tried: list[str] = []
-        busy = 0
         if entry is not None and entry.state is State.LOADED:  # the common case, kept short
             self.local.counters.hits += 1
             self.local.cache.touch(model_id, self.local.clock())
             try:
-                return await self._serve_entry(entry, spec, request, model_id, metadata, remaining_s)
+                return await attempt.local(entry)
             except Refused as e:
-                busy += e.busy
-                tried.append(f"{self.self_id} (serve): {e}")
-                if e.exclude:
-                    excluded.add(self.self_id)  # e.g. its runtime is down: do not ask it again
-        attempt = _Unary(self, spec, request, model_id, metadata, remaining_s)
-        return await self._route(model_id, balanced, excluded, busy, attempt, tried)
-
-    async def _open_stream(
-        self,
-        spec: MethodSpec,
-        first: bytes | None,
-        requests: AsyncIterator[bytes],
-        model_id: str,
-        forward: Metadata,
-        remaining_s: float | None,
-        balanced: bool,
-    ) -> ResponseStream:
-        metadata = runtime_metadata(forward, model_id)
-        entry = self.local.cache.get(model_id)
-        excluded: set[str] = set()
-        tried: list[str] = []
-        busy = 0
-        if entry is not None and entry.state is State.LOADED:
-            self.local.counters.hits += 1
-            self.local.cache.touch(model_id, self.local.clock())
-            try:
-                return await self.open_entry_stream(entry, spec, first, requests, model_id, metadata, remaining_s)
-            except Refused as e:
-                busy += e.busy
-                tried.append(f"{self.self_id} (serve): {e}")
-                if e.exclude:
-                    excluded.add(self.self_id)
-        attempt = _Stream(self, spec, first, requests, model_id, metadata, remaining_s)
-        return await self._route(model_id, balanced, excluded, busy, attempt, tried)
+                # e.g. its runtime is down: do not ask it again
+                excluded = {self.self_id} if e.exclude else set()
+                tried = [f"{self.self_id} (serve): {e}"]
+                return await self._route(model_id, balanced, excluded, int(e.busy), attempt, tried)
+        return await self._route(model_id, balanced, set(), 0, attempt, [])
 
     async def _route(
         self, model_id: str, balanced: bool, excluded: set[str], busy: int, attempt: Attempt[T], tried: list[str]
@@ -650,9 +611,9 @@ class Router:
 
 
 class _Unary:
-    """One unary request's attempts: here (loading first if need be) or on a peer."""
+    """One unary request's attempts: the local copy, here (loading first), or a peer."""
 
-    __slots__ = ("metadata", "model_id", "remaining_s", "request", "router", "spec")
+    __slots__ = ("forward", "metadata", "model_id", "remaining_s", "request", "router", "spec")
 
     def __init__(
         self,
@@ -660,20 +621,27 @@ class _Unary:
         spec: MethodSpec,
         request: bytes,
         model_id: str,
-        metadata: Metadata,
+        forward: Metadata,
         remaining_s: float | None,
     ) -> None:
         self.router = router
         self.spec = spec
         self.request = request
         self.model_id = model_id
-        self.metadata = metadata
+        self.forward = forward
+        self.metadata = runtime_metadata(forward, model_id)
         self.remaining_s = remaining_s
 
+    def retarget(self, model_id: str) -> _Unary:
+        return _Unary(self.router, self.spec, self.request, model_id, self.forward, self.remaining_s)
+
+    async def local(self, entry: CacheEntry) -> bytes:
+        return await self.router._serve_entry(
+            entry, self.spec, self.request, self.model_id, self.metadata, self.remaining_s
+        )
+
     async def here(self, record: ModelRecord) -> bytes:
-        r = self.router
-        entry = await r.ensure_here(self.model_id, record)
-        return await r._serve_entry(entry, self.spec, self.request, self.model_id, self.metadata, self.remaining_s)
+        return await self.local(await self.router.ensure_here(self.model_id, record))
 
     async def peer(self, target: str, mode: str) -> bytes:
         r = self.router
@@ -681,9 +649,9 @@ class _Unary:
 
 
 class _Stream:
-    """One stream's attempts at opening: here (loading first if need be) or on a peer."""
+    """One stream's attempts at opening: the local copy, here (loading first), or a peer."""
 
-    __slots__ = ("first", "metadata", "model_id", "remaining_s", "requests", "router", "spec")
+    __slots__ = ("first", "forward", "metadata", "model_id", "remaining_s", "requests", "router", "spec")
 
     def __init__(
         self,
@@ -692,7 +660,7 @@ class _Stream:
         first: bytes | None,
         requests: AsyncIterator[bytes],
         model_id: str,
-        metadata: Metadata,
+        forward: Metadata,
         remaining_s: float | None,
     ) -> None:
         self.router = router
@@ -700,15 +668,20 @@ class _Stream:
         self.first = first
         self.requests = requests
         self.model_id = model_id
-        self.metadata = metadata
+        self.forward = forward
+        self.metadata = runtime_metadata(forward, model_id)
         self.remaining_s = remaining_s
 
-    async def here(self, record: ModelRecord) -> ResponseStream:
-        r = self.router
-        entry = await r.ensure_here(self.model_id, record)
-        return await r.open_entry_stream(
+    def retarget(self, model_id: str) -> _Stream:
+        return _Stream(self.router, self.spec, self.first, self.requests, model_id, self.forward, self.remaining_s)
+
+    async def local(self, entry: CacheEntry) -> ResponseStream:
+        return await self.router.open_entry_stream(
             entry, self.spec, self.first, self.requests, self.model_id, self.metadata, self.remaining_s
         )
+
+    async def here(self, record: ModelRecord) -> ResponseStream:
+        return await self.local(await self.router.ensure_here(self.model_id, record))
 
     async def peer(self, target: str, mode: str) -> ResponseStream:
         r = self.router

@@ -73,7 +73,7 @@ class Scaler:
                 sums = gates_now[entry.model_id] = QueueSample(
                     g.limit, g.completed, g.service_ms, g.queued_requests, g.queue_ms
                 )
-                sample = _delta(sums, self._gates.get(entry.model_id))
+                sample = sums.since(self._gates.get(entry.model_id))
                 threshold = scaling.load_threshold_rpm(threshold, sample, self.config.bandwidth_pct)
                 saturated = scaling.saturated(sample)
             record = self.registry.get(entry.model_id)
@@ -151,15 +151,3 @@ class Scaler:
         """Whether this instance is the one that should give a copy up (only one per round)."""
         live = [h for i in holders if (h := view.get(i)) is not None]
         return scaling.worst_holder(view, live, self.cluster.default_units) == view.self_id
-
-
-def _delta(now: QueueSample, before: QueueSample | None) -> QueueSample:
-    if before is None:
-        return now
-    return QueueSample(
-        now.max_concurrency,
-        now.completed - before.completed,
-        now.service_ms - before.service_ms,
-        now.queued - before.queued,
-        now.queue_ms - before.queue_ms,
-    )

@@ -187,6 +187,19 @@ class QueueSample:
     queued: int  # requests that had to wait for a slot
     queue_ms: float  # their summed wait
 
+    def since(self, before: QueueSample | None) -> QueueSample:
+        """The interval's figures from two samples of the running sums (all of them if none
+        before, or if the sums went back: the copy was reloaded meanwhile)."""
+        if before is None or self.completed < before.completed or self.queued < before.queued:
+            return self
+        return QueueSample(
+            self.max_concurrency,
+            self.completed - before.completed,
+            self.service_ms - before.service_ms,
+            self.queued - before.queued,
+            self.queue_ms - before.queue_ms,
+        )
+
 
 def latency_threshold_rpm(sample: QueueSample, bandwidth_pct: int) -> int | None:
     """Upstream's latency mode: a copy running `max_concurrency` requests at a time, each

@@ -293,3 +293,14 @@ def test_queue_pressure_adds_a_copy_through_the_load_rule() -> None:
     rpm = 30  # well under the configured 2000 rpm
     assert saturated(sample)
     assert extra_copies_for_load(max(rpm, threshold), 1, threshold, candidates=2, instances_total=3) == 1
+
+
+def test_queue_samples_subtract_and_survive_a_reload() -> None:
+    from meshd.placement.scaling import QueueSample
+
+    before = QueueSample(2, 10, 1000.0, 4, 400.0)
+    now = QueueSample(2, 15, 1600.0, 5, 450.0)
+    assert now.since(before) == QueueSample(2, 5, 600.0, 1, 50.0)
+    assert now.since(None) is now
+    reloaded = QueueSample(2, 3, 300.0, 0, 0.0)  # a new gate: its sums started again
+    assert reloaded.since(before) is reloaded
