@@ -180,11 +180,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"meshd adapter: {problem}", file=sys.stderr)
         return 2
     try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(serve(a, config))
-    code: int = uvloop.run(serve(a, config))
-    return code
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(serve(a, config))
+        code: int = uvloop.run(serve(a, config))
+        return code
+    except (OSError, RuntimeError) as e:  # an unusable repository, a port taken: one clear line
+        print(f"meshd adapter: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

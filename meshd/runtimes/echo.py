@@ -89,8 +89,12 @@ class EchoService:
         with self.state.counting():
             async for body in bodies:
                 if body.startswith(b"abort:"):
-                    code = grpc.StatusCode[body[6:].decode()]
-                    await context.abort(code, f"asked to fail with {code.name}")
+                    name = body[6:].decode(errors="replace")
+                    code = grpc.StatusCode.__members__.get(name)
+                    if code is None or code is grpc.StatusCode.OK:
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no status {name!r} to fail with")
+                    else:
+                        await context.abort(code, f"asked to fail with {code.name}")
                 await self._delay()
                 yield model + b"|" + body
 

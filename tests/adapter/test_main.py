@@ -1,0 +1,42 @@
+"""`meshd adapter` start-up with bad input: one clear line and an exit code, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshd.testing.procs import free_port
+
+
+def adapter(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "meshd", "adapter", "--server", "mlserver", "--server-grpc", "127.0.0.1:1"]
+    return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--repository", "/proc/no/such", "--port", "0"], 1, "No such file or directory"),
+        (["--repository", "{tmp}/repo", "--model-root", "{tmp}", "--port", "0"], 2, "must not contain each other"),
+        (["--repository", "{tmp}/repo"], 2, "give --port and/or --socket"),
+        (["--repository", "{tmp}/repo", "--port", "0", "--size-multiplier", "0"], 1, "multiplier must be > 0"),
+    ],
+)
+def test_bad_start_up_input_is_one_clear_line(tmp_path: Path, args: list[str], code: int, message: str) -> None:
+    done = adapter(*[a.format(tmp=tmp_path) for a in args])
+    assert done.returncode == code, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", free_port()))
+        s.listen()
+        port = s.getsockname()[1]
+        done = adapter("--repository", str(tmp_path / "repo"), "--port", str(port))
+    assert done.returncode == 1 and "Failed to bind" in done.stderr and "Traceback" not in done.stderr
