@@ -70,7 +70,7 @@ from meshd.runtimes.models import (  # noqa: E402
     pack_f32,
     unpack_f32,
 )
-from meshd.testing.cluster import LocalMesh, MeshClient, Node, StartFailed  # noqa: E402
+from meshd.testing.cluster import LocalMesh, MeshClient, Node, StartFailed, sized_runtime_args  # noqa: E402
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 MODEL_SIZE_BYTES = 4 << 20  # what each model reports when loaded; capacity = K x this
@@ -348,16 +348,7 @@ def run_scenario(
     t_setup = time.perf_counter()
     try:
         mesh.start_etcd()
-        runtime_args = [
-            "--capacity-bytes",
-            str(args.cache_models * MODEL_SIZE_BYTES),
-            "--load-delay-ms",
-            str(args.load_delay_ms),
-            # meshd reserves the runtime's default model size for a load until the runtime
-            # reports the real one; make that estimate right so the cache does not over-admit.
-            "--default-model-size",
-            str(MODEL_SIZE_BYTES),
-        ]
+        runtime_args = sized_runtime_args(args.cache_models, MODEL_SIZE_BYTES, args.load_delay_ms)
         nodes = [mesh.add_node(f"{name}-{i}", runtime_args=runtime_args) for i in range(instances)]
         setup_s = time.perf_counter() - t_setup
         log(

@@ -23,7 +23,7 @@ import grpc
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.runtimes.models import DemoModel, decode_infer_response, generate_models, make_infer_request
-from meshd.testing.cluster import LocalMesh, MeshClient, StartFailed
+from meshd.testing.cluster import LocalMesh, MeshClient, StartFailed, sized_runtime_args
 
 MODEL_SIZE_BYTES = 4 << 20
 
@@ -169,15 +169,7 @@ def run_demo(args: argparse.Namespace) -> int:
         for i in range(args.instances):
             node = mesh.add_node(
                 f"demo-{i}",
-                runtime_args=[
-                    "--capacity-bytes",
-                    str(args.cache_models * MODEL_SIZE_BYTES),
-                    "--load-delay-ms",
-                    str(args.load_delay_ms),
-                    # Size the first reservation right, so the cache never over-commits.
-                    "--default-model-size",
-                    str(MODEL_SIZE_BYTES),
-                ],
+                runtime_args=sized_runtime_args(args.cache_models, MODEL_SIZE_BYTES, args.load_delay_ms),
             )
             print(
                 f"  instance    {node.instance_id}: meshd pid {node.meshd.pid} on :{node.grpc_port}, "

@@ -29,6 +29,20 @@ class StartFailed(RuntimeError):
     pass
 
 
+def sized_runtime_args(models: int, model_size_bytes: int, load_delay_ms: int = 0) -> list[str]:
+    """Reference-runtime flags for room for `models` models of `model_size_bytes`. Its
+    default model size is set to that size too: meshd reserves the default size for a load
+    until the runtime reports the real one, so a right estimate never over-commits the cache."""
+    return [
+        "--capacity-bytes",
+        str(models * model_size_bytes),
+        "--load-delay-ms",
+        str(load_delay_ms),
+        "--default-model-size",
+        str(model_size_bytes),
+    ]
+
+
 @dataclass
 class Node:
     instance_id: str
