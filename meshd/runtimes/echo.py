@@ -37,11 +37,16 @@ class EchoService:
     def __init__(self, state: RuntimeState) -> None:
         self.state = state
 
-    def _model(self, context: Any) -> bytes:
-        model_id = _header_model_id(context)
-        if not model_id:
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "no model named: set mm-model-id")
-        self.state.get(model_id)  # NOT_FOUND unless loaded
+    async def _model(self, context: Any) -> bytes:
+        """The loaded model the call names; aborts (INVALID_ARGUMENT, NOT_FOUND) otherwise."""
+        try:
+            model_id = _header_model_id(context)
+            if not model_id:
+                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "no model named: set mm-model-id")
+            self.state.get(model_id)  # NOT_FOUND unless loaded
+        except RpcFailure as e:
+            await context.abort(e.code, e.details)
+            raise AssertionError("abort returned") from e
         return model_id.encode()
 
     async def _delay(self) -> None:
@@ -49,43 +54,27 @@ class EchoService:
             await asyncio.sleep(self.state.config.infer_delay_ms / 1000)
 
     async def Unary(self, body: bytes, context: Any) -> bytes:
-        try:
-            with self.state.counting():
-                model = self._model(context)
-                await self._delay()
-                return model + b"|" + body
-        except RpcFailure as e:
-            await context.abort(e.code, e.details)
-            raise
+        with self.state.counting():
+            model = await self._model(context)
+            await self._delay()
+            return model + b"|" + body
 
     async def ServerStream(self, body: bytes, context: Any) -> AsyncIterator[bytes]:
-        try:
-            model = self._model(context)
-        except RpcFailure as e:
-            await context.abort(e.code, e.details)
-            return
+        model = await self._model(context)
         with self.state.counting():
             for i in range(SERVER_STREAM_REPLIES):
                 await self._delay()
                 yield model + b"|" + body + b"|" + str(i).encode()
 
     async def ClientStream(self, bodies: AsyncIterator[bytes], context: Any) -> bytes:
-        try:
-            model = self._model(context)
-        except RpcFailure as e:
-            await context.abort(e.code, e.details)
-            raise
+        model = await self._model(context)
         with self.state.counting():
             received = [b async for b in bodies]
             await self._delay()
             return model + b"|" + b",".join(received)
 
     async def Bidi(self, bodies: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        try:
-            model = self._model(context)
-        except RpcFailure as e:
-            await context.abort(e.code, e.details)
-            return
+        model = await self._model(context)
         with self.state.counting():
             async for body in bodies:
                 if body.startswith(b"abort:"):
