@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
+from meshd import tls as meshtls
 from meshd.placement.constraints import TypeConstraints
 from meshd.proxy.methods import DataplaneConfig
 
@@ -136,6 +137,25 @@ SETTINGS: tuple[Setting, ...] = (
         "how long to wait for the runtime to be READY",
         "180",
     ),
+    Setting("tls_key_cert", meshtls.CERT_ENV, "--tls-key-cert", "PEM certificate chain: TLS on both gRPC ports"),
+    Setting("tls_private_key", meshtls.KEY_ENV, "--tls-private-key", "PEM private key of that certificate"),
+    Setting(
+        "tls_private_key_passphrase",
+        meshtls.PASSPHRASE_ENV,
+        "--tls-private-key-passphrase",
+        "passphrase of an encrypted private key (prefer the env variable)",
+    ),
+    Setting(
+        "tls_client_auth",
+        meshtls.CLIENT_AUTH_ENV,
+        "--tls-client-auth",
+        "client certificates on the external port: NONE, REQUIRE or OPTIONAL",
+        "NONE",
+    ),
+    Setting(
+        "tls_trust_certs", meshtls.TRUST_ENV, "--tls-trust-certs", "comma-separated PEM CA files: mesh and client trust"
+    ),
+    Setting("tls_peer_name", meshtls.PEER_NAME_ENV, "--tls-peer-name", "name peers check in each other's certificate"),
 )
 
 
@@ -176,6 +196,7 @@ class Config:
     max_inflight_per_copy: int = 0
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
+    tls: meshtls.MeshTls | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -297,7 +318,24 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
             name("conc_scaleup_bandwidth_pct"), need("conc_scaleup_bandwidth_pct"), 10, 200
         ),
         request_timeout_ms=_int(name("request_timeout_ms"), need("request_timeout_ms"), 0),
+        tls=_tls(raw, advertise),
     )
+
+
+def _tls(raw: Mapping[str, str | None], advertise_host: str) -> meshtls.MeshTls | None:
+    """Parsed and, when on, read and checked now: a bad file is a start-up error."""
+    try:
+        settings = meshtls.parse_settings(
+            raw["tls_key_cert"],
+            raw["tls_private_key"],
+            raw["tls_client_auth"],
+            raw["tls_trust_certs"],
+            raw["tls_private_key_passphrase"],
+            raw["tls_peer_name"],
+        )
+        return meshtls.load(settings, advertise_host) if settings else None
+    except meshtls.TlsConfigError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _json_setting(env: str, text: str | None, path: str | None, parse: Callable[[str], T], empty: T) -> T:

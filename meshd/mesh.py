@@ -35,7 +35,7 @@ from meshd.kv.table import Table
 from meshd.leader import LeaderDuties
 from meshd.local import LocalModels
 from meshd.management import Management
-from meshd.peers import Peers
+from meshd.peers import Peers, dial_plaintext
 from meshd.placement.serving import assume_loaded_ms
 from meshd.placement.view import ClusterView
 from meshd.proxy.handler import InferenceHandler
@@ -47,6 +47,7 @@ from meshd.runtime.client import RuntimeClient, RuntimeNotReady
 from meshd.runtime.endpoints import channel_options, open_channel
 from meshd.scaler import Scaler, ScalerConfig
 from meshd.status import StatusView
+from meshd.tls import bind
 from meshd.vmodels import VModels
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class Instance:
         local.on_change = self.publisher.kick
 
         self.serving_channel = open_channel(cfg.serving_endpoint, cfg.max_msg_size)
-        self.peers = Peers(cfg.max_msg_size)
+        self.peers = Peers(cfg.max_msg_size, cfg.tls.dial_peer if cfg.tls else dial_plaintext)
         cluster = Cluster(
             cfg.instance_id,
             self.instances,
@@ -232,14 +233,16 @@ class Instance:
             management.status, lambda: not self.shutting_down, _Repository(management, router), router.resolve_vmodel
         )
         external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, kserve.handlers)])
-        self.grpc_port = external.add_insecure_port(f"0.0.0.0:{cfg.grpc_port}")
+        tls = cfg.tls
+        self.grpc_port = bind(external, f"0.0.0.0:{cfg.grpc_port}", tls.external_server_credentials() if tls else None)
         self.health.append(Health(external, EXTERNAL_SERVICES))
 
         internal = grpc.aio.server(options=channel_options(cfg.max_msg_size))
         self.peer_servicer = PeerServicer(cfg.instance_id, self.local, registry)
         peer_pb2_grpc.add_MeshPeerServicer_to_server(self.peer_servicer, internal)
         internal.add_generic_rpc_handlers([PeerInferenceHandler(router, methods)])
-        self.peer_port = internal.add_insecure_port(f"0.0.0.0:{cfg.peer_port}")
+        # With TLS on, only callers with a certificate the mesh trusts (peers) get in.
+        self.peer_port = bind(internal, f"0.0.0.0:{cfg.peer_port}", tls.internal_server_credentials() if tls else None)
         self.health.append(Health(internal, INTERNAL_SERVICES))
         for server in (external, internal):
             await server.start()
@@ -283,11 +286,12 @@ class Instance:
         self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
         self.background.append(asyncio.create_task(self._janitor(cfg.janitor_ms / 1000), name="janitor"))
         log.info(
-            "meshd instance %s serving: grpc %d, peer %d, registry %s/",
+            "meshd instance %s serving: grpc %d, peer %d, registry %s/, %s",
             cfg.instance_id,
             self.grpc_port,
             self.peer_port,
             prefix,
+            tls.describe() if tls else "plaintext",
         )
 
     async def _open_store(self) -> KVStore:

@@ -61,6 +61,8 @@ class Node:
 class LocalMesh:
     workdir: Path
     service: str = "meshd-test"
+    # Settings every meshd of this mesh gets (e.g. TLS: meshd.testing.certs.mesh_tls_settings).
+    settings: dict[str, str | int] = field(default_factory=dict)
     children: Children = field(init=False)
     etcd: EmbeddedEtcd | None = field(default=None)
     etcd_url: str = ""
@@ -104,6 +106,7 @@ class LocalMesh:
                 "peer_port": peer_port,
                 "runtime_port": runtime_port,
                 "data_dir": str(self.workdir / instance_id),
+                **self.settings,
                 **(settings or {}),
             }
         )
@@ -171,16 +174,27 @@ class MeshClient:
     peer_channel: grpc.aio.Channel
 
     @classmethod
-    def open(cls, node: Node, max_message_bytes: int = 64 << 20) -> MeshClient:
+    def open(
+        cls,
+        node: Node,
+        max_message_bytes: int = 64 << 20,
+        credentials: grpc.ChannelCredentials | None = None,
+        peer_credentials: grpc.ChannelCredentials | None = None,
+    ) -> MeshClient:
+        """Plaintext unless credentials are given (meshd.tls.client_credentials); the internal
+        port of a TLS mesh needs `peer_credentials` with a certificate the mesh trusts."""
         opts = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
-        return cls(
-            node,
-            grpc.aio.insecure_channel(node.target, options=opts),
-            grpc.aio.insecure_channel(f"127.0.0.1:{node.peer_port}"),
-        )
+
+        def dial(target: str, creds: grpc.ChannelCredentials | None, options: list[tuple[str, int]]) -> Any:
+            if creds is None:
+                return grpc.aio.insecure_channel(target, options=options)
+            return grpc.aio.secure_channel(target, creds, options=options)
+
+        peer_target = f"127.0.0.1:{node.peer_port}"
+        return cls(node, dial(node.target, credentials, opts), dial(peer_target, peer_credentials, []))
 
     @property
     def mm(self) -> mm_grpc.ModelMeshStub:
