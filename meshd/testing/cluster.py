@@ -180,18 +180,21 @@ class MeshClient:
         max_message_bytes: int = 64 << 20,
         credentials: grpc.ChannelCredentials | None = None,
         peer_credentials: grpc.ChannelCredentials | None = None,
+        tls_name: str | None = None,
     ) -> MeshClient:
         """Plaintext unless credentials are given (meshd.tls.client_credentials); the internal
-        port of a TLS mesh needs `peer_credentials` with a certificate the mesh trusts."""
-        opts = [
+        port of a TLS mesh needs `peer_credentials` with a certificate the mesh trusts.
+        `tls_name`: the name to check in the server certificate (MESHD_TLS_PEER_NAME)."""
+        opts: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
 
-        def dial(target: str, creds: grpc.ChannelCredentials | None, options: list[tuple[str, int]]) -> Any:
+        def dial(target: str, creds: grpc.ChannelCredentials | None, options: list[tuple[str, Any]]) -> Any:
             if creds is None:
                 return grpc.aio.insecure_channel(target, options=options)
-            return grpc.aio.secure_channel(target, creds, options=options)
+            named = [("grpc.ssl_target_name_override", tls_name)] if tls_name else []
+            return grpc.aio.secure_channel(target, creds, options=[*options, *named])
 
         peer_target = f"127.0.0.1:{node.peer_port}"
         return cls(node, dial(node.target, credentials, opts), dial(peer_target, peer_credentials, []))
