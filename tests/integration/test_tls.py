@@ -32,6 +32,7 @@ PEER_NAME = "meshd-peers.test"  # the only name in the instance certificate (no 
 class Pki:
     ca: TestCA
     instance: Issued  # every instance of the mesh shares it, as pods share one Secret
+    instance_ip: Issued  # the same names plus the IP peers dial (127.0.0.1)
     app: Issued  # a client application's certificate from the mesh CA
     outsider: Issued  # signed by another CA
 
@@ -47,6 +48,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return Pki(
         ca,
         ca.issue("instance", dns=(PEER_NAME,), ips=()),
+        ca.issue("instance-ip", dns=(PEER_NAME,), ips=("127.0.0.1",)),
         ca.issue("app"),
         TestCA(d, "other").issue("outsider"),
     )
@@ -122,11 +124,16 @@ def test_mtls_require_refuses_callers_without_a_trusted_certificate(
         a.close()
 
 
+@pytest.mark.parametrize("peers_check", ["peer name", "dialed IP"])
 def test_a_two_instance_tls_mesh_forwards_over_mtls_and_the_internal_port_refuses_outsiders(
-    tls_mesh: LocalMesh, pki: Pki, models: list[GeneratedModel]
+    mesh: LocalMesh, pki: Pki, models: list[GeneratedModel], peers_check: str
 ) -> None:
-    node_a = tls_mesh.add_node("inst-a", runtime_args())
-    node_b = tls_mesh.add_node("inst-b", runtime_args())
+    if peers_check == "peer name":  # MESHD_TLS_PEER_NAME: the certificate holds no IP
+        mesh.settings = mesh_tls_settings(pki.ca, pki.instance, peer_name=PEER_NAME)
+    else:  # no peer name: peers check the advertised IP in the certificate
+        mesh.settings = mesh_tls_settings(pki.ca, pki.instance_ip)
+    node_a = mesh.add_node("inst-a", runtime_args())
+    node_b = mesh.add_node("inst-b", runtime_args())
     a, b = client(node_a, pki.creds(None)), client(node_b, pki.creds(None))
     try:
         m = models[0]
