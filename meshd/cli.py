@@ -1,4 +1,5 @@
-"""`meshd` command line: serve, demo, runtime (the reference runtime), gen-models."""
+"""`meshd` command line: serve, demo, runtime (the reference runtime), gen-models, and the
+operator commands models, vmodels and instances (meshd.ops)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     adapter.set_defaults(func=None)
     gen = sub.add_parser("gen-models", help="write a set of demo model files", add_help=False)
     gen.set_defaults(func=None)
+    from meshd.ops.commands import add_commands
+
+    add_commands(sub)
     return parser
 
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from meshd._proto.meshd import peer_pb2_grpc
+from meshd._proto.meshd import admin_pb2_grpc, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2_grpc
+from meshd.api.admin import MeshAdminServicer
 from meshd.api.health import EXTERNAL_SERVICES, INTERNAL_SERVICES, Health
 from meshd.api.kserve import MeshKServe
 from meshd.api.modelmesh import ModelMeshServicer
@@ -26,6 +27,7 @@ from meshd.cluster import Cluster
 from meshd.config import Config
 from meshd.copies import CopyCounter
 from meshd.instances import Identity, InstancePublisher, RpmMeter, instance_record
+from meshd.inventory import Inventory
 from meshd.kv.election import Election
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.kv.etcd import EtcdStore
@@ -228,6 +230,11 @@ class Instance:
             wait_loaded=self._wait_loaded,
         )
         model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(servicer, external)
+        inventory = Inventory(registry, cluster, self.local, self.peers, cfg.load_failure_expiry_ms)
+        admin = MeshAdminServicer(
+            inventory, self.instances, lambda: self.election.leader_id if self.election is not None else None
+        )
+        admin_pb2_grpc.add_MeshAdminServicer_to_server(admin, external)
         timeout_s = cfg.request_timeout_ms / 1000 if cfg.request_timeout_ms else None
         kserve = MeshKServe(
             management.status, lambda: not self.shutting_down, _Repository(management, router), router.resolve_vmodel
