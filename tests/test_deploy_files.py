@@ -204,7 +204,8 @@ def test_k8s_ports_and_probes_agree_with_settings() -> None:
         selector = svc["spec"]["selector"]
         matching = [w for w in workloads if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()]
         assert matching, f"service {svc['metadata']['name']} selects nothing"
-        named = {p["name"] for w in matching for c in w["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+        containers = [c for w in matching for c in w["spec"]["template"]["spec"]["containers"]]
+        named = {p["name"] for c in containers for p in c.get("ports", [])}
         for port in svc["spec"]["ports"]:
             assert not isinstance(port["targetPort"], str) or port["targetPort"] in named, port
     for workload, spec in _pod_specs(docs):

@@ -25,6 +25,7 @@ from meshd.ops.connect import (
     DEFAULT_TIMEOUT_S,
     OpsError,
     Target,
+    TargetTls,
     default_address,
     open_channel,
     rpc_failure,
@@ -65,7 +66,20 @@ def _common() -> argparse.ArgumentParser:
         "--timeout", type=_timeout, default=DEFAULT_TIMEOUT_S, help=f"seconds per call (default {DEFAULT_TIMEOUT_S:g})"
     )
     common.add_argument("--json", action="store_true", help="print JSON (stable field names, see README)")
+    tls = common.add_argument_group("TLS (a meshd with MM_TLS_* set)")
+    tls.add_argument("--tls", action="store_true", help="dial with TLS, checking the server against system roots")
+    tls.add_argument("--tls-ca", metavar="FILE", help="CA certificates (PEM) to check the server with; implies --tls")
+    tls.add_argument("--tls-cert", metavar="FILE", help="client certificate (PEM) for MM_TLS_CLIENT_AUTH=REQUIRE")
+    tls.add_argument("--tls-key", metavar="FILE", help="private key (PEM) of --tls-cert")
+    tls.add_argument("--tls-server-name", metavar="NAME", help="name the server certificate holds, if not the address")
     return common
+
+
+def _target_tls(args: argparse.Namespace) -> TargetTls | None:
+    wanted = args.tls or args.tls_ca or args.tls_cert or args.tls_key or args.tls_server_name
+    if not wanted:
+        return None
+    return TargetTls(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
 
 
 def add_commands(sub: Any) -> None:
@@ -149,7 +163,10 @@ def _run(handler: Handler, command: str, check: Check | None = None) -> Callable
             problem = rule(args)
             if problem is not None:
                 parser.error(problem)  # exits 2
-        target = Target(args.address or default_address(), args.timeout)
+        if bool(args.tls_cert) != bool(args.tls_key):
+            print(f"meshd {command}: --tls-cert and --tls-key go together", file=sys.stderr)
+            return 2
+        target = Target(args.address or default_address(), args.timeout, _target_tls(args))
         try:
             with open_channel(target) as channel:
                 return handler(args, target, channel)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from meshd.tls import TlsConfigError, read_client_credentials
+
 ADDRESS_ENV = "MESHD_ADDRESS"
 DEFAULT_ADDRESS = "localhost:8033"  # upstream's external gRPC port (MM_SVC_GRPC_PORT)
 DEFAULT_TIMEOUT_S = 30.0
@@ -23,9 +25,22 @@ class OpsError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class TargetTls:
+    """How to dial a TLS port: `ca` checks the server (None: the system's roots), `cert` and
+    `key` are the client certificate mTLS asks for, `server_name` the name the server's
+    certificate holds when the address does not (an IP, a port-forward)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Target:
     address: str
     timeout_s: float
+    tls: TargetTls | None = None
 
 
 def default_address(environ: Mapping[str, str] | None = None) -> str:
@@ -38,7 +53,16 @@ def open_channel(target: Target) -> grpc.Channel:
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ]
-    return grpc.insecure_channel(target.address, options=options)
+    if target.tls is None:
+        return grpc.insecure_channel(target.address, options=options)
+    tls = target.tls
+    try:
+        credentials = read_client_credentials(tls.ca, tls.cert, tls.key)
+    except TlsConfigError as e:
+        raise OpsError(str(e)) from None
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.secure_channel(target.address, credentials, options=options)
 
 
 # Connection failures as grpc words them -> what an operator reads (first match wins).

@@ -122,6 +122,23 @@ def test_mtls_require_refuses_callers_without_a_trusted_certificate(
         assert close_enough(a.infer(m.id, ROWS), expected(m, ROWS))
     finally:
         a.close()
+    # The operator CLI dials the same port with the same files.
+    tls = ["--tls-ca", str(pki.ca.cert), "--tls-server-name", PEER_NAME, "--address", node.target]
+    mine = [*tls, "--tls-cert", str(pki.app.cert), "--tls-key", str(pki.app.key)]
+    listed = ops_cli("models", "list", "--json", *mine)
+    assert listed.returncode == 0, listed.stderr
+    assert m.id in listed.stdout
+    refused = ops_cli("models", "list", *tls)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"cannot reach meshd at {node.target}" in refused.stderr
+    half = ops_cli("models", "list", *tls, "--tls-cert", str(pki.app.cert))
+    assert half.returncode == 2 and "--tls-key" in half.stderr
+
+
+def ops_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meshd", *argv, "--timeout", "20"], capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize("peers_check", ["peer name", "dialed IP"])
