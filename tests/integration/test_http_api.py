@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,6 +18,7 @@ from meshd._proto.inference import grpc_predict_v2_pb2 as v2
 from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.runtimes.models import GeneratedModel
+from meshd.testing.venvs import ensure_venv
 
 from .conftest import Client, NodeFactory, close_enough, expected
 
@@ -181,3 +183,48 @@ def test_load_from_the_model_repository_over_grpc_and_http(
     status, body = http(a, "POST", "/v2/repository/models/broken/load")
     assert status == 400 and "meshd-model.json" in body["error"]
     assert a.status("broken").status == ST.NOT_FOUND  # nothing was registered
+
+
+TRITONCLIENT_HTTP = ["tritonclient[http]==2.73.0"]
+TRITON_HTTP_SCRIPT = Path(__file__).resolve().parent / "clients" / "triton_http.py"
+
+
+def test_tritonclient_http_against_the_rest_endpoints(
+    start_node: NodeFactory, models: list[GeneratedModel], tmp_path: Path
+) -> None:
+    python = ensure_venv("tritonclient-http", TRITONCLIENT_HTTP)  # its own venv: pins protobuf < 7
+    repo = model_repository(tmp_path, models)
+    a = start_node(settings={"model_repository": str(repo), "model_repository_type": "demo"})
+    m = models[2]
+    a.register(m)
+    steps = ["live", "ready", "server", "index", f"ready:{m.id}", f"load:{m.id}", f"ready:{m.id}"]
+    steps += ["load:alpha", "ready:alpha", "unload:alpha", "ready:alpha", "index", "load:nope", "load:broken"]
+    url = f"127.0.0.1:{a.node.http_port}"
+    proc = subprocess.run(
+        [str(python), str(TRITON_HTTP_SCRIPT), "--url", url, *steps],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out[:3] == [True, True, ["meshd", ["model_repository"]]]
+    unregistered = ["", "not registered; in the model repository"]
+    assert out[3] == {
+        m.id: ["UNAVAILABLE", "not loaded"],
+        "alpha": unregistered,
+        "beta": unregistered,
+        "broken": unregistered,
+    }
+    assert out[4:11] == [False, "loaded", True, "loaded", True, "unloaded", False]
+    assert out[11] == {
+        m.id: ["READY", ""],
+        "alpha": ["UNAVAILABLE", "not loaded"],
+        "beta": unregistered,
+        "broken": unregistered,
+    }
+    assert out[12]["error"] == "404" and "nope" in out[12]["message"]
+    assert out[13]["error"] == "400" and "meshd-model.json" in out[13]["message"]
+    assert a.status(m.id).status == ST.LOADED and a.status("alpha").status == ST.NOT_LOADED
+    assert a.runtime_loaded() == [m.id]
