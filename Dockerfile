@@ -4,6 +4,6 @@ WORKDIR /app
 COPY pyproject.toml README.md constraints.txt ./
 COPY meshd ./meshd
 RUN pip install --no-cache-dir -c constraints.txt .
-EXPOSE 8033 8080 8085
+EXPOSE 8033 8080 8085 8008
 ENTRYPOINT ["meshd"]
 CMD ["serve"]

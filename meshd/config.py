@@ -131,6 +131,25 @@ SETTINGS: tuple[Setting, ...] = (
         "20",
     ),
     Setting(
+        "http_port",
+        "MESHD_HTTP_PORT",
+        "--http-port",
+        "KServe V2 REST port ('disabled' turns it off; upstream's REST proxy used 8008)",
+        "8008",
+    ),
+    Setting(
+        "model_repository",
+        "MESHD_MODEL_REPOSITORY",
+        "--model-repository",
+        "directory of model folders that RepositoryModelLoad registers on first load",
+    ),
+    Setting(
+        "model_repository_type",
+        "MESHD_MODEL_REPOSITORY_TYPE",
+        "--model-repository-type",
+        "model type for repository folders that do not name one",
+    ),
+    Setting(
         "runtime_ready_timeout_s",
         "MESHD_RUNTIME_READY_TIMEOUT_S",
         "--runtime-ready-timeout-s",
@@ -197,6 +216,9 @@ class Config:
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
     tls: meshtls.MeshTls | None = None
+    http_port: int | None = 8008  # None: no REST endpoints
+    model_repository: Path | None = None
+    model_repository_type: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -319,6 +341,9 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         ),
         request_timeout_ms=_int(name("request_timeout_ms"), need("request_timeout_ms"), 0),
         tls=_tls(raw, advertise),
+        http_port=_http_port(name("http_port"), need("http_port")),
+        model_repository=_directory(name("model_repository"), raw["model_repository"]),
+        model_repository_type=raw["model_repository_type"] or "",
     )
 
 
@@ -359,6 +384,22 @@ def _type_constraints(text: str | None, path: str | None) -> TypeConstraints:
 
 def _dataplane(text: str | None, path: str | None) -> DataplaneConfig:
     return _json_setting("MM_DATAPLANE_CONFIG", text, path, DataplaneConfig.parse, DataplaneConfig())
+
+
+HTTP_OFF = frozenset({"disabled", "off"})
+
+
+def _http_port(what: str, text: str) -> int | None:
+    return None if text.strip().lower() in HTTP_OFF else _bounded(what, text, 0, 65535)
+
+
+def _directory(what: str, text: str | None) -> Path | None:
+    if not text:
+        return None
+    path = Path(text)
+    if not path.is_dir():
+        raise ConfigError(f"{what}: {text!r} is not a directory")
+    return path
 
 
 def _bounded(what: str, text: str, low: int, high: int) -> int:

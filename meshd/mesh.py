@@ -19,6 +19,8 @@ from meshd._proto.mmesh import model_mesh_pb2_grpc
 from meshd.api.admin import MeshAdminServicer
 from meshd.api.health import EXTERNAL_SERVICES, INTERNAL_SERVICES, Health
 from meshd.api.kserve import MeshKServe
+from meshd.api.kserve_core import KServeCore
+from meshd.api.kserve_http import HttpServer
 from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.peer import PeerServicer
 from meshd.cache import State, to_units
@@ -37,6 +39,7 @@ from meshd.kv.table import Table
 from meshd.leader import LeaderDuties
 from meshd.local import LocalModels
 from meshd.management import Management
+from meshd.modelrepo import ModelDirectory
 from meshd.peers import Peers, dial_plaintext
 from meshd.placement.serving import assume_loaded_ms
 from meshd.placement.view import ClusterView
@@ -44,11 +47,11 @@ from meshd.proxy.handler import InferenceHandler
 from meshd.proxy.methods import MethodTable
 from meshd.proxy.peer_handler import PeerInferenceHandler
 from meshd.registry import Registry
+from meshd.repository import MeshRepository
 from meshd.router import Router
 from meshd.runtime.client import RuntimeClient, RuntimeNotReady
 from meshd.runtime.endpoints import channel_options, open_channel
 from meshd.scaler import Scaler, ScalerConfig
-from meshd.status import StatusView
 from meshd.tls import bind
 from meshd.vmodels import VModels
 
@@ -62,36 +65,6 @@ DRAIN_RESERVE_S = 5.0  # upstream stops waiting for reloads 5 s before the shutd
 
 def _live_copies(record: ModelRecord, view: ClusterView) -> int:
     return sum(1 for iid in record.instance_ids if view.live(iid))
-
-
-UNLOAD_VISIBLE_S = 5.0
-
-
-class _Repository:
-    """The KServe repository extension's view of the mesh (management plus the router)."""
-
-    def __init__(self, management: Management, router: Router) -> None:
-        self.management = management
-        self.router = router
-
-    def model_ids(self) -> list[str]:
-        return self.management.model_ids()
-
-    async def load(self, model_id: str) -> StatusView:
-        return await self.management.load(model_id)
-
-    async def unload(self, model_id: str) -> None:
-        self.management.registry.require(model_id)
-        asked = set(await self.router.unload_copies(model_id))
-        # Answer once this instance's mirror shows the copies gone, so a status read right
-        # after (ModelReady, getModelStatus) agrees; the holders removed them before answering.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + UNLOAD_VISIBLE_S
-        while loop.time() < deadline:
-            record = self.management.registry.get(model_id)
-            if record is None or not asked & set(record.instance_ids):
-                return
-            await asyncio.sleep(0.02)
 
 
 def _has_copy(registry: Registry, model_id: str) -> bool:
@@ -110,6 +83,7 @@ class Instance:
     runtime: RuntimeClient | None = None
     local: LocalModels | None = None
     servers: list[grpc.aio.Server] = field(default_factory=list)
+    http: HttpServer | None = None
     health: list[Health] = field(default_factory=list)
     serving_channel: grpc.aio.Channel | None = None
     peers: Peers | None = None
@@ -121,6 +95,7 @@ class Instance:
     background: list[asyncio.Task[None]] = field(default_factory=list)
     grpc_port: int = 0
     peer_port: int = 0
+    http_port: int | None = None
     shutting_down: bool = False
 
     async def start(self) -> None:
@@ -236,10 +211,17 @@ class Instance:
         )
         admin_pb2_grpc.add_MeshAdminServicer_to_server(admin, external)
         timeout_s = cfg.request_timeout_ms / 1000 if cfg.request_timeout_ms else None
-        kserve = MeshKServe(
-            management.status, lambda: not self.shutting_down, _Repository(management, router), router.resolve_vmodel
+        directory = None
+        if cfg.model_repository is not None:
+            directory = ModelDirectory(cfg.model_repository, cfg.model_repository_type)
+        kserve = KServeCore(
+            management.status,
+            lambda: not self.shutting_down,
+            MeshRepository(management, router, directory),
+            router.resolve_vmodel,
         )
-        external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, kserve.handlers)])
+        handlers = MeshKServe(kserve).handlers
+        external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, handlers)])
         tls = cfg.tls
         self.grpc_port = bind(external, f"0.0.0.0:{cfg.grpc_port}", tls.external_server_credentials() if tls else None)
         self.health.append(Health(external, EXTERNAL_SERVICES))
@@ -254,6 +236,10 @@ class Instance:
         for server in (external, internal):
             await server.start()
             self.servers.append(server)
+        if cfg.http_port is not None:
+            ssl_context = tls.http_server_context() if tls else None
+            self.http = HttpServer(kserve, "0.0.0.0", cfg.http_port, ssl_context=ssl_context)
+            self.http_port = await self.http.start()
         for h in self.health:
             await h.set_serving(True)
         await self.publisher.start()  # last: peers see the instance only once it serves
@@ -293,10 +279,11 @@ class Instance:
         self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
         self.background.append(asyncio.create_task(self._janitor(cfg.janitor_ms / 1000), name="janitor"))
         log.info(
-            "meshd instance %s serving: grpc %d, peer %d, registry %s/, %s",
+            "meshd instance %s serving: grpc %d, peer %d, http %s, registry %s/, %s",
             cfg.instance_id,
             self.grpc_port,
             self.peer_port,
+            self.http_port if self.http_port is not None else "disabled",
             prefix,
             tls.describe() if tls else "plaintext",
         )
@@ -451,6 +438,9 @@ class Instance:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.local.deregister_copies(), DRAIN_RESERVE_S)
         await asyncio.gather(*(server.stop(min(grace, 5.0)) for server in self.servers))
+        if self.http is not None:
+            with contextlib.suppress(Exception):
+                await self.http.stop()
         if self.publisher is not None:
             with contextlib.suppress(Exception):
                 await self.publisher.stop()  # revokes the lease: the instance record goes at once
@@ -488,8 +478,9 @@ async def serve(config: Config) -> None:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         await instance.start()
+        http = f", http port {instance.http_port}" if instance.http_port is not None else ""
         print(
-            f"meshd {config.instance_id} ready: grpc port {instance.grpc_port}, peer port {instance.peer_port}",
+            f"meshd {config.instance_id} ready: grpc port {instance.grpc_port}, peer port {instance.peer_port}{http}",
             flush=True,
         )
         await stop.wait()

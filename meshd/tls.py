@@ -121,6 +121,16 @@ class MeshTls:
             require_client_auth=auth is ClientAuth.REQUIRE,
         )
 
+    def http_server_context(self) -> ssl.SSLContext:
+        """The same TLS for meshd's HTTP ports (KServe REST, metrics) as for the external
+        gRPC port, client certificates per MM_TLS_CLIENT_AUTH."""
+        ctx = _server_context(self.settings)
+        auth = self.settings.client_auth
+        if auth is ClientAuth.REQUIRE and self.trust is not None:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(cadata=self.trust.decode("ascii"))
+        return ctx
+
     def internal_server_credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
             [(self.private_key, self.cert_chain)], root_certificates=self.internal_trust, require_client_auth=True

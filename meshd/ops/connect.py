@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -49,7 +50,7 @@ def default_address(environ: Mapping[str, str] | None = None) -> str:
 
 
 def open_channel(target: Target) -> grpc.Channel:
-    options = [
+    options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ]

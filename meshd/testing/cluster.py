@@ -51,10 +51,15 @@ class Node:
     runtime_port: int
     meshd: Child
     runtime: Child
+    http_port: int = 0  # KServe V2 REST (0: disabled by the node's settings)
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
 
 
 @dataclass
@@ -92,11 +97,14 @@ class LocalMesh:
         grpc_port: int | None = None,
         peer_port: int | None = None,
         name: str | None = None,
+        http_port: int | None = None,
     ) -> Child:
         if not self.etcd_url:
             raise StartFailed("start etcd (or set etcd_url) before meshd")
         grpc_port = grpc_port or free_port()
         peer_port = peer_port or free_port()
+        # Never the default 8008: several instances share this host.
+        http_port = http_port or free_port()
         env = env_for(
             {
                 "service_name": self.service,
@@ -104,6 +112,7 @@ class LocalMesh:
                 "instance_id": instance_id,
                 "grpc_port": grpc_port,
                 "peer_port": peer_port,
+                "http_port": http_port,
                 "runtime_port": runtime_port,
                 "data_dir": str(self.workdir / instance_id),
                 **self.settings,
@@ -122,9 +131,9 @@ class LocalMesh:
         settings: dict[str, str | int] | None = None,
     ) -> Node:
         runtime, runtime_port = self.start_runtime(f"{instance_id}-runtime", runtime_args)
-        grpc_port, peer_port = free_port(), free_port()
-        meshd = self.start_meshd(instance_id, runtime_port, settings, grpc_port, peer_port)
-        node = Node(instance_id, grpc_port, peer_port, runtime_port, meshd, runtime)
+        grpc_port, peer_port, http_port = free_port(), free_port(), free_port()
+        meshd = self.start_meshd(instance_id, runtime_port, settings, grpc_port, peer_port, http_port=http_port)
+        node = Node(instance_id, grpc_port, peer_port, runtime_port, meshd, runtime, http_port)
         self.nodes.append(node)
         return node
 
@@ -137,6 +146,7 @@ class LocalMesh:
             node.grpc_port,
             node.peer_port,
             name=f"{node.instance_id}-restarted",
+            http_port=node.http_port,
         )
 
     def _wait_port(self, child: Child, port: int) -> None:

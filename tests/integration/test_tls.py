@@ -4,8 +4,11 @@ peer hop over mTLS, and bad TLS settings as one-line start-up errors."""
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +106,11 @@ def test_tls_external_port_serves_with_the_ca_and_refuses_plaintext(
         a.close()
     plain = refusal(grpc.insecure_channel(node.target))
     assert plain.code() == grpc.StatusCode.UNAVAILABLE
+    # The KServe REST port speaks the same TLS.
+    https = f"https://127.0.0.1:{node.http_port}/v2/health/ready"
+    assert https_status(https, pki) == 200
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(https, timeout=10, context=ssl.create_default_context())  # not the mesh CA
     # A client that does not trust the mesh CA refuses the server.
     untrusting = grpc.ssl_channel_credentials(pki.outsider.cert.read_bytes())
     assert refusal(secure(node.target, untrusting)).code() == grpc.StatusCode.UNAVAILABLE
@@ -122,6 +130,10 @@ def test_mtls_require_refuses_callers_without_a_trusted_certificate(
         assert close_enough(a.infer(m.id, ROWS), expected(m, ROWS))
     finally:
         a.close()
+    https = f"https://127.0.0.1:{node.http_port}/v2/health/live"
+    assert https_status(https, pki, pki.app) == 200
+    with pytest.raises((urllib.error.URLError, ConnectionError, ssl.SSLError)):
+        https_status(https, pki)  # no client certificate
     # The operator CLI dials the same port with the same files.
     tls = ["--tls-ca", str(pki.ca.cert), "--tls-server-name", PEER_NAME, "--address", node.target]
     mine = [*tls, "--tls-cert", str(pki.app.cert), "--tls-key", str(pki.app.key)]
@@ -133,6 +145,17 @@ def test_mtls_require_refuses_callers_without_a_trusted_certificate(
     assert f"cannot reach meshd at {node.target}" in refused.stderr
     half = ops_cli("models", "list", *tls, "--tls-cert", str(pki.app.cert))
     assert half.returncode == 2 and "--tls-key" in half.stderr
+
+
+def https_status(url: str, pki: Pki, who: Issued | None = None) -> int:
+    ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
+    ctx.check_hostname = False  # the certificate names the mesh service, not 127.0.0.1
+    if who is not None:
+        ctx.load_cert_chain(str(who.cert), str(who.key))
+    with urllib.request.urlopen(url, timeout=10, context=ctx) as r:
+        status: int = r.status
+        r.read()  # with TLS 1.3 a refused client certificate shows on the first read
+    return status
 
 
 def ops_cli(*argv: str) -> subprocess.CompletedProcess[str]:
