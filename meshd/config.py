@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
+from meshd.logs import parse_log_format
+from meshd.metrics import MetricsConfig
 from meshd.placement.constraints import TypeConstraints
 from meshd.proxy.methods import DataplaneConfig
 
@@ -136,6 +138,15 @@ SETTINGS: tuple[Setting, ...] = (
         "how long to wait for the runtime to be READY",
         "180",
     ),
+    Setting(
+        "metrics",
+        "MM_METRICS",
+        "--metrics",
+        "prometheus:port=N;per_model_metrics=true|false;fq_names=true|false, or disabled",
+        "prometheus:port=2112",
+    ),
+    Setting("log_each_invoke", "MM_LOG_EACH_INVOKE", "--log-each-invoke", "one INFO log record per inference", "false"),
+    Setting("log_format", "MESHD_LOG_FORMAT", "--log-format", "log lines: text or json", "text"),
 )
 
 
@@ -176,6 +187,9 @@ class Config:
     max_inflight_per_copy: int = 0
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    log_each_invoke: bool = False
+    log_format: str = "text"
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -297,7 +311,24 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
             name("conc_scaleup_bandwidth_pct"), need("conc_scaleup_bandwidth_pct"), 10, 200
         ),
         request_timeout_ms=_int(name("request_timeout_ms"), need("request_timeout_ms"), 0),
+        metrics=_parsed(name("metrics"), need("metrics"), MetricsConfig.parse),
+        log_each_invoke=_bool(name("log_each_invoke"), need("log_each_invoke")),
+        log_format=_parsed(name("log_format"), need("log_format"), parse_log_format),
     )
+
+
+def _parsed(what: str, text: str, parse: Callable[[str], T]) -> T:
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise ConfigError(f"{what}: {e}") from None
+
+
+def _bool(what: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"{what} must be true or false (got {text!r})")
+    return value == "true"
 
 
 def _json_setting(env: str, text: str | None, path: str | None, parse: Callable[[str], T], empty: T) -> T:

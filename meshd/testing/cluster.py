@@ -104,6 +104,7 @@ class LocalMesh:
                 "peer_port": peer_port,
                 "runtime_port": runtime_port,
                 "data_dir": str(self.workdir / instance_id),
+                "metrics": "disabled",  # several instances on one host: no two on port 2112
                 **(settings or {}),
             }
         )
