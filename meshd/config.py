@@ -17,6 +17,8 @@ from typing import TypeVar
 from urllib.parse import urlparse
 
 from meshd import tls as meshtls
+from meshd.logs import parse_log_format
+from meshd.metrics import MetricsConfig
 from meshd.placement.constraints import TypeConstraints
 from meshd.proxy.methods import DataplaneConfig
 
@@ -175,6 +177,15 @@ SETTINGS: tuple[Setting, ...] = (
         "tls_trust_certs", meshtls.TRUST_ENV, "--tls-trust-certs", "comma-separated PEM CA files: mesh and client trust"
     ),
     Setting("tls_peer_name", meshtls.PEER_NAME_ENV, "--tls-peer-name", "name peers check in each other's certificate"),
+    Setting(
+        "metrics",
+        "MM_METRICS",
+        "--metrics",
+        "prometheus:port=N;per_model_metrics=true|false;fq_names=true|false, or disabled",
+        "prometheus:port=2112",
+    ),
+    Setting("log_each_invoke", "MM_LOG_EACH_INVOKE", "--log-each-invoke", "one INFO log record per inference", "false"),
+    Setting("log_format", "MESHD_LOG_FORMAT", "--log-format", "log lines: text or json", "text"),
 )
 
 
@@ -219,6 +230,9 @@ class Config:
     http_port: int | None = 8008  # None: no REST endpoints
     model_repository: Path | None = None
     model_repository_type: str = ""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    log_each_invoke: bool = False
+    log_format: str = "text"
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -308,7 +322,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         _int(name("serving_port"), serving, 1)
     advertise = raw["advertise_host"] or env.get("POD_IP") or env.get("WKUBE_POD_IPADDR") or "127.0.0.1"
     labels = tuple(x.strip() for x in (raw["labels"] or "").split(",") if x.strip())
-    return Config(
+    config = Config(
         service_name=need("service_name"),
         kv_store=parse_kv_store(raw["kv_store"]) if raw["kv_store"] else None,
         kv_prefix=need("kv_prefix"),
@@ -344,7 +358,16 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         http_port=_http_port(name("http_port"), need("http_port")),
         model_repository=_directory(name("model_repository"), raw["model_repository"]),
         model_repository_type=raw["model_repository_type"] or "",
+        metrics=_parsed(name("metrics"), need("metrics"), MetricsConfig.parse),
+        log_each_invoke=_bool(name("log_each_invoke"), need("log_each_invoke")),
+        log_format=_parsed(name("log_format"), need("log_format"), parse_log_format),
     )
+    if config.metrics.https and config.tls is None:
+        raise ConfigError(
+            f"{name('metrics')}: scheme=https needs the instance certificate "
+            f"({meshtls.CERT_ENV} and {meshtls.KEY_ENV})"
+        )
+    return config
 
 
 def _tls(raw: Mapping[str, str | None], advertise_host: str) -> meshtls.MeshTls | None:
@@ -361,6 +384,20 @@ def _tls(raw: Mapping[str, str | None], advertise_host: str) -> meshtls.MeshTls 
         return meshtls.load(settings, advertise_host) if settings else None
     except meshtls.TlsConfigError as e:
         raise ConfigError(str(e)) from None
+
+
+def _parsed(what: str, text: str, parse: Callable[[str], T]) -> T:
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise ConfigError(f"{what}: {e}") from None
+
+
+def _bool(what: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"{what} must be true or false (got {text!r})")
+    return value == "true"
 
 
 def _json_setting(env: str, text: str | None, path: str | None, parse: Callable[[str], T], empty: T) -> T:

@@ -30,15 +30,17 @@ from meshd.config import Config
 from meshd.copies import CopyCounter
 from meshd.instances import Identity, InstancePublisher, RpmMeter, instance_record
 from meshd.inventory import Inventory
+from meshd.invocations import Invocations
 from meshd.kv.election import Election
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.kv.etcd import EtcdStore
 from meshd.kv.records import InstanceRecord, ModelRecord, VModelRecord
 from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
-from meshd.leader import LeaderDuties
+from meshd.leader import LeaderDuties, cluster_gauges
 from meshd.local import LocalModels
 from meshd.management import Management
+from meshd.metrics import ClusterStats, InstanceStats, Metrics, MetricsServer, build_metrics
 from meshd.modelrepo import ModelDirectory
 from meshd.peers import Peers, dial_plaintext
 from meshd.placement.serving import assume_loaded_ms
@@ -93,10 +95,14 @@ class Instance:
     election: Election | None = None
     peer_servicer: PeerServicer | None = None
     background: list[asyncio.Task[None]] = field(default_factory=list)
+    metrics_server: MetricsServer | None = None
     grpc_port: int = 0
     peer_port: int = 0
     http_port: int | None = None
     shutting_down: bool = False
+
+    def __post_init__(self) -> None:
+        self.metrics: Metrics = build_metrics(self.config.metrics)
 
     async def start(self) -> None:
         cfg = self.config
@@ -131,6 +137,7 @@ class Instance:
             info,
             failure_expiry_ms=cfg.load_failure_expiry_ms,
             max_queue_per_copy=cfg.max_inflight_per_copy,
+            metrics=self.metrics,
         )
         # The runtime purged its models before READY: any copy records naming us are stale.
         await self.local.reconcile()
@@ -169,6 +176,7 @@ class Instance:
             cfg.load_failure_expiry_ms,
             constraints=cfg.type_constraints,
             labels=frozenset(cfg.labels),
+            metrics=self.metrics,
         )
         self.copies = CopyCounter(registry, cluster, self.local, self.peers)
 
@@ -221,7 +229,8 @@ class Instance:
             router.resolve_vmodel,
         )
         handlers = MeshKServe(kserve).handlers
-        external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, handlers)])
+        invocations = Invocations(self.metrics, cfg.log_each_invoke, cfg.instance_id)
+        external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, handlers, invocations)])
         tls = cfg.tls
         self.grpc_port = bind(external, f"0.0.0.0:{cfg.grpc_port}", tls.external_server_credentials() if tls else None)
         self.health.append(Health(external, EXTERNAL_SERVICES))
@@ -265,6 +274,7 @@ class Instance:
         )
         election = self.election
         self.peer_servicer.gauges = lambda: duties.gauges if election.is_leader else None
+        await self._start_metrics(local, cluster, registry, election)
         self.background.append(asyncio.create_task(duties.run(), name="leader duties"))
         self.background.append(asyncio.create_task(self._transitions(), name="vmodel transitions"))
         scaler = Scaler(
@@ -287,6 +297,32 @@ class Instance:
             prefix,
             tls.describe() if tls else "plaintext",
         )
+
+    async def _start_metrics(
+        self, local: LocalModels, cluster: Cluster, registry: Registry, election: Election
+    ) -> None:
+        """/metrics: instance gauges from the cache, cluster gauges (fresh) while leading."""
+        cfg = self.config
+        if not cfg.metrics.enabled:
+            return
+
+        def instance() -> InstanceStats:
+            now = wall_ms()
+            cache = local.cache
+            loaded = sum(1 for e in cache.entries() if e.state is State.LOADED)
+            return InstanceStats(cache.lru_ms(now), now, cache.capacity_units, cache.used_units, loaded)
+
+        def leader() -> ClusterStats | None:
+            if not election.is_leader:
+                return None
+            g = cluster_gauges(cluster.view(), dict(registry.models.items()), cfg.load_failure_expiry_ms)
+            return ClusterStats(g.models_managed, g.models_loaded, g.models_with_failure)
+
+        self.metrics.watch_instance(instance)
+        self.metrics.watch_cluster(leader)
+        https = cfg.tls.http_server_context() if cfg.metrics.https and cfg.tls else None
+        self.metrics_server = MetricsServer(self.metrics, cfg.metrics.port, ssl_context=https)
+        await self.metrics_server.start()
 
     async def _open_store(self) -> KVStore:
         cfg = self.config
@@ -441,6 +477,8 @@ class Instance:
         if self.http is not None:
             with contextlib.suppress(Exception):
                 await self.http.stop()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         if self.publisher is not None:
             with contextlib.suppress(Exception):
                 await self.publisher.stop()  # revokes the lease: the instance record goes at once

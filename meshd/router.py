@@ -43,8 +43,10 @@ from meshd.errors import (
     Unavailable,
     means_model_missing,
 )
+from meshd.invocations import SERVED
 from meshd.kv.records import ModelRecord, RecordError, VModelRecord
 from meshd.local import LocalModels
+from meshd.metrics import NO_METRICS, Metrics
 from meshd.peers import PeerChannel, Peers, RawCalls
 from meshd.placement.constraints import TypeConstraints
 from meshd.placement.rank import LoadRequest, choose_load_target, may_load_as_last_resort
@@ -122,7 +124,9 @@ class Router:
         rng: random.Random | None = None,
         constraints: TypeConstraints | None = None,
         labels: frozenset[str] = frozenset(),
+        metrics: Metrics = NO_METRICS,
     ) -> None:
+        self.metrics = metrics
         self.constraints = constraints or TypeConstraints()
         self.labels = labels
         self.local = local
@@ -391,8 +395,10 @@ class Router:
         self.local.acquire(entry)
         gate = entry.gate
         if gate is not None:
+            queued = time.perf_counter()
             try:
                 await gate.enter()
+                self.metrics.req_queue_delay((time.perf_counter() - queued) * 1000, entry.model_id)
             except BaseException as e:
                 self.local.release(entry)
                 if isinstance(e, ResourceExhausted):
@@ -425,11 +431,15 @@ class Router:
             request = inject_id(request, spec.inject, model_id)
         started = await self._enter(entry)
         self._count_served(entry)
+        SERVED.set((model_id, self.self_id))
+        invoked = time.perf_counter()
         try:
             response: bytes = await self.runtime_calls.unary(spec.path)(request, metadata=metadata, timeout=remaining_s)
+            self.metrics.invoke_model(spec.path, "OK", (time.perf_counter() - invoked) * 1000, model_id)
             return response
         except grpc.aio.AioRpcError as e:
             code = e.code()
+            self.metrics.invoke_model(spec.path, code.name, (time.perf_counter() - invoked) * 1000, model_id)
             missing = means_model_missing(code, e.details() or "")
             if missing and await self.local.runtime.has_model(model_id) is False:
                 # Confirmed lost (the runtime restarted): drop the copy and reroute; loading
@@ -462,6 +472,7 @@ class Router:
         Each request message has the id spliced in (if the method asks) and counts as one
         request served. Once open, the runtime's answers go to the client as they are."""
         started = await self._enter(entry)
+        SERVED.set((model_id, self.self_id))
 
         def on_message(message: bytes) -> bytes:
             self._count_served(entry)
@@ -497,6 +508,7 @@ class Router:
     ) -> bytes:
         peer = self._peer(target)
         md = (*metadata, (HOP, self.self_id), (MODE, mode))
+        SERVED.set((model_id, target))
         self.inflight[target] = self.inflight.get(target, 0) + 1
         try:
             response: bytes = await peer.unary(spec.path)(request, metadata=md, timeout=remaining_s)
@@ -521,6 +533,7 @@ class Router:
         (initial metadata `meshd-accepted`), so a refusal reroutes with nothing lost."""
         peer = self._peer(target)
         md = (*metadata, (HOP, self.self_id), (MODE, mode))
+        SERVED.set((model_id, target))
         relay = Relay(first, requests, None, hold=True)
         call = peer.stream(spec.path)(relay, metadata=md, timeout=remaining_s)
         relay.call = call

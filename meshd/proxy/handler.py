@@ -15,6 +15,8 @@ from typing import Any
 import grpc
 
 from meshd.errors import DeadlineExceeded, MeshError
+from meshd.invocations import Invocations
+from meshd.metrics import NO_METRICS
 from meshd.proxy.headers import INTERNAL_PREFIX, Metadata, RequestIds, ids_from_body, parse_request_headers
 from meshd.proxy.methods import MAX_CACHED_METHODS, MethodSpec, MethodTable
 from meshd.proxy.streams import ResponseStream
@@ -92,10 +94,13 @@ class InferenceHandler(RawMethodHandler):
         methods: MethodTable,
         default_timeout_s: float | None = None,
         answered: Mapping[str, UnaryHandler] | None = None,
+        invocations: Invocations | None = None,
     ) -> None:
-        """`answered`: methods meshd answers itself (KServe health for the mesh)."""
+        """`answered`: methods meshd answers itself (KServe health for the mesh);
+        `invocations`: where each call is recorded (metrics, the invoke log)."""
         super().__init__(router, methods)
         self.default_timeout_s = default_timeout_s
+        self.invocations = invocations or Invocations(NO_METRICS, False, router.self_id)
         for path, fn in (answered or {}).items():
             self._handlers[path] = grpc.unary_unary_rpc_method_handler(fn)
 
@@ -114,28 +119,45 @@ class InferenceHandler(RawMethodHandler):
 
     def _unary(self, spec: MethodSpec) -> UnaryHandler:
         router = self.router
+        calls = self.invocations
 
         async def handle(request: bytes, context: Any) -> bytes:
+            started = calls.start()
+            ids = None
+            code = "OK"
+            response = b""
             try:
                 ids, forward = _ids(spec, context, request)
                 remaining, enforce = self._deadline(context)
                 if not enforce:
-                    return await router.unary(spec, request, ids, forward, remaining)
+                    response = await router.unary(spec, request, ids, forward, remaining)
+                    return response
                 try:
                     async with asyncio.timeout(remaining):
-                        return await router.unary(spec, request, ids, forward, remaining)
+                        response = await router.unary(spec, request, ids, forward, remaining)
+                        return response
                 except TimeoutError:
                     raise self._timed_out() from None
             except MeshError as e:
+                code = e.code.name
                 await context.abort(e.code, e.message)
                 raise  # unreachable: abort raises
+            except BaseException as e:
+                code = _code_of(e)
+                raise
+            finally:
+                calls.done(spec.path, ids, code, started, len(request), len(response) if code == "OK" else -1)
 
         return handle
 
     def _stream(self, spec: MethodSpec) -> StreamHandler:
         router = self.router
+        calls = self.invocations
 
         async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            started = calls.start()
+            ids = None
+            code = "OK"
             try:
                 remaining, enforce = self._deadline(context)
                 # meshd's own timer covers opening only: a timer firing while this generator is
@@ -159,6 +181,22 @@ class InferenceHandler(RawMethodHandler):
                 async for response in relay_responses(stream, context):
                     yield response
             except MeshError as e:
+                code = e.code.name
                 await context.abort(e.code, e.message)
+            except BaseException as e:
+                code = _code_of(e, context)
+                raise
+            finally:
+                calls.done(spec.path, ids, code, started, -1, -1)  # sizes: per message, not per call
 
         return handle
+
+
+def _code_of(e: BaseException, context: Any = None) -> str:
+    """The status name a call ended with when it did not end with a MeshError of ours."""
+    if isinstance(e, (asyncio.CancelledError, GeneratorExit)):
+        return "CANCELLED"
+    if isinstance(e, grpc.aio.AbortError) and context is not None:  # a relayed status
+        code = context.code()
+        return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+    return "UNKNOWN"

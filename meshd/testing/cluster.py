@@ -115,6 +115,7 @@ class LocalMesh:
                 "http_port": http_port,
                 "runtime_port": runtime_port,
                 "data_dir": str(self.workdir / instance_id),
+                "metrics": "disabled",  # several instances on one host: no two on port 2112
                 **self.settings,
                 **(settings or {}),
             }

@@ -21,6 +21,7 @@ from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd.runtimes.models import GeneratedModel
 from meshd.testing.certs import Issued, TestCA, mesh_tls_settings
 from meshd.testing.cluster import LocalMesh, MeshClient, Node
+from meshd.testing.procs import free_port
 from meshd.tls import client_credentials, read_client_credentials
 
 from .conftest import MODEL_SIZE, Client, close_enough, expected
@@ -96,6 +97,8 @@ def runtime_args() -> list[str]:
 def test_tls_external_port_serves_with_the_ca_and_refuses_plaintext(
     tls_mesh: LocalMesh, pki: Pki, models: list[GeneratedModel]
 ) -> None:
+    metrics_port = free_port()
+    tls_mesh.settings = {**tls_mesh.settings, "metrics": f"prometheus:port={metrics_port};scheme=https"}
     node = tls_mesh.add_node("inst-a", runtime_args())
     a = client(node, pki.creds(None))
     try:
@@ -106,9 +109,12 @@ def test_tls_external_port_serves_with_the_ca_and_refuses_plaintext(
         a.close()
     plain = refusal(grpc.insecure_channel(node.target))
     assert plain.code() == grpc.StatusCode.UNAVAILABLE
-    # The KServe REST port speaks the same TLS.
+    # The KServe REST port and the metrics port (MM_METRICS scheme=https) speak the same TLS.
     https = f"https://127.0.0.1:{node.http_port}/v2/health/ready"
     assert https_status(https, pki) == 200
+    assert https_status(f"https://127.0.0.1:{metrics_port}/metrics", pki) == 200
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(https, timeout=10, context=ssl.create_default_context())  # not the mesh CA
     # A client that does not trust the mesh CA refuses the server.
