@@ -20,6 +20,7 @@ from meshd.proxy.methods import MAX_CACHED_METHODS, MethodSpec, MethodTable
 from meshd.proxy.streams import ResponseStream
 from meshd.proxy.wire import extract_id
 from meshd.router import Router
+from meshd.tracing import Activate
 
 UnaryHandler = Callable[[bytes, Any], Awaitable[bytes]]
 StreamHandler = Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]
@@ -114,6 +115,11 @@ class InferenceHandler(RawMethodHandler):
 
     def _unary(self, spec: MethodSpec) -> UnaryHandler:
         router = self.router
+        tracing = router.tracing
+
+        async def traced(request: bytes, context: Any) -> bytes:
+            assert tracing is not None
+            return await tracing.serve_unary(spec.path, context, handle(request, context))
 
         async def handle(request: bytes, context: Any) -> bytes:
             try:
@@ -130,12 +136,22 @@ class InferenceHandler(RawMethodHandler):
                 await context.abort(e.code, e.message)
                 raise  # unreachable: abort raises
 
-        return handle
+        return handle if tracing is None else traced  # untraced: not even a check per call
 
     def _stream(self, spec: MethodSpec) -> StreamHandler:
         router = self.router
+        tracing = router.tracing
 
-        async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async def traced(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            assert tracing is not None  # an async generator itself: grpc.aio tells handlers apart so
+            async for response in tracing.serve_stream(spec.path, context, lambda on: handle(requests, context, on)):
+                yield response
+
+        async def handle(
+            requests: AsyncIterator[bytes],
+            context: Any,
+            active: Activate = contextlib.nullcontext,
+        ) -> AsyncIterator[bytes]:
             try:
                 remaining, enforce = self._deadline(context)
                 # meshd's own timer covers opening only: a timer firing while this generator is
@@ -153,7 +169,8 @@ class InferenceHandler(RawMethodHandler):
                                 first = await anext(aiter(requests), None)
                         ids, forward = _ids(spec, context, first)
                         left = None if remaining is None else max(0.001, remaining - (loop.time() - started))
-                        stream = await router.open_stream(spec, first, requests, ids, forward, left)
+                        with active():  # the stream's span is the parent of what opening it does
+                            stream = await router.open_stream(spec, first, requests, ids, forward, left)
                 except TimeoutError:
                     raise self._timed_out() from None
                 async for response in relay_responses(stream, context):
@@ -161,4 +178,4 @@ class InferenceHandler(RawMethodHandler):
             except MeshError as e:
                 await context.abort(e.code, e.message)
 
-        return handle
+        return handle if tracing is None else traced
