@@ -4,6 +4,7 @@ and the W3C trace context in and out of gRPC metadata."""
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -141,3 +142,13 @@ def test_a_call_without_trace_context_starts_a_trace() -> None:
     tracing.finish(span, None)
     (done,) = exporter.get_finished_spans()
     assert done.parent is None
+
+
+def test_without_the_otel_extra_tracing_stays_off_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if not installed
+    with caplog.at_level(logging.WARNING):
+        assert from_env("inst-a") is None
+    assert "OpenTelemetry is not installed (meshd[otel])" in caplog.text
