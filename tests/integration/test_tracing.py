@@ -76,7 +76,7 @@ class Pair:
         return headers
 
 
-PairFactory = Callable[[bool], Awaitable[Pair]]
+PairFactory = Callable[..., Awaitable[Pair]]
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ async def start_pair(
     instances: list[Instance] = []
     channels: list[grpc.aio.Channel] = []
 
-    async def start(traced: bool) -> Pair:
+    async def start(traced: bool, runtime_args: list[str] | None = None) -> Pair:
         service = f"svc-{uuid.uuid4().hex[:8]}"
         settings: dict[str, str | int] = {
             "service_name": service,
@@ -102,7 +102,7 @@ async def start_pair(
         }
         nodes: list[Node] = []
         for iid, labels in (("inst-b", "gpu"), ("inst-a", "")):
-            _, runtime_port = await asyncio.to_thread(procs.start_runtime, f"{iid}-runtime")
+            _, runtime_port = await asyncio.to_thread(procs.start_runtime, f"{iid}-runtime", runtime_args)
             env = env_for(
                 {
                     **settings,
@@ -213,6 +213,17 @@ async def test_one_trace_across_two_instances_and_the_runtime(start_pair: PairFa
     await pair.channel.unary_unary(f"{ECHO}/Unary")(b"again", metadata=md, timeout=30)
     assert (_one(a.spans(), SpanKind.CLIENT).attributes or {})["meshd.mode"] == "serve"
     assert not [s for s in b.spans() if s.kind is SpanKind.INTERNAL]
+
+
+async def test_waiting_on_a_concurrency_limited_copy_is_a_queue_span(start_pair: PairFactory) -> None:
+    pair = await start_pair(True, ["--limit-model-concurrency", "--max-concurrency", "1"])
+    md = (("mm-model-id", pair.model_id), ("traceparent", TRACEPARENT))
+    await pair.channel.unary_unary(f"{ECHO}/Unary")(b"hi", metadata=md, timeout=30)
+    b_server = _one(pair.b.spans(), SpanKind.SERVER)
+    (queue,) = [s for s in pair.b.spans() if s.name == "meshd.queue"]
+    assert _child_of(queue, b_server) and (queue.attributes or {})["meshd.model_id"] == pair.model_id
+    runtime = _one(pair.b.spans(), SpanKind.CLIENT, meshd_hop="runtime")
+    assert queue.end_time is not None and runtime.start_time is not None and queue.end_time <= runtime.start_time
 
 
 async def test_a_stream_is_one_span_per_instance_in_the_same_trace(start_pair: PairFactory) -> None:
