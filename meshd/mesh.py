@@ -55,6 +55,8 @@ from meshd.runtime.client import RuntimeClient, RuntimeNotReady
 from meshd.runtime.endpoints import channel_options, open_channel
 from meshd.scaler import Scaler, ScalerConfig
 from meshd.tls import bind
+from meshd.tracing import Tracing
+from meshd.tracing import from_env as tracing_from_env
 from meshd.vmodels import VModels
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,7 @@ class Instance:
     copies: CopyCounter | None = None
     election: Election | None = None
     peer_servicer: PeerServicer | None = None
+    tracing: Tracing | None = None  # None at start: as the OTEL_* variables say (usually off)
     background: list[asyncio.Task[None]] = field(default_factory=list)
     metrics_server: MetricsServer | None = None
     grpc_port: int = 0
@@ -106,6 +109,8 @@ class Instance:
 
     async def start(self) -> None:
         cfg = self.config
+        if self.tracing is None:
+            self.tracing = tracing_from_env(cfg.instance_id)
         self.store = await self._open_store()
         prefix = cfg.key_prefix
         models: Table[ModelRecord] = Table(self.store, f"{prefix}/registry/", ModelRecord.decode, ModelRecord.encode)
@@ -177,6 +182,7 @@ class Instance:
             constraints=cfg.type_constraints,
             labels=frozenset(cfg.labels),
             metrics=self.metrics,
+            tracing=self.tracing,
         )
         self.copies = CopyCounter(registry, cluster, self.local, self.peers)
 
@@ -497,6 +503,9 @@ class Instance:
             await self.store.close()
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop)
+        if self.tracing is not None:
+            with contextlib.suppress(Exception):
+                await self.tracing.shutdown()  # flushes the spans still batched
 
 
 async def serve(config: Config) -> None:

@@ -22,6 +22,7 @@ from meshd.proxy.methods import MAX_CACHED_METHODS, MethodSpec, MethodTable
 from meshd.proxy.streams import ResponseStream
 from meshd.proxy.wire import extract_id
 from meshd.router import Router
+from meshd.tracing import Activate
 
 UnaryHandler = Callable[[bytes, Any], Awaitable[bytes]]
 StreamHandler = Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]
@@ -120,6 +121,11 @@ class InferenceHandler(RawMethodHandler):
     def _unary(self, spec: MethodSpec) -> UnaryHandler:
         router = self.router
         calls = self.invocations
+        tracing = router.tracing
+
+        async def traced(request: bytes, context: Any) -> bytes:
+            assert tracing is not None
+            return await tracing.serve_unary(spec.path, context, handle(request, context))
 
         async def handle(request: bytes, context: Any) -> bytes:
             started = calls.start()
@@ -148,13 +154,23 @@ class InferenceHandler(RawMethodHandler):
             finally:
                 calls.done(spec.path, ids, code, started, len(request), len(response) if code == "OK" else -1)
 
-        return handle
+        return handle if tracing is None else traced  # untraced: not even a check per call
 
     def _stream(self, spec: MethodSpec) -> StreamHandler:
         router = self.router
         calls = self.invocations
+        tracing = router.tracing
 
-        async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async def traced(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            assert tracing is not None  # an async generator itself: grpc.aio tells handlers apart so
+            async for response in tracing.serve_stream(spec.path, context, lambda on: handle(requests, context, on)):
+                yield response
+
+        async def handle(
+            requests: AsyncIterator[bytes],
+            context: Any,
+            active: Activate = contextlib.nullcontext,
+        ) -> AsyncIterator[bytes]:
             started = calls.start()
             ids = None
             code = "OK"
@@ -165,7 +181,7 @@ class InferenceHandler(RawMethodHandler):
                 # call carries the deadline and its DEADLINE_EXCEEDED is relayed.
                 timeout = asyncio.timeout(remaining) if enforce else contextlib.nullcontext()
                 loop = asyncio.get_running_loop()
-                started = loop.time()
+                opened = loop.time()
                 try:
                     async with timeout:
                         first = None
@@ -174,8 +190,9 @@ class InferenceHandler(RawMethodHandler):
                             if spec.extract or (ids.model_id is None and ids.vmodel_id is None):
                                 first = await anext(aiter(requests), None)
                         ids, forward = _ids(spec, context, first)
-                        left = None if remaining is None else max(0.001, remaining - (loop.time() - started))
-                        stream = await router.open_stream(spec, first, requests, ids, forward, left)
+                        left = None if remaining is None else max(0.001, remaining - (loop.time() - opened))
+                        with active():  # the stream's span is the parent of what opening it does
+                            stream = await router.open_stream(spec, first, requests, ids, forward, left)
                 except TimeoutError:
                     raise self._timed_out() from None
                 async for response in relay_responses(stream, context):
@@ -189,7 +206,7 @@ class InferenceHandler(RawMethodHandler):
             finally:
                 calls.done(spec.path, ids, code, started, -1, -1)  # sizes: per message, not per call
 
-        return handle
+        return handle if tracing is None else traced
 
 
 def _code_of(e: BaseException, context: Any = None) -> str:
