@@ -19,6 +19,8 @@ from meshd.proxy.headers import RequestIds
 log = logging.getLogger(__name__)
 
 LOCAL = "local"  # `servedBy` of a call this instance's runtime served
+# Codes of a call whose model id named nothing: not used as a per-model label (bounded series).
+UNRESOLVED = frozenset({"NOT_FOUND", "INVALID_ARGUMENT"})
 
 # (concrete model id, instance id that served or was last tried), set by the router.
 SERVED: ContextVar[tuple[str, str] | None] = ContextVar("meshd_served", default=None)
@@ -50,7 +52,9 @@ class Invocations:
             model_id = served[0]
         else:
             model_id = (ids.model_id if ids is not None else None) or ""
-        self.metrics.api_request(method, code, ms, req_bytes, resp_bytes, model_id, vmodel_id)
+        # A client's id that named no model gets no per-model series (clients choose ids).
+        labelled = "" if served is None and code in UNRESOLVED else model_id
+        self.metrics.api_request(method, code, ms, req_bytes, resp_bytes, labelled, vmodel_id)
         if self.log_each:
             where = None if served is None else (LOCAL if served[1] == self.self_id else served[1])
             log.info(

@@ -255,6 +255,10 @@ class Instance:
             ssl_context = tls.http_server_context() if tls else None
             self.http = HttpServer(kserve, "0.0.0.0", cfg.http_port, ssl_context=ssl_context)
             self.http_port = await self.http.start()
+        if cfg.metrics.enabled:  # bound before peers can see the instance: a taken port fails start-up
+            https = tls.http_server_context() if cfg.metrics.https and tls else None
+            self.metrics_server = MetricsServer(self.metrics, cfg.metrics.port, ssl_context=https)
+            await self.metrics_server.start()
         for h in self.health:
             await h.set_serving(True)
         await self.publisher.start()  # last: peers see the instance only once it serves
@@ -280,7 +284,7 @@ class Instance:
         )
         election = self.election
         self.peer_servicer.gauges = lambda: duties.gauges if election.is_leader else None
-        await self._start_metrics(local, cluster, registry, election)
+        self._watch_gauges(local, cluster, registry, election)
         self.background.append(asyncio.create_task(duties.run(), name="leader duties"))
         self.background.append(asyncio.create_task(self._transitions(), name="vmodel transitions"))
         scaler = Scaler(
@@ -304,9 +308,7 @@ class Instance:
             tls.describe() if tls else "plaintext",
         )
 
-    async def _start_metrics(
-        self, local: LocalModels, cluster: Cluster, registry: Registry, election: Election
-    ) -> None:
+    def _watch_gauges(self, local: LocalModels, cluster: Cluster, registry: Registry, election: Election) -> None:
         """/metrics: instance gauges from the cache, cluster gauges (fresh) while leading."""
         cfg = self.config
         if not cfg.metrics.enabled:
@@ -326,9 +328,6 @@ class Instance:
 
         self.metrics.watch_instance(instance)
         self.metrics.watch_cluster(leader)
-        https = cfg.tls.http_server_context() if cfg.metrics.https and cfg.tls else None
-        self.metrics_server = MetricsServer(self.metrics, cfg.metrics.port, ssl_context=https)
-        await self.metrics_server.start()
 
     async def _open_store(self) -> KVStore:
         cfg = self.config

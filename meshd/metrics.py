@@ -241,10 +241,12 @@ class PrometheusMetrics(Metrics):
     def api_request(
         self, method: str, code: str, ms: float, req_bytes: int, resp_bytes: int, model_id: str, vmodel_id: str
     ) -> None:
-        key = (method, code, model_id, vmodel_id) if self.per_model else (method, code)
+        # Keyed by the capped method label, not the raw path: clients choose paths.
+        label = self._method(method)
+        key = (label, code, model_id, vmodel_id) if self.per_model else (label, code)
         children = self._api_children.get(key)
         if children is None:
-            labels = (self._method(method), code, *key[2:])
+            labels = key
             children = (self._api.labels(*labels), self._req_size.labels(*labels), self._resp_size.labels(*labels))
             self._api_children[key] = children
         children[0].observe(ms)
@@ -254,10 +256,11 @@ class PrometheusMetrics(Metrics):
             children[2].observe(resp_bytes)
 
     def invoke_model(self, method: str, code: str, ms: float, model_id: str) -> None:
-        key = (method, code, model_id) if self.per_model else (method, code)
+        label = self._method(method)
+        key = (label, code, model_id) if self.per_model else (label, code)
         child = self._invoke_children.get(key)
         if child is None:
-            labels = (self._method(method), code, model_id, "") if self.per_model else (self._method(method), code)
+            labels = (label, code, model_id, "") if self.per_model else (label, code)
             child = self._invoke_children[key] = self._invoke.labels(*labels)
         child.observe(ms)
 

@@ -34,6 +34,7 @@ from meshd.ids import ModelInfo, check_id
 MESHD_FILE = "meshd-model.json"
 TRITON_CONFIG = "config.pbtxt"
 MLSERVER_SETTINGS = "model-settings.json"
+MAX_FOLDER_NAME_BYTES = 255  # NAME_MAX on Linux filesystems
 MAX_FILE_BYTES = 1 << 20  # the small descriptor files; a bigger one is not what we think it is
 
 # Triton platform names (config.pbtxt `platform`) -> model type; backends come from the adapter's table.
@@ -55,6 +56,8 @@ def check_name(name: str) -> str:
     check_id(name, "model name")
     if name in {".", ".."} or "/" in name or "\\" in name or os.path.isabs(name):
         raise InvalidArgument(f"model name {name!r} must be a single folder name inside the model repository")
+    if len(os.fsencode(name)) > MAX_FOLDER_NAME_BYTES:
+        raise InvalidArgument(f"model name is longer than a folder name can be ({MAX_FOLDER_NAME_BYTES} bytes)")
     return name
 
 
@@ -137,7 +140,11 @@ class ModelDirectory:
         folder name, NOT_FOUND without such a folder, FAILED_PRECONDITION for unusable files."""
         check_name(name)
         folder = self.root / name
-        if name.startswith(".") or not folder.is_dir():
+        try:
+            is_folder = folder.is_dir()
+        except OSError as e:  # e.g. a name the filesystem refuses
+            raise InvalidArgument(f"model name {name!r} cannot be a folder here: {e.strerror}") from None
+        if name.startswith(".") or not is_folder:
             raise NotFound(f"model {name!r} is neither registered nor in the model repository {self.root}")
         files: dict[str, str] = {}
         for fname in (MESHD_FILE, TRITON_CONFIG, MLSERVER_SETTINGS):

@@ -47,6 +47,7 @@ TRACE_HEADERS = frozenset({TRACEPARENT, TRACESTATE})
 KNOWN_EXPORTERS = ("otlp", "console", "none")
 DEFAULT_OTLP_PROTOCOL = "grpc"  # as OpenTelemetry's Python distro (the spec's default is http/protobuf)
 DEFAULT_SERVICE_NAME = "meshd"
+MAX_CACHED_NAMES = 1024  # span names per method path; more (allowAnyMethod) are computed per call
 # The batch processor's variables, its argument for each, and the spec's default: the SDK
 # logs a traceback for a value that is not a number, so meshd checks them first.
 BATCH_SETTINGS = (
@@ -212,7 +213,9 @@ class Tracing:
     def _names_of(self, path: str) -> tuple[str, str, str]:
         names = self._names.get(path)
         if names is None:
-            names = self._names[path] = _rpc_names(path)
+            names = _rpc_names(path)
+            if len(self._names) < MAX_CACHED_NAMES:  # clients choose paths: keep the cache bounded
+                self._names[path] = names
         return names
 
     # ---- server side -------------------------------------------------------------------

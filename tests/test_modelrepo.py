@@ -37,6 +37,15 @@ def test_plain_names_pass(name: str) -> None:
     assert check_name(name) == name
 
 
+def test_a_name_longer_than_a_folder_name_is_invalid_not_an_os_error(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    repo = ModelDirectory(tmp_path / "repo", default_type="demo")
+    with pytest.raises(InvalidArgument, match="longer than a folder name"):
+        repo.find("m" * 256)
+    with pytest.raises(NotFound):
+        repo.find("m" * 255)
+
+
 def test_escaping_names_are_refused_before_the_disk_is_read(tmp_path: Path) -> None:
     (tmp_path / "secret").mkdir()
     repo = ModelDirectory(tmp_path / "repo", default_type="demo")

@@ -47,6 +47,15 @@ def _timeout(text: str) -> float:
     return value
 
 
+def _utf8(text: str) -> str:
+    """An id as given on the command line; bytes that are not UTF-8 are a usage error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"not valid UTF-8: {text!r}") from None
+    return text
+
+
 def _address(text: str) -> str:
     text = text.strip()
     if not text:
@@ -91,24 +100,24 @@ def add_commands(sub: Any) -> None:
     p = msub.add_parser("list", parents=[common], help="every registered model: status, copies, size, last use")
     p.set_defaults(func=_run(_models_list, "models list"))
     p = msub.add_parser("get", parents=[common], help="one model in detail")
-    p.add_argument("model_id", metavar="MODEL_ID")
+    p.add_argument("model_id", type=_utf8, metavar="MODEL_ID")
     p.set_defaults(func=_run(_models_get, "models get"))
     p = msub.add_parser("register", parents=[common], help="register a model (mmesh registerModel)")
-    p.add_argument("model_id", metavar="MODEL_ID")
+    p.add_argument("model_id", type=_utf8, metavar="MODEL_ID")
     _model_info_arguments(p, required=True)
     p.add_argument("--load-now", action="store_true", help="start loading a copy now")
     p.add_argument("--sync", action="store_true", help="with --load-now: wait for the load to finish")
     p.add_argument("--last-used-ms", type=_non_negative, default=0, help="last-used time to record (ms)")
     p.set_defaults(func=_run(_models_register, "models register"))
     p = msub.add_parser("unregister", parents=[common], help="unregister a model (mmesh unregisterModel)")
-    p.add_argument("model_id", metavar="MODEL_ID")
+    p.add_argument("model_id", type=_utf8, metavar="MODEL_ID")
     p.set_defaults(func=_run(_models_unregister, "models unregister"))
 
     vmodels = sub.add_parser("vmodels", help="set, show and delete vmodels")
     vsub = vmodels.add_subparsers(dest="action", required=True, metavar="{set,get,delete}")
     p = vsub.add_parser("set", parents=[common], help="create a vmodel or move it to a target (mmesh setVModel)")
-    p.add_argument("vmodel_id", metavar="VMODEL_ID")
-    p.add_argument("target", metavar="TARGET_MODEL_ID")
+    p.add_argument("vmodel_id", type=_utf8, metavar="VMODEL_ID")
+    p.add_argument("target", type=_utf8, metavar="TARGET_MODEL_ID")
     _model_info_arguments(p, required=False)
     p.add_argument("--auto-delete", action="store_true", help="delete the target once no vmodel references it")
     p.add_argument("--load-now", action="store_true", help="load the target now")
@@ -116,14 +125,14 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--sync", action="store_true", help="wait for the switch (or load) to finish")
     p.add_argument("--update-only", action="store_true", help="fail (NOT_FOUND) if the vmodel does not exist")
     p.add_argument("--owner", default="", help="vmodel owner (must match an existing vmodel's)")
-    p.add_argument("--expected-target", default="", help="only if the current target is this model (CAS)")
+    p.add_argument("--expected-target", type=_utf8, default="", help="only if the current target is this model (CAS)")
     p.set_defaults(func=_run(_vmodels_set, "vmodels set", check=(p, _check_vmodel_set)))
     p = vsub.add_parser("get", parents=[common], help="one vmodel's status (mmesh getVModelStatus)")
-    p.add_argument("vmodel_id", metavar="VMODEL_ID")
+    p.add_argument("vmodel_id", type=_utf8, metavar="VMODEL_ID")
     p.add_argument("--owner", default="")
     p.set_defaults(func=_run(_vmodels_get, "vmodels get"))
     p = vsub.add_parser("delete", parents=[common], help="delete a vmodel (mmesh deleteVModel)")
-    p.add_argument("vmodel_id", metavar="VMODEL_ID")
+    p.add_argument("vmodel_id", type=_utf8, metavar="VMODEL_ID")
     p.add_argument("--owner", default="")
     p.set_defaults(func=_run(_vmodels_delete, "vmodels delete"))
 

@@ -149,7 +149,7 @@ class InferenceHandler(RawMethodHandler):
                 await context.abort(e.code, e.message)
                 raise  # unreachable: abort raises
             except BaseException as e:
-                code = _code_of(e)
+                code = _code_of(e, context)
                 raise
             finally:
                 calls.done(spec.path, ids, code, started, len(request), len(response) if code == "OK" else -1)
@@ -212,7 +212,8 @@ class InferenceHandler(RawMethodHandler):
 def _code_of(e: BaseException, context: Any = None) -> str:
     """The status name a call ended with when it did not end with a MeshError of ours."""
     if isinstance(e, (asyncio.CancelledError, GeneratorExit)):
-        return "CANCELLED"
+        remaining = context.time_remaining() if context is not None else None
+        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
     if isinstance(e, grpc.aio.AbortError) and context is not None:  # a relayed status
         code = context.code()
         return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"

@@ -112,6 +112,8 @@ async def start_pair(
                     "peer_port": free_port(),
                     "runtime_port": runtime_port,
                     "data_dir": str(tmp_path / iid),
+                    "http_port": 0,  # two instances in one process: no fixed ports
+                    "metrics": f"prometheus:port={free_port()}",
                 }
             )
             exporter = InMemorySpanExporter() if traced else None
@@ -172,6 +174,12 @@ def _child_of(span: ReadableSpan, parent: ReadableSpan) -> bool:
     return span.parent is not None and span.parent.span_id == parent.context.span_id
 
 
+def _sample(node: Node, name: str) -> float:
+    """The sum of a sample over its label sets in the instance's own /metrics text."""
+    text = node.instance.metrics.exposition().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.split("{")[0] == name)
+
+
 async def test_one_trace_across_two_instances_and_the_runtime(start_pair: PairFactory) -> None:
     pair: Pair = await start_pair(True)
     a, b = pair.a, pair.b
@@ -205,6 +213,11 @@ async def test_one_trace_across_two_instances_and_the_runtime(start_pair: PairFa
     received = await pair.last_trace(b)
     assert received["traceparent"] == f"00-{TRACE_ID}-{_id(runtime.context.span_id)}-01"
     assert received["tracestate"] == "client=1"
+
+    # Metrics and traces together: b recorded its runtime call, a (the edge) the request.
+    assert _sample(b, "modelmesh_invoke_model_milliseconds_count") == 1
+    assert _sample(a, "modelmesh_api_request_milliseconds_count") == 1
+    assert _sample(a, "modelmesh_invoke_model_milliseconds_count") == 0
 
     # Once loaded, the next call is forwarded to serve: no load span this time.
     for node in (a, b):

@@ -71,6 +71,9 @@ def test_vmodel_set_arguments() -> None:
         (["vmodels", "set", "vm"], "required: TARGET_MODEL_ID"),
         (["vmodels", "set", "vm", "m1", "--key", "k"], "give --type too"),
         (["instances", "show"], "invalid choice"),
+        # argv bytes that are not UTF-8 (Python hands them on as lone surrogates)
+        (["models", "get", "\udcff"], "not valid UTF-8"),
+        (["vmodels", "set", "vm", "\udcff"], "not valid UTF-8"),
     ],
 )
 def test_bad_arguments_are_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
