@@ -219,6 +219,8 @@ class Inventory:
         except grpc.aio.AioRpcError as e:
             log.info("instance %s did not report its copies: %s", instance_id, e.details())
             return None
+        if not resp.copiesIncluded:  # an older meshd ignores withCopies: it has not answered
+            return None
         return {
             c.modelId: HeldCopy(_PEER_STATES.get(c.state, State.FAILED), c.sizeBytes, c.lastUsed, c.since)
             for c in resp.copies

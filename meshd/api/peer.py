@@ -68,6 +68,7 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
             loadedModels=sorted(e.model_id for e in cache.entries() if e.state is State.LOADED),
         )
         if request.withCopies:
+            resp.copiesIncluded = True
             for model_id, held in sorted(held_copies(cache, request.modelIds).items()):
                 resp.copies.add(
                     modelId=model_id,
