@@ -180,6 +180,9 @@ class Inventory:
         self.peers = peers
         self.failure_expiry_ms = failure_expiry_ms
         self.clock = clock
+        # Listings under way, by the models they ask about: concurrent callers share one
+        # round of peer calls instead of each sending one to every instance.
+        self._asking: dict[tuple[str, ...], asyncio.Future[dict[str, dict[str, HeldCopy] | None]]] = {}
 
     async def models(self, model_ids: Collection[str] = ()) -> tuple[list[ModelSummary], list[str]]:
         """Summaries sorted by id (only `model_ids` when given; each must be registered,
@@ -199,6 +202,16 @@ class Inventory:
         return out, sorted(iid for iid, r in reports.items() if r is None)
 
     async def _reports(
+        self, instances: Mapping[str, object], model_ids: list[str]
+    ) -> dict[str, dict[str, HeldCopy] | None]:
+        key = tuple(sorted(model_ids))
+        asking = self._asking.get(key)
+        if asking is None:
+            asking = self._asking[key] = asyncio.ensure_future(self._ask_all(instances, model_ids))
+            asking.add_done_callback(lambda _: self._asking.pop(key, None))
+        return await asyncio.shield(asking)  # one caller going away does not cancel the others'
+
+    async def _ask_all(
         self, instances: Mapping[str, object], model_ids: list[str]
     ) -> dict[str, dict[str, HeldCopy] | None]:
         me = self.local.instance_id

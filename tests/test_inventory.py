@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Mapping
+from typing import Any, cast
+
 from meshd.cache import UNIT_BYTES, State, WeightedLRU
-from meshd.inventory import HeldCopy, corrupt_summary, held_copies, instance_summaries, model_summary
+from meshd.inventory import HeldCopy, Inventory, corrupt_summary, held_copies, instance_summaries, model_summary
 from meshd.kv.records import InstanceRecord, ModelRecord
 from meshd.status import ModelStatus
 
@@ -91,3 +95,23 @@ def test_instance_summaries_are_sorted_and_mark_the_leader() -> None:
     out = instance_summaries([("b", InstanceRecord(capacity=2, used=1)), ("a", InstanceRecord())], "b")
     assert [(s.instance_id, s.leader) for s in out] == [("a", False), ("b", True)]
     assert (out[1].capacity_bytes, out[1].used_bytes) == (2 * UNIT_BYTES, UNIT_BYTES)
+
+
+async def test_concurrent_listings_share_one_round_of_peer_calls() -> None:
+    rounds = 0
+
+    class Counting(Inventory):
+        async def _ask_all(
+            self, instances: Mapping[str, object], model_ids: list[str]
+        ) -> dict[str, dict[str, HeldCopy] | None]:
+            nonlocal rounds
+            rounds += 1
+            await asyncio.sleep(0.05)
+            return {"inst-b": None}
+
+    inv = Counting(*(cast(Any, None) for _ in range(4)), failure_expiry_ms=0)
+    answers = await asyncio.gather(*(inv._reports({}, []) for _ in range(3)), inv._reports({}, ["m1"]))
+    assert rounds == 2  # the three alike shared one round; a different question asked again
+    assert all(a == {"inst-b": None} for a in answers)
+    await inv._reports({}, [])
+    assert rounds == 3  # finished rounds are not reused: a later listing asks afresh
