@@ -229,14 +229,27 @@ async def test_one_trace_across_two_instances_and_the_runtime(start_pair: PairFa
 
 
 async def test_waiting_on_a_concurrency_limited_copy_is_a_queue_span(start_pair: PairFactory) -> None:
-    pair = await start_pair(True, ["--limit-model-concurrency", "--max-concurrency", "1"])
+    pair = await start_pair(True, ["--limit-model-concurrency", "--max-concurrency", "1", "--infer-delay-ms", "200"])
     md = (("mm-model-id", pair.model_id), ("traceparent", TRACEPARENT))
-    await pair.channel.unary_unary(f"{ECHO}/Unary")(b"hi", metadata=md, timeout=30)
-    b_server = _one(pair.b.spans(), SpanKind.SERVER)
-    (queue,) = [s for s in pair.b.spans() if s.name == "meshd.queue"]
-    assert _child_of(queue, b_server) and (queue.attributes or {})["meshd.model_id"] == pair.model_id
-    runtime = _one(pair.b.spans(), SpanKind.CLIENT, meshd_hop="runtime")
-    assert queue.end_time is not None and runtime.start_time is not None and queue.end_time <= runtime.start_time
+    call = pair.channel.unary_unary(f"{ECHO}/Unary")
+    await call(b"load", metadata=md, timeout=30)  # the copy is loaded on b
+    for node in (pair.a, pair.b):
+        assert node.exporter is not None
+        node.exporter.clear()
+    # Two at once on a copy that runs one at a time: one of them waits for the other.
+    await asyncio.gather(call(b"1", metadata=md, timeout=30), call(b"2", metadata=md, timeout=30))
+    servers = [s for s in pair.b.spans() if s.kind is SpanKind.SERVER]
+    queues = sorted((s for s in pair.b.spans() if s.name == "meshd.queue"), key=lambda s: s.end_time or 0)
+    runtimes = sorted(
+        (s for s in pair.b.spans() if (s.attributes or {}).get("meshd.hop") == "runtime"), key=lambda s: s.end_time or 0
+    )
+    assert len(servers) == len(queues) == len(runtimes) == 2
+    for queue in queues:
+        assert any(_child_of(queue, server) for server in servers)
+        assert (queue.attributes or {})["meshd.model_id"] == pair.model_id
+    # The second request's queue span lasts until the first request's runtime call is over.
+    first_done, waited = runtimes[0].end_time, queues[1].end_time
+    assert first_done is not None and waited is not None and waited >= first_done
 
 
 async def test_a_stream_is_one_span_per_instance_in_the_same_trace(start_pair: PairFactory) -> None:
