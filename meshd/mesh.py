@@ -42,6 +42,7 @@ from meshd.local import LocalModels
 from meshd.management import Management
 from meshd.metrics import ClusterStats, InstanceStats, Metrics, MetricsServer, build_metrics
 from meshd.modelrepo import ModelDirectory
+from meshd.peer_auth import interceptors as peer_interceptors
 from meshd.peers import Peers, dial_plaintext
 from meshd.placement.serving import assume_loaded_ms
 from meshd.placement.view import ClusterView
@@ -241,11 +242,12 @@ class Instance:
         self.grpc_port = bind(external, f"0.0.0.0:{cfg.grpc_port}", tls.external_server_credentials() if tls else None)
         self.health.append(Health(external, EXTERNAL_SERVICES))
 
-        internal = grpc.aio.server(options=channel_options(cfg.max_msg_size))
+        # With TLS on, the handshake admits certificates the mesh trusts; the interceptor then
+        # admits only mesh instances among them (meshd.peer_auth), on every internal service.
+        internal = grpc.aio.server(options=channel_options(cfg.max_msg_size), interceptors=peer_interceptors(tls))
         self.peer_servicer = PeerServicer(cfg.instance_id, self.local, registry)
         peer_pb2_grpc.add_MeshPeerServicer_to_server(self.peer_servicer, internal)
         internal.add_generic_rpc_handlers([PeerInferenceHandler(router, methods)])
-        # With TLS on, only callers with a certificate the mesh trusts (peers) get in.
         self.peer_port = bind(internal, f"0.0.0.0:{cfg.peer_port}", tls.internal_server_credentials() if tls else None)
         self.health.append(Health(internal, INTERNAL_SERVICES))
         for server in (external, internal):

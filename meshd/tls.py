@@ -4,7 +4,7 @@ start-up, and the gRPC credentials made from it.
 - External port: TLS with this instance's certificate; client certificates per
   MM_TLS_CLIENT_AUTH, checked against MM_TLS_TRUST_CERT_PATH.
 - Internal (peer) port: whenever TLS is on, a client certificate signed by the mesh's trust
-  certificates is required, so only other instances get in.
+  certificates is required; meshd.peer_auth then admits only mesh instances' certificates.
 - Peer channels present this instance's certificate and check the peer's against the same
   trust, under MESHD_TLS_PEER_NAME when set (peers dial an IP; certificates usually name a
   service).

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from meshd import tls
+from meshd import peer_auth, tls
 from meshd.config import ConfigError, add_serve_arguments, load_config
 from meshd.testing.certs import Issued, TestCA, self_signed
 
@@ -26,6 +26,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         "dns_only": ca.issue("dns-only", dns=("meshd-peers.test",), ips=()),
         "encrypted": ca.issue("encrypted", passphrase="s3cret"),
         "outsider": other.issue("outsider"),
+        "app": ca.issue("app"),  # a client application's certificate from the mesh CA
     }
 
 
@@ -184,8 +185,10 @@ async def health_check(port: int, credentials: grpc.ChannelCredentials | None) -
     return grpc.StatusCode.OK
 
 
-async def serving(credentials: grpc.ServerCredentials) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server()
+async def serving(
+    credentials: grpc.ServerCredentials, interceptors: list[grpc.aio.ServerInterceptor]
+) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server(interceptors=interceptors)
     health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
     port = tls.bind(server, "127.0.0.1:0", credentials)
     await server.start()
@@ -193,23 +196,29 @@ async def serving(credentials: grpc.ServerCredentials) -> tuple[grpc.aio.Server,
 
 
 async def test_external_client_auth_modes_and_the_internal_port(pki: dict[str, object]) -> None:
-    mesh_ca, inst, outsider = ca(pki).cert.read_bytes(), cert(pki, "inst"), cert(pki, "outsider")
-    anonymous = tls.client_credentials(mesh_ca)
-    member = tls.read_client_credentials(str(ca(pki).cert), str(inst.cert), str(inst.key))
-    stranger = tls.read_client_credentials(str(ca(pki).cert), str(outsider.cert), str(outsider.key))
+    inst, outsider, app = cert(pki, "inst"), cert(pki, "outsider"), cert(pki, "app")
+    anonymous = tls.client_credentials(ca(pki).cert.read_bytes())
+    callers = [None, anonymous] + [
+        tls.read_client_credentials(str(ca(pki).cert), str(c.cert), str(c.key)) for c in (inst, outsider, app)
+    ]
     results: dict[str, list[grpc.StatusCode]] = {}
     for mode in ("NONE", "OPTIONAL", "REQUIRE", "internal"):
         env = env_for(inst, ca(pki), MM_TLS_CLIENT_AUTH="REQUIRE" if mode == "internal" else mode)
         material = load_config(None, env).tls
         assert material is not None
-        creds = material.internal_server_credentials() if mode == "internal" else material.external_server_credentials()
-        server, port = await serving(creds)
+        if mode == "internal":  # as meshd.mesh builds the internal server
+            server, port = await serving(material.internal_server_credentials(), peer_auth.interceptors(material))
+        else:
+            server, port = await serving(material.external_server_credentials(), [])
         try:
-            results[mode] = [await health_check(port, c) for c in (None, anonymous, member, stranger)]
+            results[mode] = [await health_check(port, c) for c in callers]
         finally:
             await server.stop(None)
-    ok, refused = grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE
-    assert results["NONE"] == [refused, ok, ok, ok]
-    assert results["OPTIONAL"] == [refused, ok, ok, ok]  # no certificate is asked for (see ClientAuth)
-    assert results["REQUIRE"] == [refused, refused, ok, refused]
-    assert results["internal"] == [refused, refused, ok, refused]
+    ok, refused, denied = grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED
+    # callers:               plaintext, no cert, instance, other CA, app (mesh CA)
+    assert results["NONE"] == [refused, ok, ok, ok, ok]
+    assert results["OPTIONAL"] == [refused, ok, ok, ok, ok]  # no certificate is asked for (see ClientAuth)
+    assert results["REQUIRE"] == [refused, refused, ok, refused, ok]
+    # The internal port: the handshake refuses certificates from other CAs; among the mesh
+    # CA's certificates, only mesh instances' (here: the instance's own) are admitted.
+    assert results["internal"] == [refused, refused, ok, refused, denied]

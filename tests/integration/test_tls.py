@@ -1,6 +1,6 @@
 """TLS and mutual TLS on real `meshd serve` processes, with certificates made by the test:
-the external port per MM_TLS_CLIENT_AUTH, the internal port open to mesh members only, a
-peer hop over mTLS, and bad TLS settings as one-line start-up errors."""
+the external port per MM_TLS_CLIENT_AUTH, the internal port open to mesh members only (not
+to other certificates from the mesh CA), a peer hop over mTLS, and bad TLS settings as one-line start-up errors."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from typing import Any
 import grpc
 import pytest
 
+from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
-from meshd.runtimes.models import GeneratedModel
+from meshd.runtimes.models import GeneratedModel, make_infer_request
 from meshd.testing.certs import Issued, TestCA, mesh_tls_settings
 from meshd.testing.cluster import LocalMesh, MeshClient, Node
 from meshd.testing.procs import free_port
@@ -37,6 +38,7 @@ class Pki:
     ca: TestCA
     instance: Issued  # every instance of the mesh shares it, as pods share one Secret
     instance_ip: Issued  # the same names plus the IP peers dial (127.0.0.1)
+    instance_b: Issued  # a second instance's own certificate, holding the peer name
     app: Issued  # a client application's certificate from the mesh CA
     outsider: Issued  # signed by another CA
 
@@ -53,6 +55,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         ca,
         ca.issue("instance", dns=(PEER_NAME,), ips=()),
         ca.issue("instance-ip", dns=(PEER_NAME,), ips=("127.0.0.1",)),
+        ca.issue("instance-b", dns=(PEER_NAME,), ips=()),
         ca.issue("app"),
         TestCA(d, "other").issue("outsider"),
     )
@@ -170,22 +173,26 @@ def ops_cli(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("peers_check", ["peer name", "dialed IP"])
-def test_a_two_instance_tls_mesh_forwards_over_mtls_and_the_internal_port_refuses_outsiders(
+@pytest.mark.parametrize("peers_check", ["peer name", "dialed IP", "per-instance certificates"])
+def test_a_two_instance_tls_mesh_forwards_over_mtls_and_the_internal_port_refuses_non_members(
     mesh: LocalMesh, pki: Pki, models: list[GeneratedModel], peers_check: str
 ) -> None:
-    if peers_check == "peer name":  # MESHD_TLS_PEER_NAME: the certificate holds no IP
-        mesh.settings = mesh_tls_settings(pki.ca, pki.instance, peer_name=PEER_NAME)
-    else:  # no peer name: peers check the advertised IP in the certificate
-        mesh.settings = mesh_tls_settings(pki.ca, pki.instance_ip)
+    if peers_check == "dialed IP":  # no peer name: peers check the advertised IP in the certificate
+        shared = pki.instance_ip
+        mesh.settings = mesh_tls_settings(pki.ca, shared)
+    else:  # MESHD_TLS_PEER_NAME: the certificate holds no IP
+        shared = pki.instance
+        mesh.settings = mesh_tls_settings(pki.ca, shared, peer_name=PEER_NAME)
     node_a = mesh.add_node("inst-a", runtime_args())
-    node_b = mesh.add_node("inst-b", runtime_args())
+    # Per-instance certificates: b has its own; a's is a member there as it holds the peer name.
+    own_b = mesh_tls_settings(pki.ca, pki.instance_b, peer_name=PEER_NAME) if peers_check.startswith("per") else None
+    node_b = mesh.add_node("inst-b", runtime_args(), settings=own_b)
     a, b = client(node_a, pki.creds(None)), client(node_b, pki.creds(None))
     try:
         m = models[0]
         a.register(m)
-        # A mesh member (the instance certificate) may call the internal port.
-        assert member_call(node_b, pki.creds(pki.instance), m.id).state == peer_pb2.InternalOpResponse.LOADED
+        # A mesh member (the certificate the instances share) may call the internal port.
+        assert member_call(node_b, pki.creds(shared), m.id).state == peer_pb2.InternalOpResponse.LOADED
         # Served through a by b's copy: the hop a -> b is mTLS under the peer name.
         assert close_enough(a.infer(m.id, ROWS), expected(m, ROWS))
         assert a.runtime_loaded() == [] and b.runtime_loaded() == [m.id]
@@ -202,7 +209,21 @@ def test_a_two_instance_tls_mesh_forwards_over_mtls_and_the_internal_port_refuse
         with pytest.raises(grpc.RpcError) as outsider:
             member_call(node_a, pki.creds(pki.outsider), models[1].id)
         assert outsider.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert a.runtime_loaded() == []  # the outsider loaded nothing
+        # A client certificate from the mesh CA (valid on the external port under REQUIRE)
+        # passes the handshake but is no mesh instance: every internal service refuses it.
+        app = pki.creds(pki.app)
+        denied = [refusal(secure(peer_target, app))]
+        with pytest.raises(grpc.RpcError) as loading:
+            member_call(node_a, app, models[1].id)
+        denied.append(loading.value)
+        with pytest.raises(grpc.RpcError) as spoofed, secure(f"127.0.0.1:{node_b.peer_port}", app) as ch:
+            hop = (("mm-model-id", m.id), ("meshd-hop", "inst-a"), ("meshd-mode", "serve"))
+            v2_grpc.GRPCInferenceServiceStub(ch).ModelInfer(make_infer_request(m.id, ROWS), metadata=hop, timeout=30)
+        denied.append(spoofed.value)
+        for e in denied:
+            assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e
+            assert "admits mesh instances only: CN=app is not" in (e.details() or ""), e
+        assert a.runtime_loaded() == []  # neither the outsider nor the app loaded anything
     finally:
         a.close()
         b.close()
