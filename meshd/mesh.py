@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from meshd._proto.meshd import admin_pb2_grpc, peer_pb2_grpc
-from meshd._proto.mmesh import model_mesh_pb2_grpc
+from meshd._proto.meshd import admin_pb2, peer_pb2
+from meshd._proto.mmesh import model_mesh_pb2
 from meshd.api.admin import MeshAdminServicer
 from meshd.api.health import EXTERNAL_SERVICES, INTERNAL_SERVICES, Health
 from meshd.api.kserve import MeshKServe
 from meshd.api.kserve_core import KServeCore
 from meshd.api.kserve_http import HttpServer
 from meshd.api.modelmesh import ModelMeshServicer
+from meshd.api.parsing import add_servicer
 from meshd.api.peer import PeerServicer
 from meshd.cache import State, to_units
 from meshd.clock import wall_ms
@@ -219,12 +220,12 @@ class Instance:
             count_copies=self.copies.refresh,
             wait_loaded=self._wait_loaded,
         )
-        model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(servicer, external)
+        add_servicer(external, model_mesh_pb2.DESCRIPTOR.services_by_name["ModelMesh"], servicer)
         inventory = Inventory(registry, cluster, self.local, self.peers, cfg.load_failure_expiry_ms)
         admin = MeshAdminServicer(
             inventory, self.instances, lambda: self.election.leader_id if self.election is not None else None
         )
-        admin_pb2_grpc.add_MeshAdminServicer_to_server(admin, external)
+        add_servicer(external, admin_pb2.DESCRIPTOR.services_by_name["MeshAdmin"], admin)
         timeout_s = cfg.request_timeout_ms / 1000 if cfg.request_timeout_ms else None
         directory = None
         if cfg.model_repository is not None:
@@ -246,7 +247,7 @@ class Instance:
         # admits only mesh instances among them (meshd.peer_auth), on every internal service.
         internal = grpc.aio.server(options=channel_options(cfg.max_msg_size), interceptors=peer_interceptors(tls))
         self.peer_servicer = PeerServicer(cfg.instance_id, self.local, registry)
-        peer_pb2_grpc.add_MeshPeerServicer_to_server(self.peer_servicer, internal)
+        add_servicer(internal, peer_pb2.DESCRIPTOR.services_by_name["MeshPeer"], self.peer_servicer)
         internal.add_generic_rpc_handlers([PeerInferenceHandler(router, methods)])
         self.peer_port = bind(internal, f"0.0.0.0:{cfg.peer_port}", tls.internal_server_credentials() if tls else None)
         self.health.append(Health(internal, INTERNAL_SERVICES))
