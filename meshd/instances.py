@@ -1,6 +1,8 @@
 """This instance's record in `instances/` (SPEC §5), on its lease, republished on SPEC §6's
 cadence: when it changed materially, at most every 2 s, at least every 40 s while
-changed, and right after loads. `instance_record` and `publish_due` are pure.
+changed, and right after loads; and written back when the stored value is no longer
+the one published (overwritten or deleted behind meshd's back: peers would stop seeing
+this instance). `instance_record` and `publish_due` are pure.
 """
 
 from __future__ import annotations
@@ -108,11 +110,20 @@ class InstancePublisher:
     """Keeps `instances/<id>` current on the instance's lease."""
 
     def __init__(
-        self, store: KVStore, key: str, build: Callable[[], InstanceRecord], ttl_s: int, clock: Clock = wall_ms
+        self,
+        store: KVStore,
+        key: str,
+        build: Callable[[], InstanceRecord],
+        ttl_s: int,
+        clock: Clock = wall_ms,
+        stored: Callable[[], InstanceRecord | None] | None = None,
     ) -> None:
+        """`stored`: what the instances mirror holds at `key` (None: absent or corrupt)."""
         self.store = store
         self.key = key
         self.build = build
+        self.stored = stored
+        self._restoring = False
         self.clock = clock
         self.lease = LeaseKeeper(store, ttl_s, on_new_lease=self._republish)
         self.last: InstanceRecord | None = None
@@ -135,7 +146,7 @@ class InstancePublisher:
         # yet due, and 3.11's wait_for can swallow a cancellation that races its event.)
         while True:
             await asyncio.sleep(PUBLISH_TICK_S)
-            forced = self._kick.is_set()
+            forced = self._kick.is_set() or self._overwritten()
             record = self.build()
             if publish_due(self.last, record, self.last_ms, self.clock(), forced):
                 self._kick.clear()
@@ -144,6 +155,19 @@ class InstancePublisher:
                 except StoreError as e:
                     log.warning("could not publish the instance record: %s", e)
                     self.last = None  # publish again as soon as the store answers
+
+    def _overwritten(self) -> bool:
+        """Whether the stored value is not the last one published. Right after a put the
+        mirror may lag for a moment: that costs at most one extra put, 2 s later."""
+        if self.stored is None or self.last is None:
+            return False
+        differs = self.stored() != self.last
+        if differs and not self._restoring:
+            log.warning(
+                "instance record at %s is not the one published (overwritten or deleted); writing it again", self.key
+            )
+        self._restoring = differs
+        return differs
 
     async def publish_now(self) -> None:
         """Publish at once, outside the cadence (the shutdown flag must reach peers now)."""

@@ -160,8 +160,13 @@ class Instance:
             q = local.queue
             return instance_record(me, local.cache, q.threads, q.in_progress, rpm, self.shutting_down, now)
 
+        instances = self.instances
         self.publisher = InstancePublisher(
-            self.store, f"{prefix}/instances/{cfg.instance_id}", build, cfg.instance_ttl_s
+            self.store,
+            f"{prefix}/instances/{cfg.instance_id}",
+            build,
+            cfg.instance_ttl_s,
+            stored=lambda: instances.get(cfg.instance_id),
         )
         local.on_change = self.publisher.kick
 
