@@ -45,6 +45,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("labels", "MM_LABELS", "--labels", "comma-separated instance labels"),
     Setting("grpc_port", "MM_SVC_GRPC_PORT", "--grpc-port", "external gRPC port (inference + management)", "8033"),
     Setting("max_msg_size", "MM_SVC_GRPC_MAX_MSG_SIZE", "--max-msg-size", "max gRPC message bytes", str(16 << 20)),
+    Setting(
+        "max_headers_size",
+        "MM_SVC_GRPC_MAX_HEADERS_SIZE",
+        "--max-headers-size",
+        "max bytes of a request's gRPC headers (larger: RESOURCE_EXHAUSTED)",
+        str(16 << 10),
+    ),
     Setting("runtime_port", "INTERNAL_GRPC_PORT", "--runtime-port", "runtime management port", "8085"),
     Setting("runtime_socket", "INTERNAL_GRPC_SOCKET_PATH", "--runtime-socket", "runtime management unix socket"),
     Setting("serving_port", "INTERNAL_SERVING_GRPC_PORT", "--serving-port", "runtime inference port (default: mgmt)"),
@@ -233,6 +240,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log_each_invoke: bool = False
     log_format: str = "text"
+    max_headers_size: int = 16 << 10
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -361,11 +369,11 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         metrics=_parsed(name("metrics"), need("metrics"), MetricsConfig.parse),
         log_each_invoke=_bool(name("log_each_invoke"), need("log_each_invoke")),
         log_format=_parsed(name("log_format"), need("log_format"), parse_log_format),
+        max_headers_size=_int(name("max_headers_size"), need("max_headers_size"), 1024),
     )
     if config.metrics.https and config.tls is None:
         raise ConfigError(
-            f"{name('metrics')}: scheme=https needs the instance certificate "
-            f"({meshtls.CERT_ENV} and {meshtls.KEY_ENV})"
+            f"{name('metrics')}: scheme=https needs the instance certificate ({meshtls.CERT_ENV} and {meshtls.KEY_ENV})"
         )
     return config
 

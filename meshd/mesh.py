@@ -54,7 +54,7 @@ from meshd.registry import Registry
 from meshd.repository import MeshRepository
 from meshd.router import Router
 from meshd.runtime.client import RuntimeClient, RuntimeNotReady
-from meshd.runtime.endpoints import channel_options, open_channel
+from meshd.runtime.endpoints import open_channel, server_options
 from meshd.scaler import Scaler, ScalerConfig
 from meshd.tls import bind
 from meshd.tracing import Tracing
@@ -217,7 +217,7 @@ class Instance:
             live_instances=lambda: cluster.view().instances.keys(),
         )
 
-        external = grpc.aio.server(options=channel_options(cfg.max_msg_size))
+        external = grpc.aio.server(options=server_options(cfg.max_msg_size, cfg.max_headers_size))
         servicer = ModelMeshServicer(
             management,
             self.vmodels,
@@ -250,7 +250,9 @@ class Instance:
 
         # With TLS on, the handshake admits certificates the mesh trusts; the interceptor then
         # admits only mesh instances among them (meshd.peer_auth), on every internal service.
-        internal = grpc.aio.server(options=channel_options(cfg.max_msg_size), interceptors=peer_interceptors(tls))
+        internal = grpc.aio.server(
+            options=server_options(cfg.max_msg_size, cfg.max_headers_size), interceptors=peer_interceptors(tls)
+        )
         self.peer_servicer = PeerServicer(cfg.instance_id, self.local, registry)
         add_servicer(internal, peer_pb2.DESCRIPTOR.services_by_name["MeshPeer"], self.peer_servicer)
         internal.add_generic_rpc_handlers([PeerInferenceHandler(router, methods)])

@@ -18,6 +18,7 @@ def parse(argv: list[str], env: dict[str, str]) -> object:
 def test_defaults_are_upstreams() -> None:
     cfg = load_config(None, {})
     assert (cfg.grpc_port, cfg.peer_port, cfg.max_msg_size) == (8033, 8080, 16 << 20)
+    assert cfg.max_headers_size == 16 << 10
     assert cfg.kv_store is None  # embedded etcd
     assert cfg.runtime_endpoint == cfg.serving_endpoint == "8085"
     assert cfg.load_failure_expiry_ms == 900_000 and cfg.shutdown_timeout_ms == 30_000

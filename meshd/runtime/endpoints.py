@@ -28,5 +28,16 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+def server_options(max_message_bytes: int, max_headers_bytes: int) -> list[tuple[str, int]]:
+    """Message and header limits for meshd's servers. grpc refuses headers between its soft
+    and hard limit with a rising probability; one limit for both makes the answer the same
+    for every request of a size."""
+    return [
+        *channel_options(max_message_bytes),
+        ("grpc.max_metadata_size", max_headers_bytes),
+        ("grpc.absolute_max_metadata_size", max_headers_bytes),
+    ]
+
+
 def open_channel(endpoint: str, max_message_bytes: int) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(grpc_target(endpoint), options=channel_options(max_message_bytes))
