@@ -165,6 +165,13 @@ SETTINGS: tuple[Setting, ...] = (
         "how long to wait for the runtime to be READY",
         "180",
     ),
+    Setting(
+        "runtime_check_ms",
+        "MESHD_RUNTIME_CHECK_MS",
+        "--runtime-check-ms",
+        "how often the runtime is probed after start-up; 3 missed probes drop its copies",
+        "5000",
+    ),
     Setting("tls_key_cert", meshtls.CERT_ENV, "--tls-key-cert", "PEM certificate chain: TLS on both gRPC ports"),
     Setting("tls_private_key", meshtls.KEY_ENV, "--tls-private-key", "PEM private key of that certificate"),
     Setting(
@@ -226,6 +233,7 @@ class Config:
     scaleup_rpm_threshold: int = 2000
     rate_check_ms: int = 10_000
     janitor_ms: int = 360_000
+    runtime_check_ms: int = 5_000
     leader_sweep_ms: int = 420_000
     dead_instance_prune_ms: int = 600_000
     copy_idle_ms: int | None = None
@@ -352,6 +360,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         scaleup_rpm_threshold=_int(name("scaleup_rpm_threshold"), need("scaleup_rpm_threshold"), 1),
         rate_check_ms=_int(name("rate_check_ms"), need("rate_check_ms"), 100),
         janitor_ms=_int(name("janitor_ms"), need("janitor_ms"), 100),
+        runtime_check_ms=_int(name("runtime_check_ms"), need("runtime_check_ms"), 100),
         leader_sweep_ms=_int(name("leader_sweep_ms"), need("leader_sweep_ms"), 100),
         dead_instance_prune_ms=_int(name("dead_instance_prune_ms"), need("dead_instance_prune_ms"), 0),
         copy_idle_ms=_int(name("copy_idle_ms"), raw["copy_idle_ms"], 0) if raw["copy_idle_ms"] else None,

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from meshd import __version__
@@ -126,6 +126,8 @@ class InstancePublisher:
         self._restoring = False
         self.clock = clock
         self.lease = LeaseKeeper(store, ttl_s, on_new_lease=self._republish)
+        # Run before the record returns after a lost lease (the instance was gone for peers).
+        self.before_rejoin: Callable[[], Awaitable[object]] | None = None
         self.last: InstanceRecord | None = None
         self.last_ms = 0
         self._kick = asyncio.Event()
@@ -178,6 +180,11 @@ class InstancePublisher:
         self.last, self.last_ms = record, self.clock()
 
     async def _republish(self, lease_id: int) -> None:
+        if self.before_rejoin is not None:
+            try:
+                await self.before_rejoin()
+            except Exception:
+                log.exception("check before rejoining failed")
         await self._put(self.build())
 
     async def stop(self) -> None:

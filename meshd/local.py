@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from meshd.cache import CacheEntry, State, WeightedLRU, to_units
@@ -90,6 +91,7 @@ class LocalModels:
         self._unloading: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._space = asyncio.Event()  # replaced and set whenever room may have appeared
+        self.runtime_up = True  # False while the runtime does not answer (meshd.runtime.health)
 
     # ---- the request path ------------------------------------------------------------
     async def ensure(self, model_id: str, record: ModelRecord, last_used_ms: int | None = None) -> CacheEntry:
@@ -132,6 +134,9 @@ class LocalModels:
         fut.add_done_callback(_consume_exception)
         if entry is not None and entry.state is State.LOADED:
             fut.set_result(entry)
+            return fut
+        if not self.runtime_up:
+            fut.set_exception(Unavailable(f"cannot load {model_id!r} here: the runtime is not answering"))
             return fut
         failed_ms = record.failed_in.get(self.instance_id)
         if failed_ms is not None and not failure_expired(failed_ms, self.clock(), self.failure_expiry_ms):
@@ -181,6 +186,15 @@ class LocalModels:
             # copy back (an adapter restoring after a crash) must not keep one nobody counts.
             self._unload_later(model_id)
             self.on_change()
+
+    async def runtime_gone(self) -> None:
+        """The runtime stopped answering: forget every loaded copy and leave its record.
+        Nothing is unloaded (nothing to ask); a runtime coming back purges before READY."""
+        for entry in self.cache.entries():
+            if entry.state is State.LOADED and self.cache.get(entry.model_id) is entry:
+                self._remove(entry.model_id)
+                await self._quiet(self.registry.remove_copy(entry.model_id, self.instance_id))
+        self.on_change()
 
     def shed(self, model_id: str) -> bool:
         """Unload a loaded copy the scaler no longer wants (counted as an eviction)."""
@@ -381,10 +395,12 @@ class LocalModels:
         task.add_done_callback(self._tasks.discard)
 
     # ---- lifecycle -------------------------------------------------------------------
-    async def reconcile(self) -> Repairs:
-        """Repair drift between this cache and the registry (start-up and the janitor)."""
+    async def reconcile(self, live: AbstractSet[str] | None = None) -> Repairs:
+        """Repair drift between this cache and the registry (start-up and the janitor).
+
+        `live`: instances with a record, to drop copies beyond a model's max copies."""
         table = self.registry.models
-        repairs = plan_repairs(self.instance_id, dict(table.items()), self.cache.entries(), table.corrupt)
+        repairs = plan_repairs(self.instance_id, dict(table.items()), self.cache.entries(), table.corrupt, live)
         for mid in repairs.remove_from_records:
             if mid not in self.cache:  # still true after the awaits before it
                 await self._quiet(self.registry.remove_copy(mid, self.instance_id))
@@ -395,6 +411,11 @@ class LocalModels:
         for mid in repairs.unload:
             if self.registry.get(mid) is None:
                 self.drop(mid)
+        for mid in repairs.surplus:
+            log.info("unloading %s: its max copies are loaded elsewhere", mid)
+            # Out of the record before this returns: a rejoining instance must not count.
+            await self._quiet(self.registry.remove_copy(mid, self.instance_id))
+            self.shed(mid)
         if repairs:
             log.info("janitor repaired %s", repairs)
         return repairs

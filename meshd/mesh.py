@@ -55,6 +55,7 @@ from meshd.repository import MeshRepository
 from meshd.router import Router
 from meshd.runtime.client import RuntimeClient, RuntimeNotReady
 from meshd.runtime.endpoints import open_channel, server_options
+from meshd.runtime.health import RuntimeWatch
 from meshd.scaler import Scaler, ScalerConfig
 from meshd.tls import bind
 from meshd.tracing import Tracing
@@ -151,6 +152,7 @@ class Instance:
         models.listeners.append(self._on_model_change)
 
         local = self.local
+        watch = RuntimeWatch(local, cfg.runtime_check_ms / 1000)
         me = Identity(cfg.instance_id, f"{cfg.advertise_host}:{cfg.peer_port}", cfg.zone, cfg.labels, wall_ms())
         meter = RpmMeter()
 
@@ -158,7 +160,9 @@ class Instance:
             now = wall_ms()
             rpm = meter.rpm(local.counters.served, now)  # forwarded requests are not load here
             q = local.queue
-            return instance_record(me, local.cache, q.threads, q.in_progress, rpm, self.shutting_down, now)
+            # A runtime that does not answer takes no models: placement skips "shutting down" ones.
+            stopping = self.shutting_down or not watch.up
+            return instance_record(me, local.cache, q.threads, q.in_progress, rpm, stopping, now)
 
         instances = self.instances
         self.publisher = InstancePublisher(
@@ -169,6 +173,7 @@ class Instance:
             stored=lambda: instances.get(cfg.instance_id),
         )
         local.on_change = self.publisher.kick
+        watch.on_change = self.publisher.kick
 
         self.serving_channel = open_channel(cfg.serving_endpoint, cfg.max_msg_size)
         self.peers = Peers(cfg.max_msg_size, cfg.tls.dial_peer if cfg.tls else dial_plaintext)
@@ -192,6 +197,9 @@ class Instance:
             tracing=self.tracing,
         )
         self.copies = CopyCounter(registry, cluster, self.local, self.peers)
+        # Back from a lost lease (frozen, cut off): drop copies reloaded elsewhere up to their
+        # max before peers can count this instance's again.
+        self.publisher.before_rejoin = lambda: local.reconcile(set(cluster.view().instances) - {cfg.instance_id})
 
         async def ensure_loading(model_id: str) -> None:
             # Best effort: the change is already committed; the leader's loop places too.
@@ -307,7 +315,8 @@ class Instance:
             router,
         )
         self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
-        self.background.append(asyncio.create_task(self._janitor(cfg.janitor_ms / 1000), name="janitor"))
+        self.background.append(asyncio.create_task(watch.run(), name="runtime watch"))
+        self.background.append(asyncio.create_task(self._janitor(cfg.janitor_ms / 1000, cluster), name="janitor"))
         log.info(
             "meshd instance %s serving: grpc %d, peer %d, http %s, registry %s/, %s",
             cfg.instance_id,
@@ -402,12 +411,12 @@ class Instance:
                 return
             await asyncio.sleep(0.1)
 
-    async def _janitor(self, interval_s: float) -> None:
+    async def _janitor(self, interval_s: float, cluster: Cluster) -> None:
         assert self.local is not None
         while True:
             await asyncio.sleep(interval_s)
             try:
-                await self.local.reconcile()
+                await self.local.reconcile(set(cluster.view().instances))
             except Exception:
                 log.exception("janitor run failed")
 

@@ -1,8 +1,10 @@
 """Channels to peer instances' internal ports, one per live instance, made on first use.
 
 A channel is replaced when the instance's advertised location changes and closed when
-its record disappears (lease gone). Raw-bytes callables are cached per method. How a
-channel is opened (plaintext, or mTLS from meshd.tls) is the assembly's choice.
+its record disappears (lease gone); calls still waiting on a gone instance are cancelled
+then, so they reroute instead of waiting out their deadline on a frozen process.
+Raw-bytes callables are cached per method. How a channel is opened (plaintext, or mTLS
+from meshd.tls) is the assembly's choice.
 """
 
 from __future__ import annotations
@@ -55,6 +57,21 @@ class PeerChannel(RawCalls):
     def __init__(self, location: str, max_message_bytes: int, dial: Dial = dial_plaintext) -> None:
         super().__init__(dial(location, channel_options(max_message_bytes)))
         self.location = location
+        self.gone = False  # the instance left the mesh (its record went with its lease)
+        self._calls: set[Any] = set()
+
+    def track(self, call: Any) -> Any:
+        """Remember a call in flight, so `leave` can cancel it; returns the call."""
+        self._calls.add(call)
+        call.add_done_callback(self._calls.discard)
+        return call
+
+    def leave(self) -> None:
+        """The instance is gone: cancel the calls waiting on it (a frozen or cut-off peer
+        would hold them until their deadline) so callers reroute them now."""
+        self.gone = True
+        for call in list(self._calls):
+            call.cancel()
 
 
 class Peers:
@@ -75,6 +92,7 @@ class Peers:
     def forget(self, instance_id: str) -> None:
         peer = self._channels.pop(instance_id, None)
         if peer is not None:
+            peer.leave()
             self._close_later(peer)
 
     def _close_later(self, peer: PeerChannel) -> None:

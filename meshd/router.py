@@ -537,15 +537,28 @@ class Router:
         md = (*metadata, (HOP, self.self_id), (MODE, mode))
         SERVED.set((model_id, target))
         self.inflight[target] = self.inflight.get(target, 0) + 1
+        raw = peer.unary(spec.path)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return peer.track(raw(*args, **kwargs))  # cancelled if the peer leaves the mesh
+
         try:
-            call = peer.unary(spec.path)
             if self.tracing is not None:
                 hop = {"meshd.hop": "peer", "meshd.peer": target, "meshd.mode": mode}
                 return await self.tracing.call_unary(call, spec.path, request, md, remaining_s, hop)
             response: bytes = await call(request, metadata=md, timeout=remaining_s)
             return response
         except grpc.aio.AioRpcError as e:
+            if peer.gone and e.code() == grpc.StatusCode.CANCELLED:
+                raise Refused(f"{target} left the mesh while serving the request") from None
             raise _peer_failure(e.code(), e.details(), e.trailing_metadata(), model_id) from None
+        except asyncio.CancelledError:
+            # grpc.aio raises CancelledError in the awaiting task when its call is cancelled;
+            # only a cancellation of this task itself (client gone) must propagate.
+            task = asyncio.current_task()
+            if peer.gone and task is not None and task.cancelling() == 0:
+                raise Refused(f"{target} left the mesh while serving the request") from None
+            raise
         finally:
             self.inflight[target] -= 1
 

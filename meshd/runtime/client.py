@@ -133,6 +133,11 @@ class RuntimeClient:
             return False if e.code() == grpc.StatusCode.NOT_FOUND else None
         return True
 
+    async def probe(self, model_id: str, timeout_s: float) -> None:
+        """Ask modelSize and let any error through: the caller reads the runtime's health
+        from it (any answer: there; UNAVAILABLE: not). runtimeStatus would purge it."""
+        await self.stub.modelSize(rt.ModelSizeRequest(modelId=model_id), timeout=timeout_s)
+
     async def model_size(self, model_id: str) -> int | None:
         try:
             resp = await self.stub.modelSize(rt.ModelSizeRequest(modelId=model_id), timeout=MODEL_SIZE_TIMEOUT_S)

@@ -39,5 +39,10 @@ def server_options(max_message_bytes: int, max_headers_bytes: int) -> list[tuple
     ]
 
 
+# gRPC's reconnect backoff grows to 120 s by default; a local runtime that restarts should
+# be reached again within seconds.
+_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2_000)]
+
+
 def open_channel(endpoint: str, max_message_bytes: int) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(grpc_target(endpoint), options=channel_options(max_message_bytes))
+    return grpc.aio.insecure_channel(grpc_target(endpoint), options=[*channel_options(max_message_bytes), *_RECONNECT])

@@ -35,6 +35,7 @@ def test_record_published_on_a_lease_and_revoked_on_sigterm(
 ) -> None:
     c = start_node("inst-a", settings={"labels": "mt:demo,gpu", "zone": "z1"})
     key = f"mm/{mesh.service}/instances/inst-a"
+    wait_until(lambda: read(etcd_server, key) is not None, 15, "the record to be published")
     kv = read(etcd_server, key)
     assert kv is not None and kv.lease != 0
     rec = json.loads(kv.value)
@@ -50,6 +51,7 @@ def test_record_of_a_killed_instance_expires_with_its_lease(
 ) -> None:
     c = start_node("inst-b", settings={"instance_ttl_s": 2})
     key = f"mm/{mesh.service}/instances/inst-b"
-    assert read(etcd_server, key) is not None
+    # Published last in start-up, just after the gRPC port (what start_node waits for) opens.
+    wait_until(lambda: read(etcd_server, key) is not None, 15, "the record to be published")
     c.node.meshd.kill()
     wait_until(lambda: read(etcd_server, key) is None, 15, "the lease to expire")

@@ -1,0 +1,212 @@
+"""Fault tests: a mesh of real processes on a private etcd the test may stop, restart or
+starve, and paced client traffic that keeps every failure. Every process (etcd, meshd,
+runtimes) is stopped by PID when the fixture ends, whatever the test did to it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from meshd._proto.meshd import admin_pb2, admin_pb2_grpc, peer_pb2, peer_pb2_grpc
+from meshd._proto.mmesh import model_mesh_pb2 as mm
+from meshd.kv.election import leader_of
+from meshd.kv.etcd import EtcdStore
+from meshd.kv.store import delete_if
+from meshd.runtimes.models import GeneratedModel, generate_models
+from meshd.testing.cluster import LocalMesh
+from meshd.testing.etcd import start_test_etcd
+
+from ..integration.conftest import MODEL_SIZE, Client, close_enough, expected
+
+ROWS = [[1.0, 2.0, 3.0, 4.0]]
+WAIT_S = 60.0  # generous: the machine is small and shared; a condition that holds comes much sooner
+
+
+@dataclass
+class FaultMesh:
+    """A LocalMesh on its own etcd, with synchronous clients per node."""
+
+    mesh: LocalMesh
+    clients: list[Client]
+
+    @property
+    def prefix(self) -> str:
+        return f"mm/{self.mesh.service}"
+
+    def add(self, instance_id: str, settings: dict[str, str | int] | None = None, capacity_models: int = 8) -> Client:
+        args = ["--capacity-bytes", str(capacity_models * MODEL_SIZE)]
+        node = self.mesh.add_node(instance_id, runtime_args=args, settings=settings)
+        client = Client(
+            node, grpc.insecure_channel(node.target), grpc.insecure_channel(f"127.0.0.1:{node.runtime_port}")
+        )
+        self.clients.append(client)
+        return client
+
+    def etcd_stop(self) -> None:
+        assert self.mesh.etcd is not None
+        self.mesh.etcd.stop()
+
+    def etcd_start(self) -> None:
+        """Same data directory, same ports."""
+        assert self.mesh.etcd is not None
+        self.mesh.etcd.start()
+
+    # ---- direct etcd access (what outside tools see) ----------------------------------
+    def _store_call(self, fn: Callable[[EtcdStore], Any]) -> Any:
+        async def run() -> Any:
+            store = EtcdStore.from_url(self.mesh.etcd_url)
+            try:
+                return await fn(store)
+            finally:
+                await store.close()
+
+        return asyncio.run(run())
+
+    def records(self, kind: str = "registry") -> dict[str, dict[str, Any]]:
+        """Every record under `<prefix>/<kind>/`, decoded."""
+        base = f"{self.prefix}/{kind}/"
+
+        async def read(store: EtcdStore) -> dict[str, dict[str, Any]]:
+            kvs, _ = await store.range_prefix(base)
+            return {kv.key[len(base) :]: json.loads(kv.value) for kv in kvs}
+
+        result: dict[str, dict[str, Any]] = self._store_call(read)
+        return result
+
+    def put(self, kind: str, item_id: str, record: dict[str, Any]) -> None:
+        key = f"{self.prefix}/{kind}/{item_id}"
+
+        async def write(store: EtcdStore) -> None:
+            await store.put(key, json.dumps(record).encode())
+
+        self._store_call(write)
+
+    def delete(self, kind: str, item_id: str) -> None:
+        key = f"{self.prefix}/{kind}/{item_id}"
+
+        async def remove(store: EtcdStore) -> None:
+            kv = await store.get(key)
+            if kv is not None:
+                await delete_if(store, key, kv.mod_revision)
+
+        self._store_call(remove)
+
+    def leader_in_etcd(self) -> str | None:
+        base = f"{self.prefix}/leader/"
+
+        async def read(store: EtcdStore) -> str | None:
+            kvs, _ = await store.range_prefix(base)
+            return leader_of(kvs, base)
+
+        result: str | None = self._store_call(read)
+        return result
+
+
+@pytest.fixture
+def fault_mesh(tmp_path: Path) -> Iterator[FaultMesh]:
+    """A mesh whose etcd belongs to this test alone (so stopping it harms no other test)."""
+    mesh = LocalMesh(tmp_path, service=f"svc-{uuid.uuid4().hex[:8]}")
+    fm = FaultMesh(mesh, [])
+    try:
+        mesh.etcd = start_test_etcd(tmp_path)
+        mesh.etcd_url = mesh.etcd.url
+        yield fm
+    finally:
+        for c in fm.clients:
+            c.close()
+        mesh.stop()  # every child by PID, then etcd (whether running or stopped by the test)
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> list[GeneratedModel]:
+    return generate_models(tmp_path / "models", 6, size_bytes=MODEL_SIZE)
+
+
+# ---- operations on one instance ------------------------------------------------------------
+def load_on(c: Client, model_id: str) -> None:
+    """Place a copy on this instance explicitly (the internal load-here operation)."""
+    with grpc.insecure_channel(f"127.0.0.1:{c.node.peer_port}") as ch:
+        req = peer_pb2.InternalOpRequest(modelId=model_id, load=True, sync=True)
+        state = peer_pb2_grpc.MeshPeerStub(ch).InternalOperation(req, timeout=30).state
+    assert state == peer_pb2.InternalOpResponse.LOADED
+
+
+def listed_models(c: Client) -> set[str]:
+    """Registered models as this instance's mirror has them (admin listModels)."""
+    resp = admin_pb2_grpc.MeshAdminStub(c.channel).listModels(admin_pb2.ListModelsRequest(), timeout=30)
+    return {m.modelId for m in resp.models}
+
+
+def listed_instances(c: Client) -> set[str]:
+    resp = admin_pb2_grpc.MeshAdminStub(c.channel).listInstances(admin_pb2.ListInstancesRequest(), timeout=10)
+    return {i.instanceId for i in resp.instances}
+
+
+def active_of(c: Client, vmodel_id: str) -> str:
+    req = mm.GetVModelStatusRequest(vModelId=vmodel_id)
+    return str(c.mm.getVModelStatus(req, timeout=10).activeModelId)
+
+
+def answers(check: Callable[[], bool]) -> Callable[[], bool]:
+    """`check`, with an RPC error read as "not yet" (an instance may still be reconnecting)."""
+
+    def run() -> bool:
+        try:
+            return check()
+        except grpc.RpcError:
+            return False
+
+    return run
+
+
+class Traffic:
+    """Client threads sending paced requests for `models` until stopped; every failure and
+    wrong answer is kept (a failure is a finding), successes counted per ingress instance
+    and in order, so a test can count what succeeded between two of its own marks."""
+
+    def __init__(self, clients: list[Client], models: list[GeneratedModel], pace_s: float = 0.02) -> None:
+        self.failures: list[str] = []
+        self.served: Counter[str] = Counter()
+        self.successes = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._models = models
+        self._pace_s = pace_s
+        self._threads = [threading.Thread(target=self._run, args=(c,), daemon=True) for c in clients]
+
+    def _run(self, client: Client) -> None:
+        i = 0
+        while not self._stop.wait(self._pace_s):
+            m = self._models[i % len(self._models)]
+            i += 1
+            try:
+                ok = close_enough(client.infer(m.id, ROWS), expected(m, ROWS))
+                error = "" if ok else "wrong answer"
+            except grpc.RpcError as e:
+                ok, error = False, f"{e.code().name}: {e.details()}"
+            with self._lock:
+                if ok:
+                    self.served[client.node.instance_id] += 1
+                    self.successes += 1
+                else:
+                    self.failures.append(f"{client.node.instance_id} {m.id}: {error}")
+
+    def __enter__(self) -> Traffic:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)

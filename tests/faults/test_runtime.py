@@ -1,0 +1,83 @@
+"""A runtime process killed under its meshd: its copies leave the records, requests are
+served elsewhere, nothing reports a copy LOADED where no runtime holds it, and once a
+runtime is back on that endpoint the instance takes loads again."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from meshd._proto.mmesh import model_mesh_pb2 as mm
+from meshd.runtimes.models import GeneratedModel
+from meshd.testing.procs import wait_until
+
+from ..integration.conftest import MODEL_SIZE, Client, close_enough, expected
+from .conftest import ROWS, WAIT_S, FaultMesh, Traffic, answers, load_on
+
+pytestmark = pytest.mark.slow
+
+FAST = {"runtime_check_ms": 300}
+
+
+def truthful(fault_mesh: FaultMesh, dead: set[str]) -> bool:
+    """Every copy a record in etcd names, and every copy an instance reports LOADED, is in
+    that instance's runtime (which reports what it really holds); a dead runtime holds none."""
+    by_id = {c.node.instance_id: c for c in fault_mesh.clients}
+    held = {iid: set() if iid in dead else set(c.runtime_loaded()) for iid, c in by_id.items()}
+    for model_id, rec in fault_mesh.records().items():
+        if any(model_id not in held[iid] for iid in rec["instanceIds"]):
+            return False
+        for c in fault_mesh.clients:
+            if c.node.instance_id in dead:
+                continue
+            st = c.status(model_id)
+            loaded = {x.location for x in st.modelCopyInfos if x.copyStatus == mm.ModelStatusInfo.LOADED}
+            if any(model_id not in held[iid] for iid in loaded):
+                return False
+    return True
+
+
+def test_killed_runtime_copies_leave_records_and_requests_go_elsewhere(
+    fault_mesh: FaultMesh, models: list[GeneratedModel]
+) -> None:
+    a, b, c = (fault_mesh.add(f"inst-{n}", settings=FAST) for n in "abc")
+    shared, only_a, on_c = models[:3]
+    for m in (shared, only_a, on_c):
+        a.register(m)
+    for node, m in ((a, shared), (b, shared), (a, only_a), (c, on_c)):
+        load_on(node, m.id)
+    assert truthful(fault_mesh, set())
+
+    with Traffic([a, b, c], [shared, only_a, on_c]) as traffic:
+        time.sleep(0.5)
+        a.node.runtime.kill()  # SIGKILL: meshd on a is told nothing
+        # a's copies leave the records; the model only a held is loaded elsewhere.
+        wait_until(
+            answers(lambda: all("inst-a" not in r["instanceIds"] for r in fault_mesh.records().values())),
+            WAIT_S,
+            "the dead runtime's copies to leave the records",
+        )
+        wait_until(answers(lambda: bool(fault_mesh.records()[only_a.id]["instanceIds"])), WAIT_S, "a reload")
+        time.sleep(1.0)
+    assert not traffic.failures, traffic.failures[:5]
+    wait_until(answers(lambda: truthful(fault_mesh, {"inst-a"})), WAIT_S, "records and statuses to match runtimes")
+    # Placement leaves a alone meanwhile: new loads go to instances whose runtime answers.
+    fresh = models[3]
+    a.register(fresh)
+    assert close_enough(a.infer(fresh.id, ROWS), expected(fresh, ROWS))
+    assert set(fault_mesh.records()[fresh.id]["instanceIds"]) <= {"inst-b", "inst-c"}
+
+    # A runtime back on the same endpoint: a serves from its own runtime again.
+    args = ["--capacity-bytes", str(8 * MODEL_SIZE)]
+    a.node.runtime, _ = fault_mesh.mesh.start_runtime("inst-a-runtime-2", args, port=a.node.runtime_port)
+    again = models[4]
+    a.register(again)
+    wait_until(answers(lambda: _loads_here(a, again.id)), WAIT_S, "a to take loads again")
+    assert close_enough(b.infer(again.id, ROWS), expected(again, ROWS))
+    wait_until(answers(lambda: truthful(fault_mesh, set())), WAIT_S, "records and statuses to match runtimes")
+
+
+def _loads_here(c: Client, model_id: str) -> bool:
+    load_on(c, model_id)
+    return model_id in c.runtime_loaded()
