@@ -37,6 +37,7 @@ from meshd.kv.etcd import EtcdStore
 from meshd.kv.records import InstanceRecord, ModelRecord, VModelRecord
 from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
+from meshd.kv.watch_trace import WatchTrace
 from meshd.leader import LeaderDuties, cluster_gauges
 from meshd.local import LocalModels
 from meshd.management import Management
@@ -104,6 +105,7 @@ class Instance:
     peer_port: int = 0
     http_port: int | None = None
     shutting_down: bool = False
+    watch_trace: WatchTrace | None = None
 
     def __post_init__(self) -> None:
         self.metrics: Metrics = build_metrics(self.config.metrics)
@@ -117,6 +119,9 @@ class Instance:
         models: Table[ModelRecord] = Table(self.store, f"{prefix}/registry/", ModelRecord.decode, ModelRecord.encode)
         vmodels: Table[VModelRecord] = Table(self.store, f"{prefix}/vmodels/", VModelRecord.decode, VModelRecord.encode)
         self.instances = Table(self.store, f"{prefix}/instances/", InstanceRecord.decode, InstanceRecord.encode)
+        if cfg.watch_trace is not None:
+            self.watch_trace = WatchTrace(cfg.watch_trace)
+            models.on_applied = self.watch_trace
         for table in (models, vmodels, self.instances):
             await table.start()
             self.tables.append(table)
@@ -507,6 +512,8 @@ class Instance:
         if self.tracing is not None:
             with contextlib.suppress(Exception):
                 await self.tracing.shutdown()  # flushes the spans still batched
+        if self.watch_trace is not None:
+            self.watch_trace.close()
 
 
 async def serve(config: Config) -> None:
