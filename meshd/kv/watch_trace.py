@@ -16,7 +16,7 @@ from typing import TextIO
 class WatchTrace:
     def __init__(self, path: Path) -> None:
         # Line-buffered: a reader sees each line as soon as it is written, even mid-run.
-        self._file: TextIO = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+        self._file: TextIO = open(path, "a", buffering=1)  # closed in close()
 
     def __call__(self, revision: int) -> None:
         self._file.write(f"{revision} {time.time_ns()}\n")
