@@ -350,7 +350,9 @@ class Instance:
         deadline = asyncio.get_running_loop().time() + KV_STARTUP_TIMEOUT_S
         while True:
             try:
-                await store.range_prefix(self.config.key_prefix + "/registry/")
+                # One key, not the registry: with 100k records a listing here cost a second
+                # full read at start-up (the mirror lists it anyway).
+                await store.get(self.config.key_prefix + "/registry/")
                 return store
             except StoreUnavailable as e:
                 if asyncio.get_running_loop().time() > deadline:
