@@ -198,16 +198,19 @@ def wait_traces(traces: Sequence[Path], revision: int, timeout_s: float) -> None
 
 async def propagation(
     etcd_url: str, registry_prefix: str, n_models: int, rate: int, seconds: float
-) -> tuple[list[tuple[int, int]], float]:
-    """Open-loop updates at `rate`/s: [(revision, ns just before the put was sent)], achieved rate."""
+) -> tuple[list[tuple[int, int]], float, list[float]]:
+    """Open-loop updates at `rate`/s: [(revision, ns just before the put was sent)], achieved
+    rate, and each put's round trip in ms (etcd's share of the delay, and the writer's)."""
     store = EtcdStore.from_url(etcd_url)
     total = int(rate * seconds)
     sent: list[tuple[int, int]] = []
+    round_trips_ms: list[float] = []
     values = [(registry_prefix + model_id(k % n_models), record_bytes(k % n_models, k)) for k in range(total)]
 
     async def put(key: str, value: bytes) -> None:
         t = time.time_ns()
         rev = await store.put(key, value)
+        round_trips_ms.append((time.time_ns() - t) / 1e6)
         sent.append((rev, t))
 
     try:
@@ -223,7 +226,7 @@ async def propagation(
         achieved = total / (loop.time() - t0)
     finally:
         await store.close()
-    return sorted(sent), achieved
+    return sorted(sent), achieved, round_trips_ms
 
 
 def delays_ms(sent: list[tuple[int, int]], trace: list[tuple[int, int]]) -> list[float]:
@@ -315,7 +318,9 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
 
         log(f"watch propagation: {args.rate} updates/s for {args.seconds:g} s")
         cpu2 = [cpu_seconds(n.meshd.pid) for n in nodes]
-        sent, achieved = asyncio_run(propagation(mesh.etcd_url, registry_prefix, args.models, args.rate, args.seconds))
+        sent, achieved, put_ms = asyncio_run(
+            propagation(mesh.etcd_url, registry_prefix, args.models, args.rate, args.seconds)
+        )
         wait_traces(traces, sent[-1][0], CATCH_UP_TIMEOUT_S)
         cpu3 = [cpu_seconds(n.meshd.pid) for n in nodes]
         per_instance = [delays_ms(sent, read_trace(p)) for p in traces]
@@ -365,6 +370,10 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
     out.append(f"tracemalloc, Table mirror in-process: {heap / n:.0f} bytes/record ({heap / mib:.1f} MiB for {n})")
     out.append(
         f"watch propagation: {len(sent)} updates at {achieved:.0f}/s achieved ({args.rate}/s asked), {args.seconds:g} s"
+    )
+    out.append(
+        f"  etcd put round trip seen by the writer: p50 {percentile(put_ms, 50):.1f} ms, "
+        f"p99 {percentile(put_ms, 99):.1f} ms, max {max(put_ms):.1f} ms"
     )
     for i, node in enumerate(nodes):
         d = per_instance[i]
