@@ -1,17 +1,21 @@
-"""What the benchmark scripts share: the event loop they drive load with, and stopping
-every child they started even when interrupted (SIGTERM is taken as Ctrl-C)."""
+"""What the benchmark scripts share: the event loop they drive load with, stopping every
+child they started even when interrupted (SIGTERM is taken as Ctrl-C), per-process CPU and
+memory from /proc, and the warning lines of a failed run's logs."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from types import FrameType
 from typing import Any, TypeVar
 
 from meshd.testing.cluster import LocalMesh
 
 T = TypeVar("T")
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
@@ -46,3 +50,58 @@ def stop_uninterrupted(mesh: LocalMesh) -> None:
         mesh.stop()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+# ---- per-process figures from /proc ---------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a whole process (all threads), in seconds; NaN if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return float("nan")
+    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = data[data.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (VmRSS), in bytes; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ys over xs; NaN with fewer than two distinct xs."""
+    n = len(xs)
+    if n < 2:
+        return float("nan")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return float("nan")
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+
+
+def dump_logs(mesh: LocalMesh, log: Callable[[str], None], per_file: int = 30) -> None:
+    """The warning/error lines of every child's log (stderr), for a failed run."""
+    log_dir = mesh.workdir / "logs"
+    if not log_dir.is_dir():
+        return
+    keys = ("ERROR", "WARNING", "Traceback", "Error", "CRITICAL")
+    for path in sorted(log_dir.glob("*.log")):
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        hits = [ln for ln in lines if any(k in ln for k in keys)]
+        if hits:
+            log(f"  --- {path} ({len(hits)} warning/error lines, last {min(per_file, len(hits))}) ---")
+            for ln in hits[-per_file:]:
+                log(f"    {ln}")

@@ -57,7 +57,13 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
-from _shared import asyncio_run, sigterm_as_interrupt, stop_uninterrupted  # noqa: E402 - bench/ is on sys.path
+from _shared import (  # noqa: E402 - bench/ is on sys.path
+    asyncio_run,
+    cpu_seconds,
+    dump_logs,
+    sigterm_as_interrupt,
+    stop_uninterrupted,
+)
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb  # noqa: E402
 from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
@@ -76,21 +82,7 @@ INFER = "/inference.GRPCInferenceService/ModelInfer"
 MODEL_SIZE_BYTES = 4 << 20  # what each model reports when loaded; capacity = K x this
 MESH_INSTANCES = 3
 RPC_TIMEOUT_S = 60.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 T = TypeVar("T")
-
-
-# ---- CPU accounting --------------------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a whole process (all threads), in seconds; NaN if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return float("nan")
-    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = data[data.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 # ---- the workload ----------------------------------------------------------------------------
@@ -365,24 +357,6 @@ def run_scenario(
         raise
     finally:
         stop_uninterrupted(mesh)
-
-
-def dump_logs(mesh: LocalMesh, log: Callable[[str], None], per_file: int = 30) -> None:
-    """The warning/error lines of every child's log (stderr), for a failed run."""
-    log_dir = mesh.workdir / "logs"
-    if not log_dir.is_dir():
-        return
-    keys = ("ERROR", "WARNING", "Traceback", "Error", "CRITICAL")
-    for path in sorted(log_dir.glob("*.log")):
-        try:
-            lines = path.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        hits = [ln for ln in lines if any(k in ln for k in keys)]
-        if hits:
-            log(f"  --- {path} ({len(hits)} warning/error lines, last {min(per_file, len(hits))}) ---")
-            for ln in hits[-per_file:]:
-                log(f"    {ln}")
 
 
 # ---- report ----------------------------------------------------------------------------------

@@ -200,6 +200,12 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("log_each_invoke", "MM_LOG_EACH_INVOKE", "--log-each-invoke", "one INFO log record per inference", "false"),
     Setting("log_format", "MESHD_LOG_FORMAT", "--log-format", "log lines: text or json", "text"),
+    Setting(
+        "watch_trace",
+        "MESHD_WATCH_TRACE",
+        "--watch-trace",
+        "file to append '<revision> <wall ns>' to as each registry change reaches this instance (benchmarks)",
+    ),
 )
 
 
@@ -249,6 +255,7 @@ class Config:
     log_each_invoke: bool = False
     log_format: str = "text"
     max_headers_size: int = 16 << 10
+    watch_trace: Path | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -379,6 +386,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         log_each_invoke=_bool(name("log_each_invoke"), need("log_each_invoke")),
         log_format=_parsed(name("log_format"), need("log_format"), parse_log_format),
         max_headers_size=_int(name("max_headers_size"), need("max_headers_size"), 1024),
+        watch_trace=_writable_file(name("watch_trace"), raw["watch_trace"]),
     )
     if config.metrics.https and config.tls is None:
         raise ConfigError(
@@ -453,6 +461,17 @@ def _directory(what: str, text: str | None) -> Path | None:
     path = Path(text)
     if not path.is_dir():
         raise ConfigError(f"{what}: {text!r} is not a directory")
+    return path
+
+
+def _writable_file(what: str, text: str | None) -> Path | None:
+    if not text:
+        return None
+    path = Path(text)
+    if not path.parent.is_dir():
+        raise ConfigError(f"{what}: directory of {text!r} does not exist")
+    if path.is_dir():
+        raise ConfigError(f"{what}: {text!r} is a directory")
     return path
 
 

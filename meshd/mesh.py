@@ -38,6 +38,7 @@ from meshd.kv.etcd import EtcdStore
 from meshd.kv.records import InstanceRecord, ModelRecord, VModelRecord
 from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
+from meshd.kv.watch_trace import WatchTrace
 from meshd.leader import LeaderDuties, cluster_gauges
 from meshd.local import LocalModels
 from meshd.management import Management
@@ -106,6 +107,7 @@ class Instance:
     peer_port: int = 0
     http_port: int | None = None
     shutting_down: bool = False
+    watch_trace: WatchTrace | None = None
 
     def __post_init__(self) -> None:
         self.metrics: Metrics = build_metrics(self.config.metrics)
@@ -119,6 +121,9 @@ class Instance:
         models: Table[ModelRecord] = Table(self.store, f"{prefix}/registry/", ModelRecord.decode, ModelRecord.encode)
         vmodels: Table[VModelRecord] = Table(self.store, f"{prefix}/vmodels/", VModelRecord.decode, VModelRecord.encode)
         self.instances = Table(self.store, f"{prefix}/instances/", InstanceRecord.decode, InstanceRecord.encode)
+        if cfg.watch_trace is not None:
+            self.watch_trace = WatchTrace(cfg.watch_trace)
+            models.on_applied = self.watch_trace
         for table in (models, vmodels, self.instances):
             await table.start()
             self.tables.append(table)
@@ -362,7 +367,9 @@ class Instance:
         deadline = asyncio.get_running_loop().time() + KV_STARTUP_TIMEOUT_S
         while True:
             try:
-                await store.range_prefix(self.config.key_prefix + "/registry/")
+                # One key, not the registry: with 100k records a listing here cost a second
+                # full read at start-up (the mirror lists it anyway).
+                await store.get(self.config.key_prefix + "/registry/")
                 return store
             except StoreUnavailable as e:
                 if asyncio.get_running_loop().time() > deadline:
@@ -524,6 +531,8 @@ class Instance:
         if self.tracing is not None:
             with contextlib.suppress(Exception):
                 await self.tracing.shutdown()  # flushes the spans still batched
+        if self.watch_trace is not None:
+            self.watch_trace.close()
 
 
 async def serve(config: Config) -> None:

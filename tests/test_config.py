@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,13 @@ def test_http_port_and_model_repository(tmp_path: object) -> None:
 def test_bad_http_and_repository_settings_name_themselves(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(None, env)
+
+
+def test_watch_trace_file(tmp_path: Path) -> None:
+    assert load_config(None, {}).watch_trace is None
+    path = tmp_path / "trace.txt"
+    assert load_config(None, {"MESHD_WATCH_TRACE": str(path)}).watch_trace == path
+    with pytest.raises(ConfigError, match=r"MESHD_WATCH_TRACE .*does not exist"):
+        load_config(None, {"MESHD_WATCH_TRACE": str(tmp_path / "no" / "trace.txt")})
+    with pytest.raises(ConfigError, match=r"MESHD_WATCH_TRACE .*is a directory"):
+        load_config(None, {"MESHD_WATCH_TRACE": str(tmp_path)})

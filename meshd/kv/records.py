@@ -78,6 +78,8 @@ class ModelRecord:
         "auto_delete": "autoDel",
         "last_used": "lu",
     }
+    # Set membership, not `in _NAMES.values()` (a scan): decode runs once per record at start-up.
+    _WIRE: ClassVar[frozenset[str]] = frozenset(_NAMES.values())
 
     @classmethod
     def decode(cls, data: bytes) -> Self:
@@ -99,7 +101,7 @@ class ModelRecord:
             refs=_typed(obj.get(n["refs"]), n["refs"], int, 0),
             auto_delete=_typed(obj.get(n["auto_delete"]), n["auto_delete"], bool, False),
             last_used=_typed(obj.get(n["last_used"]), n["last_used"], int, 0),
-            extra={k: v for k, v in obj.items() if k not in n.values()},
+            extra={k: v for k, v in obj.items() if k not in cls._WIRE},
         )
 
     def encode(self) -> bytes:

@@ -58,6 +58,8 @@ class Table(Generic[R]):
         self.corrupt: dict[str, str] = {}  # id -> why its stored value cannot be decoded
         self.revision = 0
         self.listeners: list[Callable[[str, R | None, R | None], None]] = []
+        # Told the revision of each watch batch once applied (meshd.kv.watch_trace).
+        self.on_applied: Callable[[int], None] | None = None
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._task: asyncio.Task[None] | None = None
         self.synced = asyncio.Event()
@@ -206,6 +208,8 @@ class Table(Generic[R]):
                         self._apply(ev.key, ev.value if ev.kind == "put" else None, ev.mod_revision)
                     if events:
                         self._advance(events[-1].mod_revision)
+                        if self.on_applied is not None:
+                            self.on_applied(events[-1].mod_revision)
                     backoff = 0.1
             except Compacted:
                 log.warning("watch on %s compacted; re-listing", self.prefix)

@@ -1,0 +1,38 @@
+"""The watch trace: one line per applied watch batch of a mirror, read back by benchmarks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from meshd.kv.memory import MemoryStore
+from meshd.kv.records import ModelRecord
+from meshd.kv.table import Table
+from meshd.kv.watch_trace import WatchTrace, read_trace
+
+
+async def test_each_applied_watch_batch_is_traced_with_its_revision(tmp_path: Path) -> None:
+    store = MemoryStore()
+    before = await store.put("r/listed", ModelRecord(type="t").encode())
+    table: Table[ModelRecord] = Table(store, "r/", ModelRecord.decode, ModelRecord.encode)
+    trace = WatchTrace(tmp_path / "trace.txt")
+    table.on_applied = trace
+    await table.start()
+    try:
+        revs = [await store.put(f"r/m{i}", ModelRecord(type="t").encode()) for i in range(3)]
+        await store.put("other/x", b"{}")  # outside the prefix: not this mirror's
+        await table.wait_for(revs[-1])
+    finally:
+        await table.stop()
+        trace.close()
+        await store.close()
+    lines = read_trace(tmp_path / "trace.txt")
+    assert [rev for rev, _ in lines] == revs  # the listing at start is not a watch batch
+    assert before not in [rev for rev, _ in lines]
+    times = [ns for _, ns in lines]
+    assert times == sorted(times) and times[0] > 0
+
+
+def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "trace.txt"
+    path.write_text("5 1000\n6 2000\n7 ")
+    assert read_trace(path) == [(5, 1000), (6, 2000)]
