@@ -27,6 +27,9 @@ SETTINGS: dict[str, str | int] = {
     "dead_instance_prune_ms": 1000,
     "janitor_ms": 500,
     "rate_check_ms": 500,
+    # No rate-driven copies: a scale-up could give b and c each a local copy of every model
+    # they are asked for, and then nothing would ever be forwarded back to a.
+    "scaleup_rpm_threshold": 1_000_000,
 }
 MAX_ONE = '{"meshd": {"max_copies": 1}}'
 
