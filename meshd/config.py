@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
+from meshd.cache import Eviction
 from meshd.placement.constraints import TypeConstraints
 from meshd.proxy.methods import DataplaneConfig
 
@@ -121,6 +122,13 @@ SETTINGS: tuple[Setting, ...] = (
         "--copy-idle-ms",
         "idle time before an extra copy may go when the cluster is full (default: upstream's rule)",
     ),
+    Setting(
+        "eviction",
+        "MESHD_EVICTION",
+        "--eviction",
+        "cache eviction order: lru (upstream's) or gdsf (size- and load-time-aware, see README Simulator)",
+        "lru",
+    ),
     Setting("default_vmodel_owner", "MM_DEFAULT_VMODEL_OWNER", "--default-vmodel-owner", "owner of new vmodels", ""),
     Setting(
         "instance_ttl_s",
@@ -176,6 +184,7 @@ class Config:
     max_inflight_per_copy: int = 0
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
+    eviction: Eviction = Eviction.LRU
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -297,7 +306,16 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
             name("conc_scaleup_bandwidth_pct"), need("conc_scaleup_bandwidth_pct"), 10, 200
         ),
         request_timeout_ms=_int(name("request_timeout_ms"), need("request_timeout_ms"), 0),
+        eviction=_eviction(name("eviction"), need("eviction")),
     )
+
+
+def _eviction(name: str, value: str) -> Eviction:
+    try:
+        return Eviction(value.strip().lower())
+    except ValueError:
+        choices = ", ".join(e.value for e in Eviction)
+        raise ConfigError(f"{name} must be one of {choices} (got {value!r})") from None
 
 
 def _json_setting(env: str, text: str | None, path: str | None, parse: Callable[[str], T], empty: T) -> T:

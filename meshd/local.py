@@ -23,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 
-from meshd.cache import CacheEntry, State, WeightedLRU, to_units
+from meshd.cache import CacheEntry, Eviction, State, WeightedLRU, to_units
 from meshd.clock import Clock, wall_ms
 from meshd.errors import LoadFailed, MeshError, NotFound, Unavailable
 from meshd.gate import CopyGate, queue_bound
@@ -67,6 +67,7 @@ class LocalModels:
         failure_expiry_ms: int,
         max_queue_per_copy: int = 0,
         clock: Clock = wall_ms,
+        eviction: Eviction = Eviction.LRU,
     ) -> None:
         """`max_queue_per_copy`: requests that may wait for a copy whose runtime limits its
         concurrency (upstream MM_MAX_INFLIGHT_PER_MODEL_COPY: 0 auto, < 0 unbounded)."""
@@ -75,7 +76,7 @@ class LocalModels:
         self.runtime = runtime
         self.info = info
         self.queue = LoadQueue(runtime, info, after_failure=lambda model_id: self._unload_later(model_id))
-        self.cache = WeightedLRU(to_units(info.capacity_bytes))
+        self.cache = WeightedLRU(to_units(info.capacity_bytes), eviction)
         self.failure_expiry_ms = failure_expiry_ms
         self.max_queue_per_copy = max_queue_per_copy
         self.clock = clock
@@ -249,7 +250,9 @@ class LocalModels:
                 self._evict_all(self.cache.resize(model_id, to_units(predicted)))
             if not await self.registry.add_copy(model_id, self.instance_id, self.clock()):
                 raise NotFound(f"model {model_id!r} was unregistered")
+            load_started = self.clock()
             loaded = await self.queue.load(model_id, record.type, record.path, record.key)
+            load_ms = self.clock() - load_started  # GDSF's cost (any wait for a loading slot included)
             entry = self.cache.get(model_id)
             if entry is None:  # unregistered (or dropped) while loading
                 self._unload_later(model_id)
@@ -261,7 +264,7 @@ class LocalModels:
             if self.info.limit_model_concurrency and loaded.max_concurrency > 0:
                 bound = queue_bound(loaded.max_concurrency, self.max_queue_per_copy)
                 entry.gate = CopyGate(model_id, loaded.max_concurrency, bound)
-            self.cache.set_state(model_id, State.LOADED, self.clock())
+            self.cache.set_state(model_id, State.LOADED, self.clock(), load_ms)
             self.counters.loads += 1
             _resolve(fut, entry)
         except LoadFailed as e:

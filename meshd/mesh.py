@@ -153,6 +153,7 @@ class Instance:
             info,
             failure_expiry_ms=cfg.load_failure_expiry_ms,
             max_queue_per_copy=cfg.max_inflight_per_copy,
+            eviction=cfg.eviction,
         )
         # The runtime purged its models before READY: any copy records naming us are stale.
         await self.local.reconcile()

@@ -23,7 +23,6 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, TypeVar
 
@@ -47,7 +46,7 @@ from meshd.kv.records import ModelRecord, RecordError, VModelRecord
 from meshd.local import LocalModels
 from meshd.peers import PeerChannel, Peers, RawCalls
 from meshd.placement.constraints import TypeConstraints
-from meshd.placement.rank import LoadRequest, choose_load_target, may_load_as_last_resort
+from meshd.placement.rank import LoadRequest, RecentPlacements, choose_load_target, may_load_as_last_resort
 from meshd.placement.serving import choose_copy
 from meshd.placement.view import ClusterView
 from meshd.proxy.headers import Metadata, RequestIds, runtime_metadata
@@ -62,7 +61,6 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 8  # upstream's routing iterations per request (SPEC §6)
 MAX_RECENT_FAILURES = 3  # upstream gives up loading after 3 recent failures (SPEC §6)
 MAX_BUSY_RETRIES = 2  # upstream retries RESOURCE_EXHAUSTED at most twice, on other copies
-RECENT_PLACEMENT_MS = 5_000  # longer than instance records take to show a load (>= 2 s)
 PLACE_TIMEOUT_S = 10.0
 
 # Internal metadata, only ever read on the internal port (the external one strips meshd-*).
@@ -134,7 +132,7 @@ class Router:
         self.self_id = local.instance_id
         self.runtime_calls = RawCalls(serving_channel)
         self.inflight: dict[str, int] = {}  # requests this instance has in flight per peer
-        self._placed: deque[tuple[int, str]] = deque()  # (ms, instance) of loads placed lately
+        self._placed = RecentPlacements()  # loads placed lately, per instance
         self.forwarded = 0  # external requests served by a peer (share of peer hops)
 
     # ---- lookups ---------------------------------------------------------------------
@@ -354,20 +352,12 @@ class Router:
             required_labels=required,
             preferred_labels=preferred,
             prefer_self=prefer_self,
-            recent_placements=self._recent_placements(view.now_ms),
+            recent_placements=self._placed.counts(view.now_ms),
         )
         target = choose_load_target(view, request, self.rng)
         if target is not None:
-            self._placed.append((view.now_ms, target))
+            self._placed.add(view.now_ms, target)
         return target
-
-    def _recent_placements(self, now_ms: int) -> dict[str, int]:
-        while self._placed and now_ms - self._placed[0][0] > RECENT_PLACEMENT_MS:
-            self._placed.popleft()
-        counts: dict[str, int] = {}
-        for _, iid in self._placed:
-            counts[iid] = counts.get(iid, 0) + 1
-        return counts
 
     def _given_up(self, model_id: str, record: ModelRecord, recent: list[str]) -> str:
         msgs = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)

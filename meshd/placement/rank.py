@@ -24,6 +24,7 @@ The choice, as upstream makes it (notes in /work/shared/reference/upstream-model
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -52,6 +53,9 @@ NEAR_BEST_COUNT_ANY_BELOW = 10  # upstream: a model count below 10 never disqual
 NEAR_BEST_COUNT_SLACK_DIVISOR = 4  # ... else count <= best count x 1.25 (best + best >> 2)
 PREFERRED_LRU_WINDOW_MS = 120_000  # upstream: full best -> preferred ones within 120 s ...
 PREFERRED_LRU_AGE_DIVISOR = 4  # ... or 25 % of the best's cache age
+
+# --- recent placements ----------------------------------------------------------------------
+RECENT_PLACEMENT_MS = 5_000  # longer than instance records take to show a load (>= 2 s)
 
 # --- hot instances (CacheMissForwardingLB's final filter) -----------------------------------
 HOT_RPM_FLOOR = 100  # upstream: instances under 100 rpm are never hot; the baseline is >= 100
@@ -330,3 +334,23 @@ def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) 
         fewest = min(req.recent_placements.get(i.instance_id, 0) for i in remaining)
         remaining = [i for i in remaining if req.recent_placements.get(i.instance_id, 0) == fewest]
     return remaining[rng.randrange(len(remaining))].instance_id
+
+
+class RecentPlacements:
+    """The loads one instance placed in the last `RECENT_PLACEMENT_MS` (for `LoadRequest`)."""
+
+    def __init__(self, window_ms: int = RECENT_PLACEMENT_MS) -> None:
+        self.window_ms = window_ms
+        self._placed: deque[tuple[int, str]] = deque()  # (ms, instance)
+
+    def add(self, now_ms: int, instance_id: str) -> None:
+        self._placed.append((now_ms, instance_id))
+
+    def counts(self, now_ms: int) -> dict[str, int]:
+        """Loads placed on each instance within the window before `now_ms`."""
+        while self._placed and now_ms - self._placed[0][0] > self.window_ms:
+            self._placed.popleft()
+        counts: dict[str, int] = {}
+        for _, iid in self._placed:
+            counts[iid] = counts.get(iid, 0) + 1
+        return counts

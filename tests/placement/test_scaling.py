@@ -304,3 +304,27 @@ def test_queue_samples_subtract_and_survive_a_reload() -> None:
     assert now.since(None) is now
     reloaded = QueueSample(2, 3, 300.0, 0, 0.0)  # a new gate: its sums started again
     assert reloaded.since(before) is reloaded
+
+
+def test_decide_copies_follows_the_rules_in_order() -> None:
+    from meshd.placement.scaling import ModelPolicy, decide_copies
+
+    def decide(holders: dict[str, int], policy: ModelPolicy, rpm: int) -> tuple[int, bool]:
+        v = view(inst("me"), inst("b"), inst("c"))
+        d = decide_copies(
+            v,
+            holders=holders,
+            policy=policy,
+            rpm=rpm,
+            threshold_rpm=2000,
+            last_used_ms=NOW,
+            prior_use_ms=None,
+            default_model_units=UNITS,
+        )
+        return d.add, d.drop
+
+    assert decide({"me": NOW}, ModelPolicy(), 4000) == (2, False)  # busy: copies for load
+    assert decide({"me": NOW}, ModelPolicy(min_copies=2), 0) == (1, False)  # below the floor
+    assert decide({"me": NOW}, ModelPolicy(), 0) == (0, False)  # idle single copy: kept
+    # Above max copies the worst holder drops: equal instances, so the greatest id ("me").
+    assert decide({"me": NOW, "b": NOW}, ModelPolicy(max_copies=1), 0) == (0, True)
