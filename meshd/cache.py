@@ -114,9 +114,18 @@ class WeightedLRU:
         return self.capacity_units - self.used_units
 
     def lru_ms(self, now_ms: int) -> int:
-        """Oldest last-used time among loaded entries (now when there are none)."""
-        times = [e.last_used_ms for e in self._entries.values() if e.state is State.LOADED]
-        return min(times) if times else now_ms
+        """The last-used time of the loaded entry evicted next (now when there are none).
+
+        Under LRU that is the oldest last use; under GDSF it is the next victim's, which
+        can be recent: placement reads this as the instance's cache age, and an instance
+        whose oldest entry GDSF keeps on purpose must not look like the best place forever.
+        """
+        loaded = [e for e in self._entries.values() if e.state is State.LOADED]
+        if not loaded:
+            return now_ms
+        if self.eviction is Eviction.GDSF:
+            return min(loaded, key=lambda e: (e.priority, e.last_used_ms)).last_used_ms
+        return min(e.last_used_ms for e in loaded)
 
     # ---- decisions -----------------------------------------------------------------
     def touch(self, model_id: str, now_ms: int) -> None:

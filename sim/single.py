@@ -8,7 +8,7 @@ Owns the single-cache runs that put meshd's eviction beside known results:
 - `belady_hit_ratio`: Belady's MIN (evict the object requested furthest in the future);
   the offline optimum for objects of one size, a strong heuristic bound otherwise.
 - `libcachesim_hit_ratios`: the same stream through libCacheSim's algorithms (PyPI
-  `libcachesim`, optional): LRU, S3-FIFO, SIEVE, GDSF, ARC, LFU-DA, Belady.
+  `libcachesim`, optional): LRU, S3-FIFO, SIEVE, GDSF, ARC, Belady.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 from meshd.cache import Eviction, State, WeightedLRU
 
-LIBCACHESIM_ALGORITHMS = ("LRU", "S3FIFO", "Sieve", "GDSF", "ARC", "LFUDA", "Belady")
+# LFUDA is left out: libcachesim 0.3.5's LFUDA did not finish at 1 % capacity here.
+LIBCACHESIM_ALGORITHMS = ("LRU", "S3FIFO", "Sieve", "GDSF", "ARC", "Belady")
 _NEVER = 1 << 62
 _INT64_MAX = (1 << 63) - 1
 
