@@ -497,7 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # adapters do, so meshd's splice (its fast path: the body already names the model) is
         # on the measured path.
         runtime_args = ["--capacity-bytes", str(1 << 30), "--inject-id"]
-        settings_for_meshd: dict[str, str | int] = {}
+        # Metrics on (the default in production), on a free port: their cost is measured too.
+        settings_for_meshd: dict[str, str | int] = {"metrics": f"prometheus:port={free_port()}"}
         upstream = None
         direct_port = 0
         if settings.unix_socket:

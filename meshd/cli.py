@@ -1,23 +1,16 @@
-"""`meshd` command line: serve, demo, runtime (the reference runtime), gen-models."""
+"""`meshd` command line: serve, demo, runtime (the reference runtime), gen-models, and the
+operator commands models, vmodels and instances (meshd.ops)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Sequence
 
 from meshd import __version__
 from meshd.config import ConfigError, add_serve_arguments, load_config
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+from meshd.logs import setup_logging
 
 
 def _run(coro: object) -> None:
@@ -38,7 +31,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"meshd serve: {e}", file=sys.stderr)
         return 2
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level, config.log_format)
     try:
         _run(serve(config))
     except RuntimeNotReady as e:
@@ -79,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     adapter.set_defaults(func=None)
     gen = sub.add_parser("gen-models", help="write a set of demo model files", add_help=False)
     gen.set_defaults(func=None)
+    from meshd.ops.commands import add_commands
+
+    add_commands(sub)
     return parser
 
 

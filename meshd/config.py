@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
+from meshd import tls as meshtls
 from meshd.cache import Eviction
+from meshd.logs import parse_log_format
+from meshd.metrics import MetricsConfig
 from meshd.placement.constraints import TypeConstraints
 from meshd.proxy.methods import DataplaneConfig
 
@@ -138,12 +141,59 @@ SETTINGS: tuple[Setting, ...] = (
         "20",
     ),
     Setting(
+        "http_port",
+        "MESHD_HTTP_PORT",
+        "--http-port",
+        "KServe V2 REST port ('disabled' turns it off; upstream's REST proxy used 8008)",
+        "8008",
+    ),
+    Setting(
+        "model_repository",
+        "MESHD_MODEL_REPOSITORY",
+        "--model-repository",
+        "directory of model folders that RepositoryModelLoad registers on first load",
+    ),
+    Setting(
+        "model_repository_type",
+        "MESHD_MODEL_REPOSITORY_TYPE",
+        "--model-repository-type",
+        "model type for repository folders that do not name one",
+    ),
+    Setting(
         "runtime_ready_timeout_s",
         "MESHD_RUNTIME_READY_TIMEOUT_S",
         "--runtime-ready-timeout-s",
         "how long to wait for the runtime to be READY",
         "180",
     ),
+    Setting("tls_key_cert", meshtls.CERT_ENV, "--tls-key-cert", "PEM certificate chain: TLS on both gRPC ports"),
+    Setting("tls_private_key", meshtls.KEY_ENV, "--tls-private-key", "PEM private key of that certificate"),
+    Setting(
+        "tls_private_key_passphrase",
+        meshtls.PASSPHRASE_ENV,
+        "--tls-private-key-passphrase",
+        "passphrase of an encrypted private key (prefer the env variable)",
+    ),
+    Setting(
+        "tls_client_auth",
+        meshtls.CLIENT_AUTH_ENV,
+        "--tls-client-auth",
+        "client certificates on the external port: NONE, REQUIRE or OPTIONAL",
+        "NONE",
+    ),
+    Setting(
+        "tls_trust_certs", meshtls.TRUST_ENV, "--tls-trust-certs", "comma-separated PEM CA files: mesh and client trust"
+    ),
+    Setting("tls_peer_name", meshtls.PEER_NAME_ENV, "--tls-peer-name", "name peers check in each other's certificate"),
+    Setting(
+        "metrics",
+        "MM_METRICS",
+        "--metrics",
+        "prometheus:port=N;per_model_metrics=true|false;fq_names=true|false, or disabled",
+        "prometheus:port=2112",
+    ),
+    Setting("log_each_invoke", "MM_LOG_EACH_INVOKE", "--log-each-invoke", "one INFO log record per inference", "false"),
+    Setting("log_format", "MESHD_LOG_FORMAT", "--log-format", "log lines: text or json", "text"),
 )
 
 
@@ -185,6 +235,13 @@ class Config:
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
     eviction: Eviction = Eviction.LRU
+    tls: meshtls.MeshTls | None = None
+    http_port: int | None = 8008  # None: no REST endpoints
+    model_repository: Path | None = None
+    model_repository_type: str = ""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    log_each_invoke: bool = False
+    log_format: str = "text"
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -274,7 +331,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         _int(name("serving_port"), serving, 1)
     advertise = raw["advertise_host"] or env.get("POD_IP") or env.get("WKUBE_POD_IPADDR") or "127.0.0.1"
     labels = tuple(x.strip() for x in (raw["labels"] or "").split(",") if x.strip())
-    return Config(
+    config = Config(
         service_name=need("service_name"),
         kv_store=parse_kv_store(raw["kv_store"]) if raw["kv_store"] else None,
         kv_prefix=need("kv_prefix"),
@@ -307,7 +364,50 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         ),
         request_timeout_ms=_int(name("request_timeout_ms"), need("request_timeout_ms"), 0),
         eviction=_eviction(name("eviction"), need("eviction")),
+        tls=_tls(raw, advertise),
+        http_port=_http_port(name("http_port"), need("http_port")),
+        model_repository=_directory(name("model_repository"), raw["model_repository"]),
+        model_repository_type=raw["model_repository_type"] or "",
+        metrics=_parsed(name("metrics"), need("metrics"), MetricsConfig.parse),
+        log_each_invoke=_bool(name("log_each_invoke"), need("log_each_invoke")),
+        log_format=_parsed(name("log_format"), need("log_format"), parse_log_format),
     )
+    if config.metrics.https and config.tls is None:
+        raise ConfigError(
+            f"{name('metrics')}: scheme=https needs the instance certificate "
+            f"({meshtls.CERT_ENV} and {meshtls.KEY_ENV})"
+        )
+    return config
+
+
+def _tls(raw: Mapping[str, str | None], advertise_host: str) -> meshtls.MeshTls | None:
+    """Parsed and, when on, read and checked now: a bad file is a start-up error."""
+    try:
+        settings = meshtls.parse_settings(
+            raw["tls_key_cert"],
+            raw["tls_private_key"],
+            raw["tls_client_auth"],
+            raw["tls_trust_certs"],
+            raw["tls_private_key_passphrase"],
+            raw["tls_peer_name"],
+        )
+        return meshtls.load(settings, advertise_host) if settings else None
+    except meshtls.TlsConfigError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _parsed(what: str, text: str, parse: Callable[[str], T]) -> T:
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise ConfigError(f"{what}: {e}") from None
+
+
+def _bool(what: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"{what} must be true or false (got {text!r})")
+    return value == "true"
 
 
 def _eviction(name: str, value: str) -> Eviction:
@@ -339,6 +439,22 @@ def _type_constraints(text: str | None, path: str | None) -> TypeConstraints:
 
 def _dataplane(text: str | None, path: str | None) -> DataplaneConfig:
     return _json_setting("MM_DATAPLANE_CONFIG", text, path, DataplaneConfig.parse, DataplaneConfig())
+
+
+HTTP_OFF = frozenset({"disabled", "off"})
+
+
+def _http_port(what: str, text: str) -> int | None:
+    return None if text.strip().lower() in HTTP_OFF else _bounded(what, text, 0, 65535)
+
+
+def _directory(what: str, text: str | None) -> Path | None:
+    if not text:
+        return None
+    path = Path(text)
+    if not path.is_dir():
+        raise ConfigError(f"{what}: {text!r} is not a directory")
+    return path
 
 
 def _bounded(what: str, text: str, low: int, high: int) -> int:

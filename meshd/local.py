@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from meshd.clock import Clock, wall_ms
 from meshd.errors import LoadFailed, MeshError, NotFound, Unavailable
 from meshd.gate import CopyGate, queue_bound
 from meshd.kv.records import ModelRecord
+from meshd.metrics import NO_METRICS, Metrics
 from meshd.placement.modelkey import policy_from_key
 from meshd.reconcile import Repairs, plan_repairs
 from meshd.registry import Registry
@@ -68,6 +70,7 @@ class LocalModels:
         max_queue_per_copy: int = 0,
         clock: Clock = wall_ms,
         eviction: Eviction = Eviction.LRU,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         """`max_queue_per_copy`: requests that may wait for a copy whose runtime limits its
         concurrency (upstream MM_MAX_INFLIGHT_PER_MODEL_COPY: 0 auto, < 0 unbounded)."""
@@ -75,7 +78,8 @@ class LocalModels:
         self.registry = registry
         self.runtime = runtime
         self.info = info
-        self.queue = LoadQueue(runtime, info, after_failure=lambda model_id: self._unload_later(model_id))
+        self.metrics = metrics
+        self.queue = LoadQueue(runtime, info, lambda model_id: self._unload_later(model_id), metrics)
         self.cache = WeightedLRU(to_units(info.capacity_bytes), eviction)
         self.failure_expiry_ms = failure_expiry_ms
         self.max_queue_per_copy = max_queue_per_copy
@@ -99,11 +103,14 @@ class LocalModels:
             self.cache.touch(model_id, used)
             return entry
         self.counters.misses += 1
+        missed = time.monotonic()
         pending = self._loading.get(model_id)
         if pending is not None:
             self._want(model_id, used)
             try:
-                return await asyncio.shield(pending)
+                loaded = await asyncio.shield(pending)
+                self.metrics.cache_miss((time.monotonic() - missed) * 1000, model_id)
+                return loaded
             except NoRoom:
                 # That load was refused at an older last-used time (a background loadNow);
                 # this request is newer and may evict what that one could not.
@@ -111,7 +118,9 @@ class LocalModels:
                     raise
         elif entry is not None and not failure_expired(entry.since_ms, now, self.failure_expiry_ms):
             raise LoadFailed(self._failure_message(model_id, record))
-        return await asyncio.shield(self.start_load(model_id, record, used))
+        loaded = await asyncio.shield(self.start_load(model_id, record, used))
+        self.metrics.cache_miss((time.monotonic() - missed) * 1000, model_id)
+        return loaded
 
     def start_load(self, model_id: str, record: ModelRecord, last_used_ms: int) -> asyncio.Future[CacheEntry]:
         """Begin loading here (or join the load under way); never waits."""
@@ -245,7 +254,9 @@ class LocalModels:
             pending_unload = self._unloading.get(model_id)
             if pending_unload is not None:
                 await asyncio.shield(pending_unload)
+            sizing = time.monotonic()
             predicted = await self.runtime.predict_size(model_id, record.type, record.path, record.key)
+            self.metrics.model_sizing((time.monotonic() - sizing) * 1000, model_id)
             if predicted and model_id in self.cache:
                 self._evict_all(self.cache.resize(model_id, to_units(predicted)))
             if not await self.registry.add_copy(model_id, self.instance_id, self.clock()):
@@ -258,6 +269,7 @@ class LocalModels:
                 self._unload_later(model_id)
                 raise NotFound(f"model {model_id!r} was unregistered while loading")
             if loaded.size_bytes:
+                self.metrics.loaded_model_size(loaded.size_bytes, model_id)
                 self._evict_all(self.cache.resize(model_id, to_units(loaded.size_bytes)))
             else:
                 self._spawn(self._size_later(model_id))
@@ -269,6 +281,7 @@ class LocalModels:
             _resolve(fut, entry)
         except LoadFailed as e:
             self.counters.load_failures += 1
+            self.metrics.load_failure()
             self.cache.set_state(model_id, State.FAILED, self.clock())
             log.warning("%s", e.message)
             try:  # recorded before answering, so a status read right after shows it
@@ -297,7 +310,11 @@ class LocalModels:
             self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
 
     async def _size_later(self, model_id: str) -> None:
+        sizing = time.monotonic()
         size = await self.runtime.model_size(model_id)
+        self.metrics.model_sizing((time.monotonic() - sizing) * 1000, model_id)
+        if size:
+            self.metrics.loaded_model_size(size, model_id)
         if size and self.cache.get(model_id) is not None:
             self._evict_all(self.cache.resize(model_id, to_units(size)))
 
@@ -317,6 +334,7 @@ class LocalModels:
             log.info("evicting %s (%d units)", victim.model_id, victim.units)
             if victim.state is State.LOADED:
                 self.counters.evictions += 1
+                self.metrics.age_at_eviction(max(0, self.clock() - victim.last_used_ms), victim.model_id)
             self._unload_later(victim.model_id, victim)
         if victims:
             self._space_changed()
@@ -345,9 +363,12 @@ class LocalModels:
             while entry.inflight > 0 and waited < UNLOAD_INFLIGHT_WAIT_S:
                 await asyncio.sleep(INFLIGHT_POLL_S)
                 waited += INFLIGHT_POLL_S
+        started = time.monotonic()
         try:
             await self.runtime.unload(model_id)
+            self.metrics.unload((time.monotonic() - started) * 1000, model_id)
         except Exception as e:
+            self.metrics.unload_failure()
             log.warning("unload of %s failed: %s", model_id, e)
 
     async def _quiet(self, work: Awaitable[object]) -> None:

@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from meshd._proto.meshd import peer_pb2_grpc
+from meshd._proto.meshd import admin_pb2_grpc, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2_grpc
+from meshd.api.admin import MeshAdminServicer
 from meshd.api.health import EXTERNAL_SERVICES, INTERNAL_SERVICES, Health
 from meshd.api.kserve import MeshKServe
+from meshd.api.kserve_core import KServeCore
+from meshd.api.kserve_http import HttpServer
 from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.peer import PeerServicer
 from meshd.cache import State, to_units
@@ -26,27 +29,35 @@ from meshd.cluster import Cluster
 from meshd.config import Config
 from meshd.copies import CopyCounter
 from meshd.instances import Identity, InstancePublisher, RpmMeter, instance_record
+from meshd.inventory import Inventory
+from meshd.invocations import Invocations
 from meshd.kv.election import Election
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.kv.etcd import EtcdStore
 from meshd.kv.records import InstanceRecord, ModelRecord, VModelRecord
 from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
-from meshd.leader import LeaderDuties
+from meshd.leader import LeaderDuties, cluster_gauges
 from meshd.local import LocalModels
 from meshd.management import Management
-from meshd.peers import Peers
+from meshd.metrics import ClusterStats, InstanceStats, Metrics, MetricsServer, build_metrics
+from meshd.modelrepo import ModelDirectory
+from meshd.peer_auth import interceptors as peer_interceptors
+from meshd.peers import Peers, dial_plaintext
 from meshd.placement.serving import assume_loaded_ms
 from meshd.placement.view import ClusterView
 from meshd.proxy.handler import InferenceHandler
 from meshd.proxy.methods import MethodTable
 from meshd.proxy.peer_handler import PeerInferenceHandler
 from meshd.registry import Registry
+from meshd.repository import MeshRepository
 from meshd.router import Router
 from meshd.runtime.client import RuntimeClient, RuntimeNotReady
 from meshd.runtime.endpoints import channel_options, open_channel
 from meshd.scaler import Scaler, ScalerConfig
-from meshd.status import StatusView
+from meshd.tls import bind
+from meshd.tracing import Tracing
+from meshd.tracing import from_env as tracing_from_env
 from meshd.vmodels import VModels
 
 log = logging.getLogger(__name__)
@@ -59,36 +70,6 @@ DRAIN_RESERVE_S = 5.0  # upstream stops waiting for reloads 5 s before the shutd
 
 def _live_copies(record: ModelRecord, view: ClusterView) -> int:
     return sum(1 for iid in record.instance_ids if view.live(iid))
-
-
-UNLOAD_VISIBLE_S = 5.0
-
-
-class _Repository:
-    """The KServe repository extension's view of the mesh (management plus the router)."""
-
-    def __init__(self, management: Management, router: Router) -> None:
-        self.management = management
-        self.router = router
-
-    def model_ids(self) -> list[str]:
-        return self.management.model_ids()
-
-    async def load(self, model_id: str) -> StatusView:
-        return await self.management.load(model_id)
-
-    async def unload(self, model_id: str) -> None:
-        self.management.registry.require(model_id)
-        asked = set(await self.router.unload_copies(model_id))
-        # Answer once this instance's mirror shows the copies gone, so a status read right
-        # after (ModelReady, getModelStatus) agrees; the holders removed them before answering.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + UNLOAD_VISIBLE_S
-        while loop.time() < deadline:
-            record = self.management.registry.get(model_id)
-            if record is None or not asked & set(record.instance_ids):
-                return
-            await asyncio.sleep(0.02)
 
 
 def _has_copy(registry: Registry, model_id: str) -> bool:
@@ -107,6 +88,7 @@ class Instance:
     runtime: RuntimeClient | None = None
     local: LocalModels | None = None
     servers: list[grpc.aio.Server] = field(default_factory=list)
+    http: HttpServer | None = None
     health: list[Health] = field(default_factory=list)
     serving_channel: grpc.aio.Channel | None = None
     peers: Peers | None = None
@@ -115,13 +97,21 @@ class Instance:
     copies: CopyCounter | None = None
     election: Election | None = None
     peer_servicer: PeerServicer | None = None
+    tracing: Tracing | None = None  # None at start: as the OTEL_* variables say (usually off)
     background: list[asyncio.Task[None]] = field(default_factory=list)
+    metrics_server: MetricsServer | None = None
     grpc_port: int = 0
     peer_port: int = 0
+    http_port: int | None = None
     shutting_down: bool = False
+
+    def __post_init__(self) -> None:
+        self.metrics: Metrics = build_metrics(self.config.metrics)
 
     async def start(self) -> None:
         cfg = self.config
+        if self.tracing is None:
+            self.tracing = tracing_from_env(cfg.instance_id)
         self.store = await self._open_store()
         prefix = cfg.key_prefix
         models: Table[ModelRecord] = Table(self.store, f"{prefix}/registry/", ModelRecord.decode, ModelRecord.encode)
@@ -154,6 +144,7 @@ class Instance:
             failure_expiry_ms=cfg.load_failure_expiry_ms,
             max_queue_per_copy=cfg.max_inflight_per_copy,
             eviction=cfg.eviction,
+            metrics=self.metrics,
         )
         # The runtime purged its models before READY: any copy records naming us are stale.
         await self.local.reconcile()
@@ -175,7 +166,7 @@ class Instance:
         local.on_change = self.publisher.kick
 
         self.serving_channel = open_channel(cfg.serving_endpoint, cfg.max_msg_size)
-        self.peers = Peers(cfg.max_msg_size)
+        self.peers = Peers(cfg.max_msg_size, cfg.tls.dial_peer if cfg.tls else dial_plaintext)
         cluster = Cluster(
             cfg.instance_id,
             self.instances,
@@ -192,6 +183,8 @@ class Instance:
             cfg.load_failure_expiry_ms,
             constraints=cfg.type_constraints,
             labels=frozenset(cfg.labels),
+            metrics=self.metrics,
+            tracing=self.tracing,
         )
         self.copies = CopyCounter(registry, cluster, self.local, self.peers)
 
@@ -228,23 +221,47 @@ class Instance:
             wait_loaded=self._wait_loaded,
         )
         model_mesh_pb2_grpc.add_ModelMeshServicer_to_server(servicer, external)
-        timeout_s = cfg.request_timeout_ms / 1000 if cfg.request_timeout_ms else None
-        kserve = MeshKServe(
-            management.status, lambda: not self.shutting_down, _Repository(management, router), router.resolve_vmodel
+        inventory = Inventory(registry, cluster, self.local, self.peers, cfg.load_failure_expiry_ms)
+        admin = MeshAdminServicer(
+            inventory, self.instances, lambda: self.election.leader_id if self.election is not None else None
         )
-        external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, kserve.handlers)])
-        self.grpc_port = external.add_insecure_port(f"0.0.0.0:{cfg.grpc_port}")
+        admin_pb2_grpc.add_MeshAdminServicer_to_server(admin, external)
+        timeout_s = cfg.request_timeout_ms / 1000 if cfg.request_timeout_ms else None
+        directory = None
+        if cfg.model_repository is not None:
+            directory = ModelDirectory(cfg.model_repository, cfg.model_repository_type)
+        kserve = KServeCore(
+            management.status,
+            lambda: not self.shutting_down,
+            MeshRepository(management, router, directory),
+            router.resolve_vmodel,
+        )
+        handlers = MeshKServe(kserve).handlers
+        invocations = Invocations(self.metrics, cfg.log_each_invoke, cfg.instance_id)
+        external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, handlers, invocations)])
+        tls = cfg.tls
+        self.grpc_port = bind(external, f"0.0.0.0:{cfg.grpc_port}", tls.external_server_credentials() if tls else None)
         self.health.append(Health(external, EXTERNAL_SERVICES))
 
-        internal = grpc.aio.server(options=channel_options(cfg.max_msg_size))
+        # With TLS on, the handshake admits certificates the mesh trusts; the interceptor then
+        # admits only mesh instances among them (meshd.peer_auth), on every internal service.
+        internal = grpc.aio.server(options=channel_options(cfg.max_msg_size), interceptors=peer_interceptors(tls))
         self.peer_servicer = PeerServicer(cfg.instance_id, self.local, registry)
         peer_pb2_grpc.add_MeshPeerServicer_to_server(self.peer_servicer, internal)
         internal.add_generic_rpc_handlers([PeerInferenceHandler(router, methods)])
-        self.peer_port = internal.add_insecure_port(f"0.0.0.0:{cfg.peer_port}")
+        self.peer_port = bind(internal, f"0.0.0.0:{cfg.peer_port}", tls.internal_server_credentials() if tls else None)
         self.health.append(Health(internal, INTERNAL_SERVICES))
         for server in (external, internal):
             await server.start()
             self.servers.append(server)
+        if cfg.http_port is not None:
+            ssl_context = tls.http_server_context() if tls else None
+            self.http = HttpServer(kserve, "0.0.0.0", cfg.http_port, ssl_context=ssl_context)
+            self.http_port = await self.http.start()
+        if cfg.metrics.enabled:  # bound before peers can see the instance: a taken port fails start-up
+            https = tls.http_server_context() if cfg.metrics.https and tls else None
+            self.metrics_server = MetricsServer(self.metrics, cfg.metrics.port, ssl_context=https)
+            await self.metrics_server.start()
         for h in self.health:
             await h.set_serving(True)
         await self.publisher.start()  # last: peers see the instance only once it serves
@@ -270,6 +287,7 @@ class Instance:
         )
         election = self.election
         self.peer_servicer.gauges = lambda: duties.gauges if election.is_leader else None
+        self._watch_gauges(local, cluster, registry, election)
         self.background.append(asyncio.create_task(duties.run(), name="leader duties"))
         self.background.append(asyncio.create_task(self._transitions(), name="vmodel transitions"))
         scaler = Scaler(
@@ -284,12 +302,35 @@ class Instance:
         self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
         self.background.append(asyncio.create_task(self._janitor(cfg.janitor_ms / 1000), name="janitor"))
         log.info(
-            "meshd instance %s serving: grpc %d, peer %d, registry %s/",
+            "meshd instance %s serving: grpc %d, peer %d, http %s, registry %s/, %s",
             cfg.instance_id,
             self.grpc_port,
             self.peer_port,
+            self.http_port if self.http_port is not None else "disabled",
             prefix,
+            tls.describe() if tls else "plaintext",
         )
+
+    def _watch_gauges(self, local: LocalModels, cluster: Cluster, registry: Registry, election: Election) -> None:
+        """/metrics: instance gauges from the cache, cluster gauges (fresh) while leading."""
+        cfg = self.config
+        if not cfg.metrics.enabled:
+            return
+
+        def instance() -> InstanceStats:
+            now = wall_ms()
+            cache = local.cache
+            loaded = sum(1 for e in cache.entries() if e.state is State.LOADED)
+            return InstanceStats(cache.lru_ms(now), now, cache.capacity_units, cache.used_units, loaded)
+
+        def leader() -> ClusterStats | None:
+            if not election.is_leader:
+                return None
+            g = cluster_gauges(cluster.view(), dict(registry.models.items()), cfg.load_failure_expiry_ms)
+            return ClusterStats(g.models_managed, g.models_loaded, g.models_with_failure)
+
+        self.metrics.watch_instance(instance)
+        self.metrics.watch_cluster(leader)
 
     async def _open_store(self) -> KVStore:
         cfg = self.config
@@ -441,6 +482,11 @@ class Instance:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.local.deregister_copies(), DRAIN_RESERVE_S)
         await asyncio.gather(*(server.stop(min(grace, 5.0)) for server in self.servers))
+        if self.http is not None:
+            with contextlib.suppress(Exception):
+                await self.http.stop()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         if self.publisher is not None:
             with contextlib.suppress(Exception):
                 await self.publisher.stop()  # revokes the lease: the instance record goes at once
@@ -459,6 +505,9 @@ class Instance:
             await self.store.close()
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop)
+        if self.tracing is not None:
+            with contextlib.suppress(Exception):
+                await self.tracing.shutdown()  # flushes the spans still batched
 
 
 async def serve(config: Config) -> None:
@@ -478,8 +527,9 @@ async def serve(config: Config) -> None:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         await instance.start()
+        http = f", http port {instance.http_port}" if instance.http_port is not None else ""
         print(
-            f"meshd {config.instance_id} ready: grpc port {instance.grpc_port}, peer port {instance.peer_port}",
+            f"meshd {config.instance_id} ready: grpc port {instance.grpc_port}, peer port {instance.peer_port}{http}",
             flush=True,
         )
         await stop.wait()

@@ -1,14 +1,15 @@
 """Channels to peer instances' internal ports, one per live instance, made on first use.
 
 A channel is replaced when the instance's advertised location changes and closed when
-its record disappears (lease gone). Raw-bytes callables are cached per method.
+its record disappears (lease gone). Raw-bytes callables are cached per method. How a
+channel is opened (plaintext, or mTLS from meshd.tls) is the assembly's choice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -16,6 +17,12 @@ import grpc
 from meshd.runtime.endpoints import channel_options
 
 MAX_CACHED_METHODS = 1024
+
+Dial = Callable[[str, Sequence[tuple[str, Any]]], grpc.aio.Channel]
+
+
+def dial_plaintext(location: str, options: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(location, options=options)
 
 
 class RawCalls:
@@ -45,14 +52,15 @@ class RawCalls:
 
 
 class PeerChannel(RawCalls):
-    def __init__(self, location: str, max_message_bytes: int) -> None:
-        super().__init__(grpc.aio.insecure_channel(location, options=channel_options(max_message_bytes)))
+    def __init__(self, location: str, max_message_bytes: int, dial: Dial = dial_plaintext) -> None:
+        super().__init__(dial(location, channel_options(max_message_bytes)))
         self.location = location
 
 
 class Peers:
-    def __init__(self, max_message_bytes: int) -> None:
+    def __init__(self, max_message_bytes: int, dial: Dial = dial_plaintext) -> None:
         self.max_message_bytes = max_message_bytes
+        self.dial = dial
         self._channels: dict[str, PeerChannel] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -61,7 +69,7 @@ class Peers:
         if peer is None or peer.location != location:
             if peer is not None:
                 self._close_later(peer)
-            peer = self._channels[instance_id] = PeerChannel(location, self.max_message_bytes)
+            peer = self._channels[instance_id] = PeerChannel(location, self.max_message_bytes, self.dial)
         return peer
 
     def forget(self, instance_id: str) -> None:

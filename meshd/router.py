@@ -42,8 +42,10 @@ from meshd.errors import (
     Unavailable,
     means_model_missing,
 )
+from meshd.invocations import SERVED
 from meshd.kv.records import ModelRecord, RecordError, VModelRecord
 from meshd.local import LocalModels
+from meshd.metrics import NO_METRICS, Metrics
 from meshd.peers import PeerChannel, Peers, RawCalls
 from meshd.placement.constraints import TypeConstraints
 from meshd.placement.rank import LoadRequest, RecentPlacements, choose_load_target, may_load_as_last_resort
@@ -55,6 +57,7 @@ from meshd.proxy.streams import Relay, ResponseStream
 from meshd.proxy.wire import inject_id
 from meshd.registry import Registry
 from meshd.status import failure_expired
+from meshd.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,7 @@ BUSY = "busy"  # the copy's queue is full (its concurrency limit): try another c
 PASSED_ON = "status"  # the runtime's (or meshd's) own answer: goes to the client as is
 GRPC_MASKED_STATUS = "Internal error from Core"  # grpc/grpc#36066, see open_entry_stream
 ACCEPTED = "meshd-accepted"  # initial metadata: the peer took the stream, send the messages
+_RUNTIME_HOP = {"meshd.hop": "runtime"}  # the runtime call's span attribute
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -120,7 +124,11 @@ class Router:
         rng: random.Random | None = None,
         constraints: TypeConstraints | None = None,
         labels: frozenset[str] = frozenset(),
+        metrics: Metrics = NO_METRICS,
+        tracing: Tracing | None = None,
     ) -> None:
+        self.metrics = metrics
+        self.tracing = tracing  # None: tracing off (meshd.tracing)
         self.constraints = constraints or TypeConstraints()
         self.labels = labels
         self.local = local
@@ -210,6 +218,8 @@ class Router:
         """Serve one external unary call; `remaining_s` is the client's deadline (None: none)."""
         self.local.counters.requests += 1
         model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
+        if self.tracing is not None:
+            self.tracing.note_model(model_id, ids.vmodel_id)
         return await self._serve_ids(ids, _Unary(self, spec, request, model_id, forward, remaining_s))
 
     async def open_stream(
@@ -229,6 +239,8 @@ class Router:
         """
         self.local.counters.requests += 1
         model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
+        if self.tracing is not None:
+            self.tracing.note_model(model_id, ids.vmodel_id)
         return await self._serve_ids(ids, _Stream(self, spec, first, requests, model_id, forward, remaining_s))
 
     async def _serve_ids(self, ids: RequestIds, attempt: Attempt[T]) -> T:
@@ -370,9 +382,17 @@ class Router:
         The entry serves even if a concurrent load evicts it meanwhile: requests count as
         in flight, and the unload waits for them."""
         try:
-            return await self.local.ensure(model_id, record)
+            return await self._ensure(model_id, record)
         except (LoadFailed, Unavailable) as e:  # incl. NoRoom, and a runtime down for now
             raise Refused(e.message) from None
+
+    async def _ensure(self, model_id: str, record: ModelRecord) -> CacheEntry:
+        """`local.ensure`, in a `meshd.load` span when tracing and the copy is not loaded yet."""
+        entry = self.local.cache.get(model_id)
+        if self.tracing is None or (entry is not None and entry.state is State.LOADED):
+            return await self.local.ensure(model_id, record)
+        with self.tracing.span("meshd.load", {"meshd.model_id": model_id}):
+            return await self.local.ensure(model_id, record)
 
     async def _enter(self, entry: CacheEntry) -> float:
         """Take a slot on the copy (its concurrency limit, if any): the start time, for service time.
@@ -381,8 +401,14 @@ class Router:
         self.local.acquire(entry)
         gate = entry.gate
         if gate is not None:
+            queued = time.perf_counter()
             try:
-                await gate.enter()
+                if self.tracing is None:
+                    await gate.enter()
+                else:
+                    with self.tracing.span("meshd.queue", {"meshd.model_id": entry.model_id}):
+                        await gate.enter()
+                self.metrics.req_queue_delay((time.perf_counter() - queued) * 1000, entry.model_id)
             except BaseException as e:
                 self.local.release(entry)
                 if isinstance(e, ResourceExhausted):
@@ -415,11 +441,20 @@ class Router:
             request = inject_id(request, spec.inject, model_id)
         started = await self._enter(entry)
         self._count_served(entry)
+        SERVED.set((model_id, self.self_id))
+        invoked = time.perf_counter()
         try:
-            response: bytes = await self.runtime_calls.unary(spec.path)(request, metadata=metadata, timeout=remaining_s)
+            call = self.runtime_calls.unary(spec.path)
+            response: bytes
+            if self.tracing is None:
+                response = await call(request, metadata=metadata, timeout=remaining_s)
+            else:
+                response = await self.tracing.call_unary(call, spec.path, request, metadata, remaining_s, _RUNTIME_HOP)
+            self.metrics.invoke_model(spec.path, "OK", (time.perf_counter() - invoked) * 1000, model_id)
             return response
         except grpc.aio.AioRpcError as e:
             code = e.code()
+            self.metrics.invoke_model(spec.path, code.name, (time.perf_counter() - invoked) * 1000, model_id)
             missing = means_model_missing(code, e.details() or "")
             if missing and await self.local.runtime.has_model(model_id) is False:
                 # Confirmed lost (the runtime restarted): drop the copy and reroute; loading
@@ -452,12 +487,15 @@ class Router:
         Each request message has the id spliced in (if the method asks) and counts as one
         request served. Once open, the runtime's answers go to the client as they are."""
         started = await self._enter(entry)
+        SERVED.set((model_id, self.self_id))
 
         def on_message(message: bytes) -> bytes:
             self._count_served(entry)
             return inject_id(message, spec.inject, model_id) if spec.inject else message
 
         relay = Relay(first, requests, on_message)
+        if self.tracing is not None:  # a stream's span is its server span: pass its context on
+            metadata = self.tracing.inject(metadata)
         try:
             call = self.runtime_calls.stream(spec.path)(relay, metadata=metadata, timeout=remaining_s)
         except BaseException:
@@ -487,9 +525,14 @@ class Router:
     ) -> bytes:
         peer = self._peer(target)
         md = (*metadata, (HOP, self.self_id), (MODE, mode))
+        SERVED.set((model_id, target))
         self.inflight[target] = self.inflight.get(target, 0) + 1
         try:
-            response: bytes = await peer.unary(spec.path)(request, metadata=md, timeout=remaining_s)
+            call = peer.unary(spec.path)
+            if self.tracing is not None:
+                hop = {"meshd.hop": "peer", "meshd.peer": target, "meshd.mode": mode}
+                return await self.tracing.call_unary(call, spec.path, request, md, remaining_s, hop)
+            response: bytes = await call(request, metadata=md, timeout=remaining_s)
             return response
         except grpc.aio.AioRpcError as e:
             raise _peer_failure(e.code(), e.details(), e.trailing_metadata(), model_id) from None
@@ -511,6 +554,9 @@ class Router:
         (initial metadata `meshd-accepted`), so a refusal reroutes with nothing lost."""
         peer = self._peer(target)
         md = (*metadata, (HOP, self.self_id), (MODE, mode))
+        SERVED.set((model_id, target))
+        if self.tracing is not None:
+            md = self.tracing.inject(md)
         relay = Relay(first, requests, None, hold=True)
         call = peer.stream(spec.path)(relay, metadata=md, timeout=remaining_s)
         relay.call = call
@@ -548,10 +594,12 @@ class Router:
 
         Refusals carry `meshd-reason` in the trailing metadata so the peer reroutes."""
         self.local.counters.requests += 1
+        if self.tracing is not None:
+            self.tracing.note_model(model_id, None)
         if mode == "load":
             record = await self.record(model_id)
             try:
-                return await self.local.ensure(model_id, record)  # served even if evicted since
+                return await self._ensure(model_id, record)  # served even if evicted since
             except LoadFailed as e:
                 raise PeerRefusal(LOAD_FAILED, e.message) from None
             except Unavailable as e:  # no room, or the runtime down for now

@@ -116,3 +116,27 @@ def test_eviction_switch() -> None:
 
     assert load_config(None, {}).eviction is Eviction.LRU  # upstream's order stays the default
     assert load_config(None, {"MESHD_EVICTION": "GDSF"}).eviction is Eviction.GDSF
+
+
+def test_http_port_and_model_repository(tmp_path: object) -> None:
+    assert load_config(None, {}).http_port == 8008  # upstream's REST proxy port
+    assert load_config(None, {}).model_repository is None
+    for off in ("disabled", "off", "Disabled"):
+        assert load_config(None, {"MESHD_HTTP_PORT": off}).http_port is None
+    cfg = parse(["--http-port", "0", "--model-repository", str(tmp_path), "--model-repository-type", "demo"], {})
+    assert cfg.http_port == 0  # type: ignore[attr-defined]
+    assert str(cfg.model_repository) == str(tmp_path)  # type: ignore[attr-defined]
+    assert cfg.model_repository_type == "demo"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MESHD_HTTP_PORT": "http"}, "MESHD_HTTP_PORT"),
+        ({"MESHD_HTTP_PORT": "70000"}, "MESHD_HTTP_PORT"),
+        ({"MESHD_MODEL_REPOSITORY": "/no/such/dir"}, "MESHD_MODEL_REPOSITORY .*not a directory"),
+    ],
+)
+def test_bad_http_and_repository_settings_name_themselves(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, env)

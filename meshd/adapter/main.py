@@ -27,6 +27,7 @@ from meshd.adapter import layout, sizing
 from meshd.adapter.layout import Layout, MLServerLayout, TritonLayout
 from meshd.adapter.server import Adapter, AdapterConfig, ModelServer
 from meshd.adapter.supervisor import Supervisor, SupervisorConfig
+from meshd.logs import parse_log_format, setup_logging
 
 log = logging.getLogger("meshd.adapter")
 
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reconcile-interval-s", type=float, default=5.0, help="compare with the server's index this often")
     p.add_argument("--pid-file", type=Path, help="write the launched model server's PID here")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-format", help="log lines: text or json (env MESHD_LOG_FORMAT, default text)")
     p.add_argument("launch", nargs=argparse.REMAINDER, help="-- COMMAND...: start and supervise the model server")
     return p
 
@@ -173,7 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.port is None and a.socket is None:
         print("meshd adapter: give --port and/or --socket for the SPI endpoint", file=sys.stderr)
         return 2
-    logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        log_format = parse_log_format(a.log_format or os.environ.get("MESHD_LOG_FORMAT") or "text")
+    except ValueError as e:
+        print(f"meshd adapter: MESHD_LOG_FORMAT (--log-format) {e}", file=sys.stderr)
+        return 2
+    setup_logging(a.log_level, log_format)
     config = config_from(a, os.environ)
     problem = layout.overlap_problem(config.repository, config.model_root)
     if problem:

@@ -16,12 +16,13 @@ from grpc_reflection.v1alpha import reflection
 
 # Imported for their descriptors: reflection describes these services and their messages.
 from meshd._proto.inference import grpc_predict_v2_pb2
-from meshd._proto.meshd import peer_pb2
+from meshd._proto.meshd import admin_pb2, peer_pb2
 from meshd._proto.mmesh import model_mesh_pb2
 
 EXTERNAL_SERVICES = (
     model_mesh_pb2.DESCRIPTOR.services_by_name["ModelMesh"].full_name,
     grpc_predict_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["MeshAdmin"].full_name,
 )
 INTERNAL_SERVICES = (peer_pb2.DESCRIPTOR.services_by_name["MeshPeer"].full_name,)
 SERVING = health_pb2.HealthCheckResponse.SERVING

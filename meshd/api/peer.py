@@ -13,11 +13,13 @@ from meshd.api.grpc_errors import statuses
 from meshd.cache import UNIT_BYTES, State
 from meshd.errors import LoadFailed
 from meshd.ids import check_id
+from meshd.inventory import held_copies
 from meshd.leader import ClusterGauges
 from meshd.local import LocalModels
 from meshd.registry import Registry
 
 _STATES = {State.LOADING: pb.InternalOpResponse.LOADING, State.LOADED: pb.InternalOpResponse.LOADED}
+_COPY_STATES = {**_STATES, State.FAILED: pb.InternalOpResponse.FAILED}
 
 
 class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
@@ -65,6 +67,16 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
             usedBytes=cache.used_units * UNIT_BYTES,
             loadedModels=sorted(e.model_id for e in cache.entries() if e.state is State.LOADED),
         )
+        if request.withCopies:
+            resp.copiesIncluded = True
+            for model_id, held in sorted(held_copies(cache, request.modelIds).items()):
+                resp.copies.add(
+                    modelId=model_id,
+                    state=_COPY_STATES[held.state],
+                    sizeBytes=held.size_bytes,
+                    lastUsed=held.last_used_ms,
+                    since=held.since_ms,
+                )
         gauges = self.gauges()
         if gauges is not None:
             resp.leader = True

@@ -15,11 +15,14 @@ from typing import Any
 import grpc
 
 from meshd.errors import DeadlineExceeded, MeshError
+from meshd.invocations import Invocations
+from meshd.metrics import NO_METRICS
 from meshd.proxy.headers import INTERNAL_PREFIX, Metadata, RequestIds, ids_from_body, parse_request_headers
 from meshd.proxy.methods import MAX_CACHED_METHODS, MethodSpec, MethodTable
 from meshd.proxy.streams import ResponseStream
 from meshd.proxy.wire import extract_id
 from meshd.router import Router
+from meshd.tracing import Activate
 
 UnaryHandler = Callable[[bytes, Any], Awaitable[bytes]]
 StreamHandler = Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]
@@ -92,10 +95,13 @@ class InferenceHandler(RawMethodHandler):
         methods: MethodTable,
         default_timeout_s: float | None = None,
         answered: Mapping[str, UnaryHandler] | None = None,
+        invocations: Invocations | None = None,
     ) -> None:
-        """`answered`: methods meshd answers itself (KServe health for the mesh)."""
+        """`answered`: methods meshd answers itself (KServe health for the mesh);
+        `invocations`: where each call is recorded (metrics, the invoke log)."""
         super().__init__(router, methods)
         self.default_timeout_s = default_timeout_s
+        self.invocations = invocations or Invocations(NO_METRICS, False, router.self_id)
         for path, fn in (answered or {}).items():
             self._handlers[path] = grpc.unary_unary_rpc_method_handler(fn)
 
@@ -114,28 +120,60 @@ class InferenceHandler(RawMethodHandler):
 
     def _unary(self, spec: MethodSpec) -> UnaryHandler:
         router = self.router
+        calls = self.invocations
+        tracing = router.tracing
+
+        async def traced(request: bytes, context: Any) -> bytes:
+            assert tracing is not None
+            return await tracing.serve_unary(spec.path, context, handle(request, context))
 
         async def handle(request: bytes, context: Any) -> bytes:
+            started = calls.start()
+            ids = None
+            code = "OK"
+            response = b""
             try:
                 ids, forward = _ids(spec, context, request)
                 remaining, enforce = self._deadline(context)
                 if not enforce:
-                    return await router.unary(spec, request, ids, forward, remaining)
+                    response = await router.unary(spec, request, ids, forward, remaining)
+                    return response
                 try:
                     async with asyncio.timeout(remaining):
-                        return await router.unary(spec, request, ids, forward, remaining)
+                        response = await router.unary(spec, request, ids, forward, remaining)
+                        return response
                 except TimeoutError:
                     raise self._timed_out() from None
             except MeshError as e:
+                code = e.code.name
                 await context.abort(e.code, e.message)
                 raise  # unreachable: abort raises
+            except BaseException as e:
+                code = _code_of(e, context)
+                raise
+            finally:
+                calls.done(spec.path, ids, code, started, len(request), len(response) if code == "OK" else -1)
 
-        return handle
+        return handle if tracing is None else traced  # untraced: not even a check per call
 
     def _stream(self, spec: MethodSpec) -> StreamHandler:
         router = self.router
+        calls = self.invocations
+        tracing = router.tracing
 
-        async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async def traced(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            assert tracing is not None  # an async generator itself: grpc.aio tells handlers apart so
+            async for response in tracing.serve_stream(spec.path, context, lambda on: handle(requests, context, on)):
+                yield response
+
+        async def handle(
+            requests: AsyncIterator[bytes],
+            context: Any,
+            active: Activate = contextlib.nullcontext,
+        ) -> AsyncIterator[bytes]:
+            started = calls.start()
+            ids = None
+            code = "OK"
             try:
                 remaining, enforce = self._deadline(context)
                 # meshd's own timer covers opening only: a timer firing while this generator is
@@ -143,7 +181,7 @@ class InferenceHandler(RawMethodHandler):
                 # call carries the deadline and its DEADLINE_EXCEEDED is relayed.
                 timeout = asyncio.timeout(remaining) if enforce else contextlib.nullcontext()
                 loop = asyncio.get_running_loop()
-                started = loop.time()
+                opened = loop.time()
                 try:
                     async with timeout:
                         first = None
@@ -152,13 +190,31 @@ class InferenceHandler(RawMethodHandler):
                             if spec.extract or (ids.model_id is None and ids.vmodel_id is None):
                                 first = await anext(aiter(requests), None)
                         ids, forward = _ids(spec, context, first)
-                        left = None if remaining is None else max(0.001, remaining - (loop.time() - started))
-                        stream = await router.open_stream(spec, first, requests, ids, forward, left)
+                        left = None if remaining is None else max(0.001, remaining - (loop.time() - opened))
+                        with active():  # the stream's span is the parent of what opening it does
+                            stream = await router.open_stream(spec, first, requests, ids, forward, left)
                 except TimeoutError:
                     raise self._timed_out() from None
                 async for response in relay_responses(stream, context):
                     yield response
             except MeshError as e:
+                code = e.code.name
                 await context.abort(e.code, e.message)
+            except BaseException as e:
+                code = _code_of(e, context)
+                raise
+            finally:
+                calls.done(spec.path, ids, code, started, -1, -1)  # sizes: per message, not per call
 
-        return handle
+        return handle if tracing is None else traced
+
+
+def _code_of(e: BaseException, context: Any = None) -> str:
+    """The status name a call ended with when it did not end with a MeshError of ours."""
+    if isinstance(e, (asyncio.CancelledError, GeneratorExit)):
+        remaining = context.time_remaining() if context is not None else None
+        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+    if isinstance(e, grpc.aio.AbortError) and context is not None:  # a relayed status
+        code = context.code()
+        return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+    return "UNKNOWN"

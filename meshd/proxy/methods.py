@@ -28,6 +28,7 @@ FORBIDDEN_PREFIXES = (
     "/mmesh.ModelRuntime/",
     "/mmesh.ModelMesh/",
     "/meshd.peer.",
+    "/meshd.admin.",  # ours; a method this version lacks is UNIMPLEMENTED, not the runtime's
     "/grpc.",
     # The runtime's own repository API would let a client unload models behind meshd's back.
     "/inference.GRPCInferenceService/Repository",

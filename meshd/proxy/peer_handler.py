@@ -7,6 +7,7 @@ a stream is accepted (initial metadata `meshd-accepted`) before its messages are
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from meshd.proxy.handler import RawMethodHandler, StreamHandler, UnaryHandler, r
 from meshd.proxy.headers import INTERNAL_PREFIX, MODEL_ID, MODEL_ID_BIN, Metadata
 from meshd.proxy.methods import MethodSpec
 from meshd.router import ACCEPTED, HOP, MODE, PASSED_ON, REASON, UNKNOWN_MODEL, PeerRefusal
+from meshd.tracing import Activate
 
 ACCEPTED_METADATA = ((ACCEPTED, "1"),)
 
@@ -58,6 +60,11 @@ class PeerInferenceHandler(RawMethodHandler):
 
     def _unary(self, spec: MethodSpec) -> UnaryHandler:
         router = self.router
+        tracing = router.tracing
+
+        async def traced(request: bytes, context: Any) -> bytes:
+            assert tracing is not None  # the sender's trace context is the parent
+            return await tracing.serve_unary(spec.path, context, handle(request, context))
 
         async def handle(request: bytes, context: Any) -> bytes:
             try:
@@ -67,17 +74,26 @@ class PeerInferenceHandler(RawMethodHandler):
                 await _refuse(context, e)
                 raise  # unreachable: abort raises
 
-        return handle
+        return handle if tracing is None else traced
 
     def _stream(self, spec: MethodSpec) -> StreamHandler:
         router = self.router
+        tracing = router.tracing
 
-        async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async def traced(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            assert tracing is not None
+            async for response in tracing.serve_stream(spec.path, context, lambda on: handle(requests, context, on)):
+                yield response
+
+        async def handle(
+            requests: AsyncIterator[bytes], context: Any, active: Activate = contextlib.nullcontext
+        ) -> AsyncIterator[bytes]:
             try:
                 model_id, mode, metadata = parse_peer_metadata(context.invocation_metadata(), router.is_peer)
-                stream = await router.open_forwarded_stream(
-                    spec, requests, model_id, mode, metadata, context.time_remaining()
-                )
+                with active():
+                    stream = await router.open_forwarded_stream(
+                        spec, requests, model_id, mode, metadata, context.time_remaining()
+                    )
             except MeshError as e:
                 await _refuse(context, e)
                 return
@@ -92,4 +108,4 @@ class PeerInferenceHandler(RawMethodHandler):
             except MeshError as e:  # a request message we refused (id injection)
                 await _refuse(context, e)
 
-        return handle
+        return handle if tracing is None else traced

@@ -16,14 +16,22 @@ from collections.abc import Callable
 import grpc
 
 from meshd.errors import LoadFailed, Unavailable
+from meshd.metrics import NO_METRICS, Metrics
 from meshd.runtime.client import LoadedModel, RuntimeClient, RuntimeInfo
 
 log = logging.getLogger(__name__)
 
 
 class LoadQueue:
-    def __init__(self, client: RuntimeClient, info: RuntimeInfo, after_failure: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        client: RuntimeClient,
+        info: RuntimeInfo,
+        after_failure: Callable[[str], None],
+        metrics: Metrics = NO_METRICS,
+    ) -> None:
         self.client = client
+        self.metrics = metrics
         self.timeout_s = info.loading_timeout_ms / 1000
         self.threads = info.max_loading_concurrency
         self.after_failure = after_failure
@@ -34,14 +42,18 @@ class LoadQueue:
     async def load(self, model_id: str, model_type: str, path: str, key: str) -> LoadedModel:
         """Load through the queue; raises LoadFailed with the runtime's reason."""
         self.waiting += 1
+        queued = time.monotonic()
         try:
             await self._slots.acquire()
         finally:
             self.waiting -= 1
         self.in_progress += 1
         started = time.monotonic()
+        self.metrics.loading_queue_delay((started - queued) * 1000, model_id)
         try:
-            return await self.client.load(model_id, model_type, path, key, self.timeout_s)
+            loaded = await self.client.load(model_id, model_type, path, key, self.timeout_s)
+            self.metrics.load((time.monotonic() - started) * 1000, model_id)
+            return loaded
         except grpc.aio.AioRpcError as e:
             self.after_failure(model_id)
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

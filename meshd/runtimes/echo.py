@@ -3,7 +3,9 @@
 It lets tests and benchmarks drive every RPC shape through meshd: each answer starts with
 the model id the runtime was asked for (header `mm-model-id[-bin]`), so a test sees which
 model served it. `Stats` (not announced, so not reachable through meshd) reports how many
-requests started, finished and were cancelled, so tests can see a cancel reach the runtime.
+requests started, finished and were cancelled, so tests can see a cancel reach the runtime;
+`LastTrace` (not announced either) the W3C trace headers (`traceparent`, `tracestate`) of
+the last Echo call, so tests can see which trace context reached the runtime.
 
     Unary          body               -> b"<model>|<body>"
     ServerStream   body               -> b"<model>|<body>|0", ...|1, ...|2
@@ -26,6 +28,7 @@ from meshd.runtimes.demo_server import RpcFailure, RuntimeState, _header_model_i
 SERVICE = "meshd.demo.Echo"
 STREAMING = ("ServerStream", "ClientStream", "Bidi")
 SERVER_STREAM_REPLIES = 3
+TRACE_HEADERS = ("traceparent", "tracestate")
 
 
 def dataplane_streaming() -> dict[str, dict[str, bool]]:
@@ -36,9 +39,11 @@ def dataplane_streaming() -> dict[str, dict[str, bool]]:
 class EchoService:
     def __init__(self, state: RuntimeState) -> None:
         self.state = state
+        self.last_trace: dict[str, str] = {}  # trace headers of the last call, for LastTrace
 
     async def _model(self, context: Any) -> bytes:
         """The loaded model the call names; aborts (INVALID_ARGUMENT, NOT_FOUND) otherwise."""
+        self.last_trace = {k: v for k, v in context.invocation_metadata() if k in TRACE_HEADERS}
         try:
             model_id = _header_model_id(context)
             if not model_id:
@@ -90,6 +95,9 @@ class EchoService:
     async def Stats(self, body: bytes, context: Any) -> bytes:
         return json.dumps(self.state.counters).encode()
 
+    async def LastTrace(self, body: bytes, context: Any) -> bytes:
+        return json.dumps(self.last_trace).encode()
+
     def handler(self) -> Any:
         return grpc.method_handlers_generic_handler(
             SERVICE,
@@ -99,5 +107,6 @@ class EchoService:
                 "ClientStream": grpc.stream_unary_rpc_method_handler(self.ClientStream),
                 "Bidi": grpc.stream_stream_rpc_method_handler(self.Bidi),
                 "Stats": grpc.unary_unary_rpc_method_handler(self.Stats),
+                "LastTrace": grpc.unary_unary_rpc_method_handler(self.LastTrace),
             },
         )

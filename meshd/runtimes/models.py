@@ -352,9 +352,9 @@ class _Args:
     seed: int = 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m meshd.runtimes.models", description="Write generated demo model files and print their ids."
+        prog="meshd gen-models", description="Write generated demo model files and print their ids."
     )
     parser.add_argument("directory", type=Path, help="directory for the model files (created if missing)")
     parser.add_argument("--count", type=int, required=True, help="number of models")
@@ -363,6 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--inputs", type=int, default=4)
     parser.add_argument("--outputs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv, namespace=_Args())
     try:
         generated = generate_models(

@@ -51,16 +51,23 @@ class Node:
     runtime_port: int
     meshd: Child
     runtime: Child
+    http_port: int = 0  # KServe V2 REST (0: disabled by the node's settings)
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
 
 
 @dataclass
 class LocalMesh:
     workdir: Path
     service: str = "meshd-test"
+    # Settings every meshd of this mesh gets (e.g. TLS: meshd.testing.certs.mesh_tls_settings).
+    settings: dict[str, str | int] = field(default_factory=dict)
     children: Children = field(init=False)
     etcd: EmbeddedEtcd | None = field(default=None)
     etcd_url: str = ""
@@ -90,11 +97,14 @@ class LocalMesh:
         grpc_port: int | None = None,
         peer_port: int | None = None,
         name: str | None = None,
+        http_port: int | None = None,
     ) -> Child:
         if not self.etcd_url:
             raise StartFailed("start etcd (or set etcd_url) before meshd")
         grpc_port = grpc_port or free_port()
         peer_port = peer_port or free_port()
+        # Never the default 8008: several instances share this host.
+        http_port = http_port or free_port()
         env = env_for(
             {
                 "service_name": self.service,
@@ -102,8 +112,11 @@ class LocalMesh:
                 "instance_id": instance_id,
                 "grpc_port": grpc_port,
                 "peer_port": peer_port,
+                "http_port": http_port,
                 "runtime_port": runtime_port,
                 "data_dir": str(self.workdir / instance_id),
+                "metrics": "disabled",  # several instances on one host: no two on port 2112
+                **self.settings,
                 **(settings or {}),
             }
         )
@@ -119,9 +132,9 @@ class LocalMesh:
         settings: dict[str, str | int] | None = None,
     ) -> Node:
         runtime, runtime_port = self.start_runtime(f"{instance_id}-runtime", runtime_args)
-        grpc_port, peer_port = free_port(), free_port()
-        meshd = self.start_meshd(instance_id, runtime_port, settings, grpc_port, peer_port)
-        node = Node(instance_id, grpc_port, peer_port, runtime_port, meshd, runtime)
+        grpc_port, peer_port, http_port = free_port(), free_port(), free_port()
+        meshd = self.start_meshd(instance_id, runtime_port, settings, grpc_port, peer_port, http_port=http_port)
+        node = Node(instance_id, grpc_port, peer_port, runtime_port, meshd, runtime, http_port)
         self.nodes.append(node)
         return node
 
@@ -134,6 +147,7 @@ class LocalMesh:
             node.grpc_port,
             node.peer_port,
             name=f"{node.instance_id}-restarted",
+            http_port=node.http_port,
         )
 
     def _wait_port(self, child: Child, port: int) -> None:
@@ -171,16 +185,30 @@ class MeshClient:
     peer_channel: grpc.aio.Channel
 
     @classmethod
-    def open(cls, node: Node, max_message_bytes: int = 64 << 20) -> MeshClient:
-        opts = [
+    def open(
+        cls,
+        node: Node,
+        max_message_bytes: int = 64 << 20,
+        credentials: grpc.ChannelCredentials | None = None,
+        peer_credentials: grpc.ChannelCredentials | None = None,
+        tls_name: str | None = None,
+    ) -> MeshClient:
+        """Plaintext unless credentials are given (meshd.tls.client_credentials); the internal
+        port of a TLS mesh needs `peer_credentials` with a certificate the mesh trusts.
+        `tls_name`: the name to check in the server certificate (MESHD_TLS_PEER_NAME)."""
+        opts: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
-        return cls(
-            node,
-            grpc.aio.insecure_channel(node.target, options=opts),
-            grpc.aio.insecure_channel(f"127.0.0.1:{node.peer_port}"),
-        )
+
+        def dial(target: str, creds: grpc.ChannelCredentials | None, options: list[tuple[str, Any]]) -> Any:
+            if creds is None:
+                return grpc.aio.insecure_channel(target, options=options)
+            named = [("grpc.ssl_target_name_override", tls_name)] if tls_name else []
+            return grpc.aio.secure_channel(target, creds, options=[*options, *named])
+
+        peer_target = f"127.0.0.1:{node.peer_port}"
+        return cls(node, dial(node.target, credentials, opts), dial(peer_target, peer_credentials, []))
 
     @property
     def mm(self) -> mm_grpc.ModelMeshStub:

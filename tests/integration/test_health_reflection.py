@@ -33,7 +33,7 @@ def grpcurl(*args: str) -> str:
 def test_health_checks_on_both_ports(start_node: NodeFactory) -> None:
     c = start_node()
     for port, services in (
-        (c.node.grpc_port, ("", "mmesh.ModelMesh", "inference.GRPCInferenceService")),
+        (c.node.grpc_port, ("", "mmesh.ModelMesh", "inference.GRPCInferenceService", "meshd.admin.MeshAdmin")),
         (c.node.peer_port, ("", "meshd.peer.MeshPeer")),
     ):
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -50,7 +50,12 @@ def test_grpcurl_through_reflection(start_node: NodeFactory, models: list[Genera
     c = start_node()
     target = f"127.0.0.1:{c.node.grpc_port}"
     services = grpcurl(target, "list").split()
-    assert {"mmesh.ModelMesh", "inference.GRPCInferenceService", "grpc.health.v1.Health"} <= set(services)
+    assert {
+        "mmesh.ModelMesh",
+        "inference.GRPCInferenceService",
+        "grpc.health.v1.Health",
+        "meshd.admin.MeshAdmin",
+    } <= set(services)
     assert "mmesh.ModelMesh.registerModel" in grpcurl(target, "list", "mmesh.ModelMesh")
     m = models[0]
     register = {"modelId": m.id, "modelInfo": {"type": "demo", "path": str(m.path)}, "loadNow": True, "sync": True}
@@ -66,5 +71,7 @@ def test_grpcurl_through_reflection(start_node: NodeFactory, models: list[Genera
     out = json.loads(grpcurl("-H", f"mm-model-id: {m.id}", "-d", json.dumps(request), target, infer))
     got = [unpack_f32(base64.b64decode(out["raw_output_contents"][0]))]  # grpcurl keeps proto field names
     assert close_enough(got, expected(m, rows))
+    listed = json.loads(grpcurl(target, "meshd.admin.MeshAdmin/listModels"))["models"]
+    assert [(x["modelId"], x["status"]) for x in listed] == [(m.id, "LOADED")]
     health = json.loads(grpcurl(target, "grpc.health.v1.Health/Check"))
     assert health == {"status": "SERVING"}

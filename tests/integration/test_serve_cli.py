@@ -44,9 +44,11 @@ def test_embedded_etcd_keeps_records_across_restarts_and_stops_with_meshd(tmp_pa
                 "kv_store": "",
                 "grpc_port": grpc_port,
                 "peer_port": free_port(),
+                "http_port": "disabled",
                 "runtime_port": runtime_port,
                 "data_dir": str(tmp_path / "data"),
                 "instance_id": "solo",
+                "metrics": "disabled",  # port 2112 may be in use on a shared host
             }
         )
         etcd_pids = []

@@ -31,6 +31,7 @@ def test_any_method_with_allow_any_or_an_empty_map_but_never_the_spi() -> None:
             "/mmesh.ModelRuntime/loadModel",
             "/mmesh.ModelMesh/registerModel",
             "/meshd.peer.MeshPeer/InternalOperation",
+            "/meshd.admin.MeshAdmin/futureMethod",
             "/grpc.health.v1.Health/Check",
         ):
             assert table.spec(forbidden) is None

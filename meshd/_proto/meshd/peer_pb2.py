@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10meshd/peer.proto\x12\nmeshd.peer\"|\n\x11InternalOpRequest\x12\x0f\n\x07modelId\x18\x01 \x01(\t\x12\x0c\n\x04load\x18\x02 \x01(\x08\x12\x0c\n\x04sync\x18\x03 \x01(\x08\x12\x10\n\x08lastUsed\x18\x04 \x01(\x04\x12\x18\n\x10\x65xcludeInstances\x18\x05 \x03(\t\x12\x0e\n\x06unload\x18\x06 \x01(\x08\"\xaa\x01\n\x12InternalOpResponse\x12\x33\n\x05state\x18\x01 \x01(\x0e\x32$.meshd.peer.InternalOpResponse.State\x12\x12\n\ninstanceId\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\":\n\x05State\x12\x0c\n\x08NOT_HERE\x10\x00\x12\x0b\n\x07LOADING\x10\x01\x12\n\n\x06LOADED\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\"\x16\n\x14InstanceStatsRequest\"\xba\x02\n\x15InstanceStatsResponse\x12\x12\n\ninstanceId\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x04\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\r\n\x05loads\x18\x05 \x01(\x04\x12\x14\n\x0cloadFailures\x18\x06 \x01(\x04\x12\x11\n\tevictions\x18\x07 \x01(\x04\x12\x15\n\rcapacityBytes\x18\x08 \x01(\x04\x12\x11\n\tusedBytes\x18\t \x01(\x04\x12\x14\n\x0cloadedModels\x18\n \x03(\t\x12\x0e\n\x06leader\x18\x0b \x01(\x08\x12\x1a\n\x12modelsManagedTotal\x18\x0c \x01(\x04\x12\x19\n\x11modelsLoadedTotal\x18\r \x01(\x04\x12\x1e\n\x16modelsWithFailureTotal\x18\x0e \x01(\x04\x32\xb8\x01\n\x08MeshPeer\x12T\n\x11InternalOperation\x12\x1d.meshd.peer.InternalOpRequest\x1a\x1e.meshd.peer.InternalOpResponse\"\x00\x12V\n\rInstanceStats\x12 .meshd.peer.InstanceStatsRequest\x1a!.meshd.peer.InstanceStatsResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10meshd/peer.proto\x12\nmeshd.peer\"|\n\x11InternalOpRequest\x12\x0f\n\x07modelId\x18\x01 \x01(\t\x12\x0c\n\x04load\x18\x02 \x01(\x08\x12\x0c\n\x04sync\x18\x03 \x01(\x08\x12\x10\n\x08lastUsed\x18\x04 \x01(\x04\x12\x18\n\x10\x65xcludeInstances\x18\x05 \x03(\t\x12\x0e\n\x06unload\x18\x06 \x01(\x08\"\xaa\x01\n\x12InternalOpResponse\x12\x33\n\x05state\x18\x01 \x01(\x0e\x32$.meshd.peer.InternalOpResponse.State\x12\x12\n\ninstanceId\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\":\n\x05State\x12\x0c\n\x08NOT_HERE\x10\x00\x12\x0b\n\x07LOADING\x10\x01\x12\n\n\x06LOADED\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\"<\n\x14InstanceStatsRequest\x12\x12\n\nwithCopies\x18\x01 \x01(\x08\x12\x10\n\x08modelIds\x18\x02 \x03(\t\"\x85\x01\n\tCopyStats\x12\x0f\n\x07modelId\x18\x01 \x01(\t\x12\x33\n\x05state\x18\x02 \x01(\x0e\x32$.meshd.peer.InternalOpResponse.State\x12\x11\n\tsizeBytes\x18\x03 \x01(\x04\x12\x10\n\x08lastUsed\x18\x04 \x01(\x04\x12\r\n\x05since\x18\x05 \x01(\x04\"\xf9\x02\n\x15InstanceStatsResponse\x12\x12\n\ninstanceId\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x04\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\r\n\x05loads\x18\x05 \x01(\x04\x12\x14\n\x0cloadFailures\x18\x06 \x01(\x04\x12\x11\n\tevictions\x18\x07 \x01(\x04\x12\x15\n\rcapacityBytes\x18\x08 \x01(\x04\x12\x11\n\tusedBytes\x18\t \x01(\x04\x12\x14\n\x0cloadedModels\x18\n \x03(\t\x12\x0e\n\x06leader\x18\x0b \x01(\x08\x12\x1a\n\x12modelsManagedTotal\x18\x0c \x01(\x04\x12\x19\n\x11modelsLoadedTotal\x18\r \x01(\x04\x12\x1e\n\x16modelsWithFailureTotal\x18\x0e \x01(\x04\x12%\n\x06\x63opies\x18\x0f \x03(\x0b\x32\x15.meshd.peer.CopyStats\x12\x16\n\x0e\x63opiesIncluded\x18\x10 \x01(\x08\x32\xb8\x01\n\x08MeshPeer\x12T\n\x11InternalOperation\x12\x1d.meshd.peer.InternalOpRequest\x1a\x1e.meshd.peer.InternalOpResponse\"\x00\x12V\n\rInstanceStats\x12 .meshd.peer.InstanceStatsRequest\x1a!.meshd.peer.InstanceStatsResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,9 +39,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INTERNALOPRESPONSE_STATE']._serialized_start=271
   _globals['_INTERNALOPRESPONSE_STATE']._serialized_end=329
   _globals['_INSTANCESTATSREQUEST']._serialized_start=331
-  _globals['_INSTANCESTATSREQUEST']._serialized_end=353
-  _globals['_INSTANCESTATSRESPONSE']._serialized_start=356
-  _globals['_INSTANCESTATSRESPONSE']._serialized_end=670
-  _globals['_MESHPEER']._serialized_start=673
-  _globals['_MESHPEER']._serialized_end=857
+  _globals['_INSTANCESTATSREQUEST']._serialized_end=391
+  _globals['_COPYSTATS']._serialized_start=394
+  _globals['_COPYSTATS']._serialized_end=527
+  _globals['_INSTANCESTATSRESPONSE']._serialized_start=530
+  _globals['_INSTANCESTATSRESPONSE']._serialized_end=907
+  _globals['_MESHPEER']._serialized_start=910
+  _globals['_MESHPEER']._serialized_end=1094
 # @@protoc_insertion_point(module_scope)

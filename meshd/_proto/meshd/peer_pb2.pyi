@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -44,11 +44,29 @@ class InternalOpResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[InternalOpResponse.State, str]] = ..., instanceId: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class InstanceStatsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("withCopies", "modelIds")
+    WITHCOPIES_FIELD_NUMBER: _ClassVar[int]
+    MODELIDS_FIELD_NUMBER: _ClassVar[int]
+    withCopies: bool
+    modelIds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, withCopies: bool = ..., modelIds: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CopyStats(_message.Message):
+    __slots__ = ("modelId", "state", "sizeBytes", "lastUsed", "since")
+    MODELID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SIZEBYTES_FIELD_NUMBER: _ClassVar[int]
+    LASTUSED_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    modelId: str
+    state: InternalOpResponse.State
+    sizeBytes: int
+    lastUsed: int
+    since: int
+    def __init__(self, modelId: _Optional[str] = ..., state: _Optional[_Union[InternalOpResponse.State, str]] = ..., sizeBytes: _Optional[int] = ..., lastUsed: _Optional[int] = ..., since: _Optional[int] = ...) -> None: ...
 
 class InstanceStatsResponse(_message.Message):
-    __slots__ = ("instanceId", "requests", "hits", "misses", "loads", "loadFailures", "evictions", "capacityBytes", "usedBytes", "loadedModels", "leader", "modelsManagedTotal", "modelsLoadedTotal", "modelsWithFailureTotal")
+    __slots__ = ("instanceId", "requests", "hits", "misses", "loads", "loadFailures", "evictions", "capacityBytes", "usedBytes", "loadedModels", "leader", "modelsManagedTotal", "modelsLoadedTotal", "modelsWithFailureTotal", "copies", "copiesIncluded")
     INSTANCEID_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +81,8 @@ class InstanceStatsResponse(_message.Message):
     MODELSMANAGEDTOTAL_FIELD_NUMBER: _ClassVar[int]
     MODELSLOADEDTOTAL_FIELD_NUMBER: _ClassVar[int]
     MODELSWITHFAILURETOTAL_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
+    COPIESINCLUDED_FIELD_NUMBER: _ClassVar[int]
     instanceId: str
     requests: int
     hits: int
@@ -77,4 +97,6 @@ class InstanceStatsResponse(_message.Message):
     modelsManagedTotal: int
     modelsLoadedTotal: int
     modelsWithFailureTotal: int
-    def __init__(self, instanceId: _Optional[str] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., loads: _Optional[int] = ..., loadFailures: _Optional[int] = ..., evictions: _Optional[int] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., loadedModels: _Optional[_Iterable[str]] = ..., leader: bool = ..., modelsManagedTotal: _Optional[int] = ..., modelsLoadedTotal: _Optional[int] = ..., modelsWithFailureTotal: _Optional[int] = ...) -> None: ...
+    copies: _containers.RepeatedCompositeFieldContainer[CopyStats]
+    copiesIncluded: bool
+    def __init__(self, instanceId: _Optional[str] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., loads: _Optional[int] = ..., loadFailures: _Optional[int] = ..., evictions: _Optional[int] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., loadedModels: _Optional[_Iterable[str]] = ..., leader: bool = ..., modelsManagedTotal: _Optional[int] = ..., modelsLoadedTotal: _Optional[int] = ..., modelsWithFailureTotal: _Optional[int] = ..., copies: _Optional[_Iterable[_Union[CopyStats, _Mapping]]] = ..., copiesIncluded: bool = ...) -> None: ...

@@ -1,0 +1,201 @@
+"""KServe V2 over HTTP/REST (a thin transport over KServeCore, on the instance's event loop).
+
+Endpoints (KServe V2 REST protocol and its model-repository extension):
+
+    GET  /v2/health/live                      200 {"live": true}
+    GET  /v2/health/ready                     200 {"ready": true} | 503 while stopping
+    GET  /v2                                  200 {"name", "version", "extensions"}
+    GET  /v2/models/{name}[/versions/{v}]/ready   200 {"name", "ready": true} | 503 not loaded | 404 unknown
+    POST /v2/repository/index                 body {"ready": bool} optional;
+                                              200 [{"name", "version", "state", "reason"}]
+    POST /v2/repository/models/{name}/load    200 {} once loaded somewhere in the mesh
+    POST /v2/repository/models/{name}/unload  200 {} once every copy is unloaded
+
+Model metadata and inference over HTTP are not served (501): use gRPC for those. Errors are
+`{"error": "..."}` with the HTTP status matching the core error's gRPC status. Model names
+are path segments, percent-decoded (`%2F` for a `/` in an id). Versions are accepted and
+ignored: meshd models have none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from meshd.api.kserve_core import KServeCore
+from meshd.errors import MeshError
+from meshd.status import ModelStatus
+
+log = logging.getLogger(__name__)
+
+UPSTREAM_REST_PORT = 8008  # modelmesh-serving's REST proxy (kserve/rest-proxy) listens here
+MAX_BODY_BYTES = 1 << 20  # repository calls carry tiny bodies
+
+# gRPC status of a core error -> HTTP status (the mapping grpc-gateway and KServe's rest-proxy use).
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def http_status(code: grpc.StatusCode) -> int:
+    return HTTP_STATUS.get(code, 500)
+
+
+def error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+class KServeHttp:
+    def __init__(self, core: KServeCore) -> None:
+        self.core = core
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+        r = app.router
+        r.add_get("/v2/health/live", self.live)
+        r.add_get("/v2/health/ready", self.ready)
+        r.add_get("/v2", self.metadata)
+        r.add_get("/v2/models/{name}/ready", self.model_ready)
+        r.add_get("/v2/models/{name}/versions/{version}/ready", self.model_ready)
+        r.add_post("/v2/repository/index", self.index)
+        r.add_post("/v2/repository/models/{name}/load", self.load)
+        r.add_post("/v2/repository/models/{name}/unload", self.unload)
+        for path in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+            r.add_get(path, self.not_served)
+        for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
+            r.add_post(path, self.not_served)
+        return app
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": self.core.live()})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        if not self.core.ready():
+            return web.json_response({"ready": False, "error": "meshd is stopping"}, status=503)
+        return web.json_response({"ready": True})
+
+    async def metadata(self, request: web.Request) -> web.Response:
+        md = self.core.metadata()
+        return web.json_response({"name": md.name, "version": md.version, "extensions": list(md.extensions)})
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        h = request.headers
+        status = await self.core.model_status(name, h.get("mm-model-id", ""), h.get("mm-vmodel-id", ""))
+        if status == ModelStatus.NOT_FOUND:
+            return error(404, f"model {name!r} not found")
+        if status != ModelStatus.LOADED:
+            return web.json_response(
+                {"name": name, "ready": False, "error": f"model {name!r} is not loaded ({status.name})"}, status=503
+            )
+        return web.json_response({"name": name, "ready": True})
+
+    async def index(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        ready = body.get("ready", False)
+        if not isinstance(ready, bool):
+            return error(400, f"'ready' must be true or false, not {json.dumps(ready)}")
+        entries = await self.core.index(ready_only=ready)
+        return web.json_response(
+            [{"name": e.name, "version": e.version, "state": e.state, "reason": e.reason} for e in entries]
+        )
+
+    async def load(self, request: web.Request) -> web.Response:
+        await _json_body(request)  # parameters (Triton's config overrides) are not supported; the body must parse
+        await self.core.load(request.match_info["name"])
+        return web.json_response({})
+
+    async def unload(self, request: web.Request) -> web.Response:
+        await _json_body(request)
+        await self.core.unload(request.match_info["name"])
+        return web.json_response({})
+
+    async def not_served(self, request: web.Request) -> web.Response:
+        return error(501, f"{request.method} {request.path} is not served over HTTP by meshd; use gRPC")
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object body ({} when empty); 400 for anything else."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": f"malformed JSON body: {e}"}), content_type="application/json"
+        ) from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": f"the body must be a JSON object, not {type(body).__name__}"}),
+            content_type="application/json",
+        )
+    return body
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure as `{"error": ...}`: core errors with their mapped status, aiohttp's own
+    (404 no such endpoint, 405, 413) with theirs, anything else 500 with the reason logged."""
+    try:
+        return await handler(request)
+    except MeshError as e:
+        return error(http_status(e.code), e.message)
+    except web.HTTPException as e:
+        if e.content_type == "application/json" or e.status < 400:
+            raise
+        return error(e.status, e.reason if e.status != 404 else f"no endpoint {request.method} {request.path}")
+    except Exception as e:
+        log.exception("HTTP %s %s failed", request.method, request.path)
+        return error(500, f"{type(e).__name__}: {e}")
+
+
+class HttpServer:
+    """The REST endpoints on one TCP port; `stop()` closes it (idempotent)."""
+
+    def __init__(
+        self,
+        core: KServeCore,
+        host: str,
+        port: int,
+        shutdown_timeout_s: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.ssl_context = ssl_context
+        self.runner = web.AppRunner(
+            KServeHttp(core).app(), access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout_s
+        )
+        self.host = host
+        self.port = port
+
+    async def start(self) -> int:
+        """Listen; returns the bound port (OSError when it is taken)."""
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.host, self.port, ssl_context=self.ssl_context)
+        try:
+            await site.start()
+        except OSError as e:
+            await self.runner.cleanup()
+            raise OSError(e.errno, f"cannot listen for HTTP on {self.host}:{self.port}: {e.strerror}") from None
+        self.port = int(self.runner.addresses[0][1])
+        return self.port
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()

@@ -1,0 +1,153 @@
+"""The KServe V2 REST transport over the real core, with a fake mesh behind it: every route,
+status codes, and `{"error": ...}` bodies for each bad input."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from meshd.api.kserve_core import KServeCore
+from meshd.api.kserve_http import KServeHttp
+from meshd.errors import InvalidArgument, NotFound
+from meshd.status import NOT_FOUND, ModelStatus, StatusView
+
+
+class FakeMesh:
+    """Models by status; `load` makes a model LOADED unless it is in `broken`."""
+
+    def __init__(self) -> None:
+        self.models = {"loaded": ModelStatus.LOADED, "idle": ModelStatus.NOT_LOADED}
+        self.vmodels = {"vm": "loaded"}
+        self.broken = {"bad"}
+        self.directory = ["fresh", "loaded"]
+        self.serving = True
+
+    def status(self, name: str) -> StatusView:
+        if name in self.broken:
+            return StatusView(ModelStatus.LOADING_FAILED, ("inst-a: boom",))
+        return StatusView(self.models[name]) if name in self.models else NOT_FOUND
+
+    async def resolve(self, vmodel: str) -> str:
+        if vmodel not in self.vmodels:
+            raise NotFound(f"vmodel {vmodel!r} not found")
+        return self.vmodels[vmodel]
+
+    def model_ids(self) -> list[str]:
+        return [*self.models, *self.broken]
+
+    async def unregistered(self) -> list[str]:
+        return self.directory
+
+    async def load(self, name: str) -> StatusView:
+        if "/" in name:
+            raise InvalidArgument(f"model name {name!r} must be a single folder name")
+        if name in self.directory and name not in self.models:
+            self.models[name] = ModelStatus.NOT_LOADED
+        if name not in self.models and name not in self.broken:
+            raise NotFound(f"model {name!r} not found")
+        if name not in self.broken:
+            self.models[name] = ModelStatus.LOADED
+        return self.status(name)
+
+    async def unload(self, name: str) -> None:
+        if name not in self.models:
+            raise NotFound(f"model {name!r} not found")
+        self.models[name] = ModelStatus.NOT_LOADED
+
+
+@pytest.fixture
+def fake() -> FakeMesh:
+    return FakeMesh()
+
+
+@pytest.fixture
+async def client(fake: FakeMesh) -> AsyncIterator[TestClient[Any, Any]]:
+    core = KServeCore(fake.status, lambda: fake.serving, fake, fake.resolve)
+    async with TestClient(TestServer(KServeHttp(core).app())) as c:
+        yield c
+
+
+async def call(client: TestClient[Any, Any], method: str, path: str, **kw: Any) -> tuple[int, Any]:
+    resp = await client.request(method, path, **kw)
+    assert resp.content_type == "application/json", await resp.text()
+    return resp.status, await resp.json()
+
+
+async def test_health_and_metadata(client: TestClient[Any, Any], fake: FakeMesh) -> None:
+    assert await call(client, "GET", "/v2/health/live") == (200, {"live": True})
+    assert await call(client, "GET", "/v2/health/ready") == (200, {"ready": True})
+    status, body = await call(client, "GET", "/v2")
+    assert status == 200 and body["name"] == "meshd" and body["extensions"] == ["model_repository"]
+    fake.serving = False
+    assert await call(client, "GET", "/v2/health/ready") == (503, {"ready": False, "error": "meshd is stopping"})
+
+
+async def test_model_ready(client: TestClient[Any, Any]) -> None:
+    assert await call(client, "GET", "/v2/models/loaded/ready") == (200, {"name": "loaded", "ready": True})
+    assert await call(client, "GET", "/v2/models/loaded/versions/7/ready") == (200, {"name": "loaded", "ready": True})
+    assert await call(client, "GET", "/v2/models/vm/ready") == (200, {"name": "vm", "ready": True})
+    status, body = await call(client, "GET", "/v2/models/idle/ready")
+    assert status == 503 and body["ready"] is False and "NOT_LOADED" in body["error"]
+    assert await call(client, "GET", "/v2/models/nope/ready") == (404, {"error": "model 'nope' not found"})
+    # Headers route as on gRPC: mm-model-id wins over the path's name; an unknown vmodel is 404.
+    assert (await call(client, "GET", "/v2/models/nope/ready", headers={"mm-model-id": "loaded"}))[0] == 200
+    status, body = await call(client, "GET", "/v2/models/x/ready", headers={"mm-vmodel-id": "nov"})
+    assert (status, body) == (404, {"error": "vmodel 'nov' not found"})
+
+
+async def test_index(client: TestClient[Any, Any]) -> None:
+    status, body = await call(client, "POST", "/v2/repository/index")
+    assert status == 200
+    assert [(m["name"], m["state"]) for m in body] == [
+        ("bad", "UNAVAILABLE"),
+        ("idle", "UNAVAILABLE"),
+        ("loaded", "READY"),
+        ("fresh", ""),  # in the directory, not registered
+    ]
+    assert body[0]["reason"] == "inst-a: boom" and body[1]["reason"] == "not loaded"
+    status, body = await call(client, "POST", "/v2/repository/index", json={"ready": True})
+    assert status == 200 and [m["name"] for m in body] == ["loaded"]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [("{", "malformed JSON body"), ("[1]", "must be a JSON object"), ('{"ready": "yes"}', "'ready' must be true")],
+)
+async def test_index_bad_bodies(client: TestClient[Any, Any], data: str, message: str) -> None:
+    status, body = await call(client, "POST", "/v2/repository/index", data=data)
+    assert status == 400 and message in body["error"]
+
+
+async def test_load_and_unload(client: TestClient[Any, Any], fake: FakeMesh) -> None:
+    assert await call(client, "POST", "/v2/repository/models/idle/load") == (200, {})
+    assert fake.models["idle"] == ModelStatus.LOADED
+    assert await call(client, "POST", "/v2/repository/models/fresh/load", json={}) == (200, {})
+    assert await call(client, "POST", "/v2/repository/models/idle/unload") == (200, {})
+    assert fake.models["idle"] == ModelStatus.NOT_LOADED
+    status, body = await call(client, "POST", "/v2/repository/models/bad/load")
+    assert status == 500 and body["error"] == "failed to load 'bad': inst-a: boom"
+    assert (await call(client, "POST", "/v2/repository/models/nope/load"))[0] == 404
+    assert (await call(client, "POST", "/v2/repository/models/nope/unload"))[0] == 404
+    status, body = await call(client, "POST", "/v2/repository/models/..%2Fx/load")  # decoded: ../x
+    assert status == 400 and "single folder name" in body["error"]
+    assert (await call(client, "POST", "/v2/repository/models/idle/load", data="{"))[0] == 400
+
+
+async def test_unserved_and_unknown_endpoints_answer_json(client: TestClient[Any, Any]) -> None:
+    for method, path in [("GET", "/v2/models/loaded"), ("POST", "/v2/models/loaded/infer")]:
+        status, body = await call(client, method, path)
+        assert status == 501 and "use gRPC" in body["error"]
+    assert await call(client, "GET", "/v3/nothing") == (404, {"error": "no endpoint GET /v3/nothing"})
+    status, body = await call(client, "GET", "/v2/repository/index")
+    assert status == 405 and body["error"]
+
+
+async def test_without_the_repository_extension(fake: FakeMesh) -> None:
+    core = KServeCore(fake.status, lambda: True)
+    async with TestClient(TestServer(KServeHttp(core).app())) as c:
+        assert (await call(c, "GET", "/v2"))[1]["extensions"] == []
+        status, body = await call(c, "POST", "/v2/repository/index")
+        assert status == 501 and "not enabled" in body["error"]
