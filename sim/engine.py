@@ -27,6 +27,7 @@ import math
 import random
 from array import array
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from meshd.cache import CacheEntry, State, WeightedLRU
@@ -150,7 +151,21 @@ class _Instance:
 class Simulation:
     """One run of one policy over one workload on one fleet."""
 
-    def __init__(self, workload: Workload, fleet: Fleet, policy: Policy, warmup: int = 0) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        fleet: Fleet,
+        policy: Policy,
+        warmup: int = 0,
+        ingress: Sequence[int] | None = None,
+    ) -> None:
+        """`ingress`: the instance (index) each request arrives at; default uniformly random,
+        as a load balancer in front of the mesh spreads them. Given, it replays a real run."""
+        if ingress is not None and len(ingress) != len(workload.models):
+            raise ValueError(f"ingress names {len(ingress)} instances for {len(workload.models)} requests")
+        if ingress is not None and any(not 0 <= i < fleet.instances for i in ingress):
+            raise ValueError(f"ingress names an instance outside 0..{fleet.instances - 1}")
+        self.ingress = ingress
         self.workload = workload
         self.fleet = fleet
         self.policy = policy
@@ -208,7 +223,8 @@ class Simulation:
                     break
             if i == self.warmup:
                 self.counting = True
-            self._request(t, models[i], self.insts[ingress(k)])
+            at = ingress(k) if self.ingress is None else self.ingress[i]
+            self._request(t, models[i], self.insts[at])
         while events:  # let the last loads finish so their waiting requests are counted
             self._load_done(*heapq.heappop(events))
         return self._finish(start_ms, t)
@@ -444,6 +460,8 @@ class Simulation:
             self._start_load(self.by_id[target], m, t, used)
 
 
-def simulate(workload: Workload, fleet: Fleet, policy: Policy, warmup: int = 0) -> Result:
+def simulate(
+    workload: Workload, fleet: Fleet, policy: Policy, warmup: int = 0, ingress: Sequence[int] | None = None
+) -> Result:
     """Run `policy` over `workload` on `fleet`; the first `warmup` requests are not counted."""
-    return Simulation(workload, fleet, policy, warmup).run()
+    return Simulation(workload, fleet, policy, warmup, ingress).run()

@@ -31,6 +31,12 @@ RANDOM = Policy("random", random_placement=True)
 POLICIES = {p.name: p for p in (UPSTREAM, MESHD, RANDOM)}
 
 
+def as_configured(eviction: Eviction) -> Policy:
+    """What `meshd serve` runs with `MESHD_EVICTION=<eviction>`: the router always spreads
+    recent loads, so this is `upstream` plus the spread (LRU) or `meshd` (GDSF)."""
+    return Policy(f"meshd serve ({eviction.value})", eviction=eviction, spread_recent_loads=True)
+
+
 def parse_policies(text: str) -> list[Policy]:
     """`upstream,meshd` -> the policies; ValueError naming the unknown one."""
     out: list[Policy] = []
