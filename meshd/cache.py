@@ -92,8 +92,8 @@ class WeightedLRU:
         # entry's key changes; stale items (older keys, entries gone) are skipped when popped.
         self._heap: list[tuple[tuple[float, ...], int, str]] = []
         self._seq = 0
-        # GDSF: uses of recently evicted models (as many as the cache holds), so a model that
-        # comes back resumes its count instead of starting as a stranger.
+        # GDSF: uses of recently evicted models (at most GHOSTS_MIN, or GHOSTS_PER_ENTRY per
+        # cached model), so a model that comes back resumes its count instead of starting as a stranger.
         self._ghosts: dict[str, int] = {}
 
     # ---- reads ---------------------------------------------------------------------
@@ -188,8 +188,9 @@ class WeightedLRU:
         if entry is None or units == entry.units:
             return ()
         self.used_units += units - entry.units
+        old_cost = _cost_per_unit(entry)
         entry.units = units
-        entry.priority = self.inflation + entry.uses * _cost_per_unit(entry)
+        _recost(entry, old_cost)
         self._push(entry)
         victims = self._plan_eviction(-self.free_units, exclude=model_id, newer_than=None) or []
         for victim in victims:
@@ -204,8 +205,9 @@ class WeightedLRU:
         entry.state = state
         entry.since_ms = now_ms
         if load_ms is not None and load_ms > 0:
+            old_cost = _cost_per_unit(entry)
             entry.load_ms = load_ms
-            entry.priority = self.inflation + entry.uses * _cost_per_unit(entry)
+            _recost(entry, old_cost)
             self._push(entry)
         if state is State.FAILED:
             self.resize(model_id, 1)
@@ -284,6 +286,13 @@ class WeightedLRU:
         if len(self._heap) > 4 * len(self._entries) + 64:  # drop the stale items now and then
             self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
             heapq.heapify(self._heap)
+
+
+def _recost(entry: CacheEntry, old_cost: float) -> None:
+    """A better known size or load time changes the cost of the uses already counted; the
+    inflation part of the priority stays that of the entry's last use (re-basing on today's
+    L would age it without a use)."""
+    entry.priority += entry.uses * (_cost_per_unit(entry) - old_cost)
 
 
 def _cost_per_unit(entry: CacheEntry) -> float:

@@ -261,9 +261,7 @@ class LocalModels:
                 self._evict_all(self.cache.resize(model_id, to_units(predicted)))
             if not await self.registry.add_copy(model_id, self.instance_id, self.clock()):
                 raise NotFound(f"model {model_id!r} was unregistered")
-            load_started = self.clock()
             loaded = await self.queue.load(model_id, record.type, record.path, record.key)
-            load_ms = self.clock() - load_started  # GDSF's cost (any wait for a loading slot included)
             entry = self.cache.get(model_id)
             if entry is None:  # unregistered (or dropped) while loading
                 self._unload_later(model_id)
@@ -276,7 +274,9 @@ class LocalModels:
             if self.info.limit_model_concurrency and loaded.max_concurrency > 0:
                 bound = queue_bound(loaded.max_concurrency, self.max_queue_per_copy)
                 entry.gate = CopyGate(model_id, loaded.max_concurrency, bound)
-            self.cache.set_state(model_id, State.LOADED, self.clock(), load_ms)
+            # GDSF's cost of a reload: the runtime's load time, not the wait for a slot (that
+            # measures the moment's contention, not the model), on a monotonic clock.
+            self.cache.set_state(model_id, State.LOADED, self.clock(), loaded.load_ms)
             self.counters.loads += 1
             _resolve(fut, entry)
         except LoadFailed as e:

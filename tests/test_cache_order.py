@@ -13,7 +13,7 @@ ops = st.lists(
         st.integers(0, 7),  # model
         st.integers(1, 5),  # units / time step
     ),
-    max_size=60,
+    max_size=300,  # long enough for the heap to drop its stale items several times
 )
 
 
@@ -61,7 +61,9 @@ def test_heap_order_matches_a_full_sort(ops: list[tuple[str, int, int]], evictio
         elif op == "load" and entry is not None:
             cache.set_state(mid, State.LOADED, now, float(n * 100))
         elif op == "resize" and entry is not None:
-            cache.resize(mid, n)
+            needed = cache.used_units + n - entry.units - capacity
+            expected = sorted_plan(cache, needed, mid, None) or []  # none that covers it: run over
+            assert [e.model_id for e in cache.resize(mid, n)] == (expected if n != entry.units else [])
         elif op == "remove":
             cache.remove(mid)
         elif op == "busy" and entry is not None:

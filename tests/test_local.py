@@ -4,6 +4,7 @@ cannot reproduce on demand (each was found by review and confirmed before the fi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from meshd.kv.store import StoreError
 from meshd.kv.table import Table
 from meshd.local import LocalModels
 from meshd.registry import Registry
+from meshd.runtime.loader import LoadQueue
 from meshd.testing.fake_runtime import FakeRuntime, runtime_info
 
 
@@ -198,3 +200,19 @@ async def test_evicting_a_failed_entry_is_not_counted_as_an_eviction() -> None:
     finally:
         await r.local.close(deregister=False)
         await r.store.close()
+
+
+async def test_a_loads_cost_is_the_runtimes_time_not_its_wait_for_a_loading_slot() -> None:
+    """GDSF weighs copies by load time: a load that queued behind another must not look slow."""
+    runtime = FakeRuntime()
+    info = dataclasses.replace(runtime_info(), max_loading_concurrency=1)
+    queue = LoadQueue(runtime, info, lambda model_id: None)  # type: ignore[arg-type]
+    gate = runtime.hold("slow")
+    slow = asyncio.create_task(queue.load("slow", "demo", "/slow", ""))
+    await settle()
+    quick = asyncio.create_task(queue.load("quick", "demo", "/quick", ""))  # waits for the one slot
+    await asyncio.sleep(0.3)
+    gate.set()
+    slow_loaded, quick_loaded = await slow, await quick
+    assert slow_loaded.load_ms >= 250
+    assert quick_loaded.load_ms < slow_loaded.load_ms  # its 300 ms in the queue are not counted

@@ -14,9 +14,7 @@ from sim.workloads import Catalogue, Workload
 
 
 def tiny(times: list[int], models: list[int], n: int = 3, load_ms: float = 100.0) -> Workload:
-    cat = Catalogue(
-        ids=tuple(f"m{i}" for i in range(n)), units=(1,) * n, load_ms=(load_ms,) * n, service_ms=(1.0,) * n
-    )
+    cat = Catalogue(ids=tuple(f"m{i}" for i in range(n)), units=(1,) * n, load_ms=(load_ms,) * n, service_ms=(1.0,) * n)
     return Workload("tiny", cat, array("q", times), array("q", models))
 
 
