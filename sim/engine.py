@@ -168,6 +168,7 @@ _Done = tuple[float, int, "_Gate | None", int, int, int, bool, float]
 
 class _Instance:
     __slots__ = (
+        "answers",
         "blocked",
         "cache",
         "checked",
@@ -206,6 +207,7 @@ class _Instance:
         self.loads_since_publish = False
         self.checked: dict[str, int] = {}  # model -> served count at the last rate check
         self.inflight: dict[str, int] = {}  # Router.inflight: requests forwarded per peer, unanswered
+        self.answers: list[tuple[float, str]] = []  # (answered at, peer): ungated forwards being served
         self.gates: dict[int, _Gate] = {}  # loaded copies' gates (max_concurrency > 0)
         self.gate_sums: dict[str, QueueSample] = {}  # model -> its gate's sums at the last rate check
 
@@ -240,7 +242,7 @@ class Simulation:
         self.copies: list[dict[str, int]] = [{} for _ in cat.ids]  # model records: holder -> load start
         self.last_used: list[int] = [0] * len(cat.ids)
         self.events: list[tuple[int, int, int, int, float]] = []  # (done at, seq, instance, model, load ms)
-        self.done: list[_Done] = []  # requests being served (only those something waits on)
+        self.done: list[_Done] = []  # requests being served at gated copies
         self.seq = 0
         self.counting = warmup == 0
         self.result = Result(policy.name, workload.name, fleet.instances, fleet.capacity_units)
@@ -325,6 +327,9 @@ class Simulation:
         mid = self.ids[m]
         me = inst.instance_id
         inflight = inst.inflight
+        answers = inst.answers
+        while answers and answers[0][0] <= t:  # answers that came back by now
+            inflight[heapq.heappop(answers)[1]] -= 1
         for _ in range(MAX_ATTEMPTS):
             view = ClusterView(me, t, self.views)
             copies = self.copies[m]
@@ -348,7 +353,8 @@ class Simulation:
                     excluded.add(target)
                     busy += 1
                     if busy > MAX_BUSY_RETRIES:
-                        break
+                        self._failed(rejected=True)
+                        return
                     continue
                 if m in holder.waiters:  # loading there: wait for it
                     holder.waiters[m].append((arrival, inst.index, forwarded))
@@ -358,7 +364,8 @@ class Simulation:
                 excluded.add(target)
                 continue
             if busy:  # every copy is saturated: a new load would not answer in time
-                break
+                self._failed(rejected=True)
+                return
             target = self._load_target(view, m, frozenset(excluded))
             if target is None:
                 if me in excluded or not may_load_as_last_resort(view, frozenset(), frozenset()):
@@ -372,10 +379,13 @@ class Simulation:
                     inflight[target] = inflight.get(target, 0) + 1
                 return
             excluded.add(target)
+        self._failed(rejected=False)
+
+    def _failed(self, rejected: bool) -> None:
+        """No answer: UNAVAILABLE, or RESOURCE_EXHAUSTED (`rejected`) when copies were busy."""
         if self.counting:
             self.result.failed += 1
-            if busy:
-                self.result.rejected += 1
+            self.result.rejected += rejected
 
     def _serve(
         self, t: float, holder: _Instance, m: int, entry: CacheEntry, arrival: float, origin: int, forwarded: bool
@@ -405,14 +415,16 @@ class Simulation:
         when something waits on it (a gate slot, the origin's in-flight count)."""
         mean = self.service_ms[m]
         jitter = self.fleet.service_jitter
-        ms = mean * self.service_rng.lognormvariate(0.0, jitter) if mean > 0 and jitter else mean
+        ms = mean * math.exp(self.service_rng.gauss(0.0, jitter)) if mean > 0 and jitter else mean
         if self.counting:
             added = t - arrival + (self.fleet.hop_ms if fwd else 0.0)
             self._latency(added, added + ms)
         if ms > 0:
-            if gate is not None or fwd:
+            if gate is not None:
                 self.seq += 1
                 heapq.heappush(self.done, (t + ms, self.seq, gate, holder, m, origin, fwd, ms))
+            elif fwd:  # only the origin's in-flight count waits on it: settled when it next routes
+                heapq.heappush(self.insts[origin].answers, (t + ms, self.insts[holder].instance_id))
         elif gate is not None or fwd:
             self._complete(t, 0, gate, holder, m, origin, fwd, ms)
 

@@ -3,7 +3,6 @@ as meshd's gate does, and zero service time changes nothing."""
 
 from __future__ import annotations
 
-import heapq
 import random
 from array import array
 from dataclasses import replace
@@ -47,10 +46,11 @@ def test_in_flight_requests_steer_the_next_one_to_the_less_busy_copy() -> None:
     assert entry.inflight == {"i001": 1, "i002": 1}
     sim._request(t, 0, entry)
     assert entry.inflight == {"i001": 2, "i002": 1}
-    while sim.done:  # the answers come back after the service time
-        sim._complete(*heapq.heappop(sim.done))
-    assert entry.inflight == {"i001": 0, "i002": 0}
-    assert sim.insts[1].cache.get("m").served == 2 and sim.insts[2].cache.get("m").served == 1
+    sim._request(t + 999, 0, entry)  # nothing answered yet: i002 has fewer in flight
+    assert entry.inflight == {"i001": 2, "i002": 2}
+    sim._request(t + 1000, 0, entry)  # the first three answered (1 s each), not the fourth: i001
+    assert entry.inflight == {"i001": 1, "i002": 1}
+    assert [sim.insts[i].cache.get("m").served for i in (1, 2)] == [3, 2]
 
 
 def test_a_concurrency_limit_queues_first_come_first_served() -> None:
