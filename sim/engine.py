@@ -23,7 +23,11 @@ Requests take their model's mean service time (`Catalogue.service_ms`) times a l
 jitter (`Fleet.service_jitter`), and occupy the copy meanwhile. Added latency is what meshd
 adds (waits for loads and for a gate slot, peer hops); total latency adds the service time.
 A request that takes no time (mean 0, or `Fleet.service_time` off) completes at once, with no
-completion event: the engine then gives the results it gave before service time existed.
+completion event, so zero service time gives exactly the results of `service_time` off. (The
+engine before service time also ignored the in-flight counts of requests forwarded to a
+peer that is loading the model; counting them, as the router does, can break ties between
+copies differently.) A forward served by an ungated copy needs no completion event either:
+the origin settles its in-flight count from its `answers` heap when it next routes.
 
 What is simplified, on purpose: peers never fail; a load never fails or times out; model
 records change at once (etcd writes take milliseconds, far below anything measured here); a

@@ -111,3 +111,16 @@ def test_zero_service_time_gives_the_results_of_no_service_time() -> None:
         assert simulate(wl_instant, replace(fleet, max_concurrency=1), policy, warmup=500) == off
         on = simulate(wl_timed, fleet, policy, warmup=500)
         assert on.total_p99_ms > on.added_p99_ms and off.total_p99_ms == off.added_p99_ms
+
+
+def test_a_queueing_copy_gets_more_copies_from_the_scaler() -> None:
+    # 20 requests/s at a copy serving one at a time for 100 ms: it queues. The scaler's gated
+    # rate (at most 600/min per copy, copies added above 90 % of it) asks for more copies;
+    # without the gate the same 1200/min stays under the configured 2000 and one copy serves.
+    wl = trace(list(range(0, 60_000, 50)), one_model(100.0))
+    fleet = Fleet(3, 100, service_jitter=0.0)
+    alone = simulate(wl, fleet, UPSTREAM)
+    assert (alone.loads, alone.queued, alone.failed) == (1, 0, 0)
+    gated = simulate(wl, replace(fleet, max_concurrency=1), UPSTREAM)
+    assert gated.loads == 3 and gated.queued > 0
+    assert gated.total_p99_ms > alone.total_p99_ms
