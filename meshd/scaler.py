@@ -32,7 +32,7 @@ class ScalerConfig:
     interval_ms: int = scaling.RATE_CHECK_INTERVAL_MS
     threshold_rpm: int = scaling.DEFAULT_SCALE_UP_RPM_THRESHOLD
     idle_ms: int | None = None  # None: upstream's min(10 h, 10 % of the cache age)
-    bandwidth_pct: int = 90  # MM_CONC_SCALEUP_BANDWIDTH_PCT (copies with concurrency limits)
+    bandwidth_pct: int = scaling.DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT  # copies with concurrency limits
 
 
 class Scaler:
@@ -66,16 +66,13 @@ class Scaler:
             if entry.state is not State.LOADED:
                 continue
             served_now[entry.model_id] = entry.served
-            threshold = self.config.threshold_rpm
-            saturated = False
+            sample: QueueSample | None = None
             if entry.gate is not None:
                 g = entry.gate
                 sums = gates_now[entry.model_id] = QueueSample(
                     g.limit, g.completed, g.service_ms, g.queued_requests, g.queue_ms
                 )
                 sample = sums.since(self._gates.get(entry.model_id))
-                threshold = scaling.load_threshold_rpm(threshold, sample, self.config.bandwidth_pct)
-                saturated = scaling.saturated(sample)
             record = self.registry.get(entry.model_id)
             if record is None:
                 continue
@@ -85,8 +82,7 @@ class Scaler:
                 policy = scaling.DEFAULT_POLICY
             holders = {i: t for i, t in record.instance_ids.items() if i == view.self_id or view.live(i)}
             rpm = (entry.served - self._served.get(entry.model_id, entry.served)) * 60_000 // self.config.interval_ms
-            if saturated:  # queueing as long as serving: at capacity, whatever the estimate says
-                rpm = max(rpm, threshold)
+            rpm, threshold = scaling.gated_rate(rpm, self.config.threshold_rpm, sample, self.config.bandwidth_pct)
             try:  # one model's failure must neither stop the others nor skew the next rates
                 await self._apply(
                     view, entry.model_id, policy, holders, rpm, threshold, entry.last_used_ms, entry.prior_use_ms

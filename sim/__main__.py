@@ -4,6 +4,7 @@
     python -m sim --preset zipf --policies upstream,meshd --capacities 0.05,0.1,0.2
     python -m sim --trace requests.csv --instances 3  # replay (format: sim/workloads.py)
     python -m sim --preset zipf --compare-libcachesim  # one cache: meshd vs libCacheSim's algorithms
+    python -m sim --preset bursts --max-concurrency 4  # copies serve 4 at a time, the rest queue
 
 Prints markdown tables and writes them, with PNG plots (when matplotlib is installed), to
 --out (default results/). Bad arguments end with a one-line error and exit status 2.
@@ -63,6 +64,33 @@ def _positive_float(text: str) -> float:
     return x
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
+    return n
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= x < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return x
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sim", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -78,6 +106,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=_positive_float, default=10.0, help="requests per second (virtual)")
     p.add_argument("--alpha", type=_positive_float, default=1.0, help="Zipf exponent of popularity")
     p.add_argument("--size-sigma", type=float, default=0.5, help="log-normal sigma of model sizes (0: equal)")
+    p.add_argument(
+        "--service-ms",
+        type=_non_negative_float,
+        default=w.DEFAULT_SERVICE_MS,
+        help="presets: median of the models' mean service times (traces: their latency_ms column)",
+    )
+    p.add_argument(
+        "--service-jitter", type=_non_negative_float, default=0.5, help="log-normal sigma per request (0: the mean)"
+    )
+    p.add_argument("--no-service-time", action="store_true", help="requests take no time on the runtime")
+    p.add_argument(
+        "--max-concurrency", type=_non_negative_int, default=0, help="requests a copy serves at once (0: unlimited)"
+    )
+    p.add_argument(
+        "--max-queue", type=_whole, default=0, help="requests that may wait per limited copy (0: auto, <0: unbounded)"
+    )
     p.add_argument("--warmup", type=float, default=0.2, help="share of requests not counted (cache filling)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("results"))
@@ -105,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         except w.TraceError as e:
             p.error(str(e))
     else:
-        cat = w.catalogue(args.models, random.Random(args.seed), size_sigma=args.size_sigma)
+        cat = w.catalogue(args.models, random.Random(args.seed), size_sigma=args.size_sigma, service_ms=args.service_ms)
         names = list(PRESETS) if args.preset == "all" else [args.preset]
         workloads = [PRESETS[n](cat, args.requests, args.alpha, args.rate, args.seed) for n in names]
     try:
@@ -128,6 +172,10 @@ def run_workload(wl: w.Workload, args: argparse.Namespace, policies: list[Policy
             max(1, int(total * share / args.instances)),
             loading_threads=args.loading_threads,
             seed=args.seed,
+            service_time=not args.no_service_time,
+            service_jitter=args.service_jitter,
+            max_concurrency=args.max_concurrency,
+            max_queue=args.max_queue,
         )
         for policy in policies:
             rows.append((wl.name, share, simulate(wl, fleet, policy, warmup)))

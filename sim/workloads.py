@@ -2,7 +2,9 @@
 
 A `Workload` is a catalogue of models (size, mean load time, mean service time) and a
 trace: request times (ms from the start, non-decreasing) with the model each one names.
-Generators are deterministic for a seed and use only `random`.
+Generators are deterministic for a seed and use only `random`. Synthetic catalogues give
+each model a mean service time log-normal around 10 ms (sigma 0.5: most between 4 and 27 ms,
+typical of small CPU models; the engine adds per-request jitter).
 
 Synthetic workloads (all over a Zipf(alpha) popularity of the catalogue):
 - `zipf`: independent requests (the independent reference model), Poisson arrivals.
@@ -14,7 +16,8 @@ Synthetic workloads (all over a Zipf(alpha) popularity of the catalogue):
 CSV trace format (`read_csv`): one request per line, `timestamp,model_id[,size_bytes[,latency_ms]]`.
 `timestamp` is in seconds (a float, any origin; lines need not be sorted); `size_bytes` is the
 model's memory size (the first non-empty value for a model counts; default `default_size_bytes`);
-`latency_ms` is the request's service time (averaged per model; default 10 ms). A first line
+`latency_ms` is the request's time on the runtime, which the simulator uses as service time
+(averaged per model; default 10 ms; load times come from the size). A first line
 whose timestamp is not a number is taken as a header. Blank lines and lines starting with `#`
 are skipped.
 """
@@ -35,7 +38,8 @@ from meshd.cache import to_units
 
 MIB = 1 << 20
 DEFAULT_SIZE_BYTES = 64 * MIB
-DEFAULT_SERVICE_MS = 10.0
+DEFAULT_SERVICE_MS = 10.0  # median of the models' mean service times (and a trace's default)
+DEFAULT_SERVICE_SIGMA = 0.5
 # Load time = fixed start-up + bytes at a read/initialise rate (typical of model servers on local disk).
 LOAD_FIXED_MS = 500.0
 LOAD_MS_PER_MIB = 5.0  # ~200 MiB/s
@@ -81,14 +85,24 @@ def load_ms_for(size_bytes: int) -> float:
     return LOAD_FIXED_MS + LOAD_MS_PER_MIB * size_bytes / MIB
 
 
-def catalogue(n: int, rng: random.Random, size_mib: float = 64.0, size_sigma: float = 0.0) -> Catalogue:
-    """`n` models with log-normal sizes (median `size_mib`; sigma 0: all the same size)."""
+def catalogue(
+    n: int,
+    rng: random.Random,
+    size_mib: float = 64.0,
+    size_sigma: float = 0.0,
+    service_ms: float = DEFAULT_SERVICE_MS,
+    service_sigma: float = DEFAULT_SERVICE_SIGMA,
+) -> Catalogue:
+    """`n` models with log-normal sizes (median `size_mib`; sigma 0: all the same size) and
+    log-normal mean service times (median `service_ms`; 0: requests take no time)."""
     sizes = [int(size_mib * MIB * (math.exp(rng.gauss(0, size_sigma)) if size_sigma else 1.0)) for _ in range(n)]
+    # Drawn after the sizes, so a seed gives the same sizes whatever the service times.
+    service = [service_ms * (math.exp(rng.gauss(0, service_sigma)) if service_sigma else 1.0) for _ in range(n)]
     return Catalogue(
         ids=tuple(f"m{i:05d}" for i in range(n)),
         units=tuple(to_units(s) for s in sizes),
         load_ms=tuple(load_ms_for(s) for s in sizes),
-        service_ms=(DEFAULT_SERVICE_MS,) * n,
+        service_ms=tuple(service),
     )
 
 

@@ -35,6 +35,9 @@ SCALE_UP_MIN_FREE_RATIO = 0.10
 SCALE_UP_MIN_GLOBAL_LRU_AGE_MS = 20 * 3_600_000
 # ModelMesh DEFAULT_SCALEUP_RPM / MM_SCALEUP_RPM_THRESHOLD: per-copy rate above which copies are added.
 DEFAULT_SCALE_UP_RPM_THRESHOLD = 2000
+# ModelMesh MM_CONC_SCALEUP_BANDWIDTH_PCT: a concurrency-limited copy asks for more copies above
+# this share of its estimated capacity.
+DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT = 90
 # ModelMesh scale-up: at most max(2, instances/3) copies added per step.
 SCALE_UP_MIN_STEP = 2
 SCALE_UP_STEP_DIVISOR = 3
@@ -229,6 +232,16 @@ def load_threshold_rpm(configured_rpm: int, sample: QueueSample | None, bandwidt
         return configured_rpm
     estimate = latency_threshold_rpm(sample, bandwidth_pct)
     return configured_rpm if estimate is None else estimate
+
+
+def gated_rate(rpm: int, configured_rpm: int, sample: QueueSample | None, bandwidth_pct: int) -> tuple[int, int]:
+    """The (rate, threshold) copy scaling compares for one copy: the threshold from
+    `load_threshold_rpm`; a `saturated` copy counts as at least at the threshold, whatever
+    its rate (queue delay feeds the decision). `sample`: None for a copy without a gate."""
+    threshold = load_threshold_rpm(configured_rpm, sample, bandwidth_pct)
+    if sample is not None and saturated(sample):
+        rpm = max(rpm, threshold)
+    return rpm, threshold
 
 
 # ---- scale-down -----------------------------------------------------------------------------

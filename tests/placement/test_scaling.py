@@ -295,6 +295,16 @@ def test_queue_pressure_adds_a_copy_through_the_load_rule() -> None:
     assert extra_copies_for_load(max(rpm, threshold), 1, threshold, candidates=2, instances_total=3) == 1
 
 
+def test_gated_rate_is_the_scalers_rate_and_threshold() -> None:
+    from meshd.placement.scaling import QueueSample, gated_rate
+
+    assert gated_rate(500, 2000, None, 90) == (500, 2000)  # no gate: as configured
+    calm = QueueSample(2, 50, 5000.0, 0, 0.0)
+    assert gated_rate(500, 2000, calm, 90) == (500, 1080)  # latency mode: 90 % of 1200 rpm
+    queueing = QueueSample(1, 10, 10_000.0, 10, 20_000.0)  # waits twice as long as it runs
+    assert gated_rate(30, 2000, queueing, 90) == (54, 54)  # at capacity whatever the rate
+
+
 def test_queue_samples_subtract_and_survive_a_reload() -> None:
     from meshd.placement.scaling import QueueSample
 

@@ -17,6 +17,8 @@ def test_tiny_run_writes_table_and_replays_a_trace(tmp_path: Path, capsys: pytes
     assert main([*args, "--capacities", "0.2,0.4", "--out", str(out), "--compare-libcachesim"]) == 0
     text = (out / "bursts.md").read_text()
     assert "| bursts | 20% | upstream |" in text and "| bursts | 40% | meshd |" in text
+    assert "total p99 ms" in text
+    assert main([*args, "--max-concurrency", "1", "--service-ms", "50", "--out", str(out), "--no-plots"]) == 0
     assert "meshd GDSF" in text and "Belady (own)" in text
     trace = tmp_path / "t.csv"
     trace.write_text("".join(f"{i * 0.5},m{i % 7},{(1 + i % 3) << 20},5\n" for i in range(300)))
@@ -31,6 +33,9 @@ def test_tiny_run_writes_table_and_replays_a_trace(tmp_path: Path, capsys: pytes
         (["--capacities", "0"], "capacities are shares of the catalogue"),
         (["--requests", "many"], "expected a whole number"),
         (["--trace", "/nonexistent/t.csv"], "cannot read /nonexistent/t.csv"),
+        (["--max-concurrency", "-1"], "must be 0 or more"),
+        (["--service-ms", "nan"], "must be 0 or more"),
+        (["--max-queue", "2.5"], "expected a whole number"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(argv: list[str], message: str) -> None:
