@@ -13,6 +13,7 @@ Prints markdown tables and writes them, with PNG plots (when matplotlib is insta
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
 import time
@@ -64,6 +65,22 @@ def _positive_float(text: str) -> float:
     return x
 
 
+def _bounded(low: float, high: float, flag: str, include_low: bool = False) -> Callable[[str], float]:
+    """A number in (low, high] (or [low, high]): beyond, sizes or popularity overflow into nonsense."""
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(x) and (low <= x if include_low else low < x) and x <= high):
+            opening = "[" if include_low else "("
+            raise argparse.ArgumentTypeError(f"{flag} must be in {opening}{low:g}, {high:g}], got {text!r}")
+        return x
+
+    return parse
+
+
 def _non_negative_int(text: str) -> int:
     try:
         n = int(text)
@@ -104,8 +121,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", type=_positive_int, default=2000)
     p.add_argument("--requests", type=_positive_int, default=50_000)
     p.add_argument("--rate", type=_positive_float, default=10.0, help="requests per second (virtual)")
-    p.add_argument("--alpha", type=_positive_float, default=1.0, help="Zipf exponent of popularity")
-    p.add_argument("--size-sigma", type=float, default=0.5, help="log-normal sigma of model sizes (0: equal)")
+    p.add_argument(
+        "--alpha", type=_bounded(0.0, 10.0, "--alpha"), default=1.0, help="Zipf exponent of popularity (0, 10]"
+    )
+    p.add_argument(
+        "--size-sigma",
+        type=_bounded(0.0, 3.0, "--size-sigma", include_low=True),
+        default=0.5,
+        help="log-normal sigma of model sizes, 0-3 (0: equal)",
+    )
     p.add_argument(
         "--service-ms",
         type=_non_negative_float,

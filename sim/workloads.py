@@ -45,6 +45,10 @@ LOAD_FIXED_MS = 500.0
 LOAD_MS_PER_MIB = 5.0  # ~200 MiB/s
 
 
+MAX_SPAN_S = 366 * 86400  # a replay longer than a year is more likely timestamps in ms than a trace
+MAX_SIZE_BYTES = 1 << 50
+
+
 class TraceError(ValueError):
     """A trace file that cannot be read (the message names the line)."""
 
@@ -75,10 +79,6 @@ class Workload:
 
     def __len__(self) -> int:
         return len(self.models)
-
-    @property
-    def duration_ms(self) -> int:
-        return self.times_ms[-1] - self.times_ms[0] if len(self.times_ms) else 0
 
 
 def load_ms_for(size_bytes: int) -> float:
@@ -253,16 +253,18 @@ def read_csv(path: Path, default_size_bytes: int = DEFAULT_SIZE_BYTES) -> Worklo
     rows: list[tuple[float, str]] = []
     sizes: dict[str, int] = {}
     latency: dict[str, list[float]] = {}
+    first_data_line = True
     try:
-        with path.open(newline="") as f:
-            for lineno, row in enumerate(csv.reader(f), 1):
+        with path.open(newline="", encoding="utf-8") as f:
+            for lineno, row in enumerate(csv.reader(f, strict=True), 1):
                 if not row or not row[0].strip() or row[0].lstrip().startswith("#"):
                     continue
+                header, first_data_line = first_data_line, False
                 try:
                     ts = float(row[0])
                 except ValueError:
-                    if lineno == 1:
-                        continue  # a header
+                    if header:
+                        continue  # a header (comment lines may come before it)
                     raise TraceError(f"{path}:{lineno}: timestamp {row[0]!r} is not a number") from None
                 if len(row) < 2 or not row[1].strip():
                     raise TraceError(f"{path}:{lineno}: missing model id")
@@ -271,14 +273,26 @@ def read_csv(path: Path, default_size_bytes: int = DEFAULT_SIZE_BYTES) -> Worklo
                 mid = row[1].strip()
                 rows.append((ts, mid))
                 if len(row) > 2 and row[2].strip() and mid not in sizes:
-                    sizes[mid] = int(_positive(row[2], path, lineno, "size_bytes"))
+                    size = _positive(row[2], path, lineno, "size_bytes")
+                    if size > MAX_SIZE_BYTES:
+                        raise TraceError(f"{path}:{lineno}: size_bytes {row[2]!r} is over 1 PiB")
+                    sizes[mid] = int(size)
                 if len(row) > 3 and row[3].strip():
                     latency.setdefault(mid, []).append(_positive(row[3], path, lineno, "latency_ms"))
     except OSError as e:
         raise TraceError(f"cannot read {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise TraceError(f"{path}: not CSV: {e}") from None
     if not rows:
         raise TraceError(f"{path}: no requests")
     rows.sort(key=lambda r: r[0])
+    span_s = rows[-1][0] - rows[0][0]
+    if span_s > MAX_SPAN_S:
+        raise TraceError(
+            f"{path}: the trace spans {span_s / 86400:.0f} days; at most {MAX_SPAN_S // 86400} (timestamps are seconds)"
+        )
     index: dict[str, int] = {}
     for _, mid in rows:
         index.setdefault(mid, len(index))

@@ -36,6 +36,10 @@ def test_tiny_run_writes_table_and_replays_a_trace(tmp_path: Path, capsys: pytes
         (["--max-concurrency", "-1"], "must be 0 or more"),
         (["--service-ms", "nan"], "must be 0 or more"),
         (["--max-queue", "2.5"], "expected a whole number"),
+        (["--alpha", "1000"], "--alpha must be in (0, 10]"),
+        (["--alpha", "inf"], "--alpha must be in (0, 10]"),
+        (["--size-sigma", "nan"], "--size-sigma must be in [0, 3]"),
+        (["--size-sigma", "50"], "--size-sigma must be in [0, 3]"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(argv: list[str], message: str) -> None:
