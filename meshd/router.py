@@ -48,8 +48,14 @@ from meshd.local import LocalModels
 from meshd.metrics import NO_METRICS, Metrics
 from meshd.peers import PeerChannel, Peers, RawCalls
 from meshd.placement.constraints import TypeConstraints
-from meshd.placement.rank import LoadRequest, RecentPlacements, choose_load_target, may_load_as_last_resort
-from meshd.placement.serving import choose_copy
+from meshd.placement.rank import (
+    LoadRequest,
+    RecentPlacements,
+    background_load_used_ms,
+    choose_load_target,
+    load_here_as_last_resort,
+)
+from meshd.placement.serving import MAX_ATTEMPTS, MAX_BUSY_RETRIES, choose_copy
 from meshd.placement.view import ClusterView
 from meshd.proxy.headers import Metadata, RequestIds, runtime_metadata
 from meshd.proxy.methods import MethodSpec
@@ -61,9 +67,7 @@ from meshd.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 8  # upstream's routing iterations per request (SPEC §6)
 MAX_RECENT_FAILURES = 3  # upstream gives up loading after 3 recent failures (SPEC §6)
-MAX_BUSY_RETRIES = 2  # upstream retries RESOURCE_EXHAUSTED at most twice, on other copies
 PLACE_TIMEOUT_S = 10.0
 
 # Internal metadata, only ever read on the internal port (the external one strips meshd-*).
@@ -165,7 +169,7 @@ class Router:
         target = self._load_target(view, model_id, record, exclude | holders | failed, prefer_self=False)
         if target is None:
             return None
-        used = min(last_used_ms or record.last_used or view.now_ms, view.now_ms)
+        used = background_load_used_ms(last_used_ms, record.last_used, view.now_ms)
         if target == self.self_id:
             self.local.start_load(model_id, record, used)
             return target
@@ -322,8 +326,8 @@ class Router:
                 target = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
                 mode = "load"
                 if target is None:
-                    if self.self_id in excluded or not may_load_as_last_resort(
-                        view, self.labels, self.constraints.for_type(record.type)[0]
+                    if not load_here_as_last_resort(
+                        view, excluded, self.labels, self.constraints.for_type(record.type)[0]
                     ):
                         break
                     target = self.self_id  # nothing better known (alone, or records not yet seen)

@@ -81,7 +81,9 @@ class Scaler:
             except ValueError:
                 policy = scaling.DEFAULT_POLICY
             holders = {i: t for i, t in record.instance_ids.items() if i == view.self_id or view.live(i)}
-            rpm = (entry.served - self._served.get(entry.model_id, entry.served)) * 60_000 // self.config.interval_ms
+            rpm = scaling.copy_rpm(
+                entry.served, self._served.get(entry.model_id, entry.served), self.config.interval_ms
+            )
             rpm, threshold = scaling.gated_rate(rpm, self.config.threshold_rpm, sample, self.config.bandwidth_pct)
             try:  # one model's failure must neither stop the others nor skew the next rates
                 await self._apply(

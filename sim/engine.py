@@ -55,9 +55,10 @@ from meshd.placement.rank import (
     DEFAULT_LOADING_TIMEOUT_MS,
     LoadRequest,
     RecentPlacements,
+    background_load_used_ms,
     choose_load_target,
     eligible,
-    may_load_as_last_resort,
+    load_here_as_last_resort,
 )
 from meshd.placement.scaling import (
     DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT,
@@ -65,12 +66,12 @@ from meshd.placement.scaling import (
     DEFAULT_SCALE_UP_RPM_THRESHOLD,
     RATE_CHECK_INTERVAL_MS,
     QueueSample,
+    copy_rpm,
     decide_copies,
     gated_rate,
 )
-from meshd.placement.serving import assume_loaded_ms, choose_copy
+from meshd.placement.serving import MAX_ATTEMPTS, MAX_BUSY_RETRIES, assume_loaded_ms, choose_copy
 from meshd.placement.view import ClusterView, InstanceView
-from meshd.router import MAX_ATTEMPTS, MAX_BUSY_RETRIES
 from sim.policies import Policy
 from sim.workloads import Workload
 
@@ -394,7 +395,7 @@ class Simulation:
                 return
             target = self._load_target(view, m, frozenset(excluded))
             if target is None:
-                if me in excluded or not may_load_as_last_resort(view, frozenset(), frozenset()):
+                if not load_here_as_last_resort(view, excluded, frozenset(), frozenset()):
                     break
                 target = me
             holder = self.by_id[target]
@@ -609,7 +610,7 @@ class Simulation:
                     continue
                 mid = entry.model_id
                 checked[mid] = entry.served
-                rpm = (entry.served - inst.checked.get(mid, entry.served)) * 60_000 // interval
+                rpm = copy_rpm(entry.served, inst.checked.get(mid, entry.served), interval)
                 m = self.index[mid]
                 threshold = self.fleet.scaleup_rpm_threshold
                 gate = inst.gates.get(m)
@@ -641,7 +642,7 @@ class Simulation:
     def _add_copies(self, view: ClusterView, m: int, count: int, t: int) -> None:
         """Router.place, `count` times: background loads dated at the model's last use."""
         placed: set[str] = set()
-        used = min(self.last_used[m] or t, t)
+        used = background_load_used_ms(None, self.last_used[m], t)  # the record's last use
         for _ in range(count):
             exclude = frozenset(placed | set(self.copies[m]))
             target = self._load_target(view, m, exclude)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from meshd.placement.serving import assume_loaded_ms
@@ -315,6 +316,21 @@ def may_load_as_last_resort(view: ClusterView, own_labels: frozenset[str], requi
     if me is None:
         return required <= own_labels
     return not me.shutdown and required <= me.labels
+
+
+def load_here_as_last_resort(
+    view: ClusterView, excluded: AbstractSet[str], own_labels: frozenset[str], required: frozenset[str]
+) -> bool:
+    """Placement found no instance: whether the request's own instance loads it anyway (not
+    when it was already tried for this request, or may not load it at all)."""
+    return view.self_id not in excluded and may_load_as_last_resort(view, own_labels, required)
+
+
+def background_load_used_ms(requested_ms: int | None, record_last_used_ms: int, now_ms: int) -> int:
+    """The last-used time a background load (a new copy) is admitted at: the one asked for,
+    else the model's record's, never in the future. A copy dated at the model's real last
+    use evicts only what is older, not whatever happens to be loaded."""
+    return min(requested_ms or record_last_used_ms or now_ms, now_ms)
 
 
 def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) -> str | None:

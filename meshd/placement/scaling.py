@@ -234,6 +234,11 @@ def load_threshold_rpm(configured_rpm: int, sample: QueueSample | None, bandwidt
     return configured_rpm if estimate is None else estimate
 
 
+def copy_rpm(served_now: int, served_at_last_check: int, interval_ms: int) -> int:
+    """A copy's requests per minute over the last rate-check interval."""
+    return (served_now - served_at_last_check) * 60_000 // interval_ms
+
+
 def gated_rate(rpm: int, configured_rpm: int, sample: QueueSample | None, bandwidth_pct: int) -> tuple[int, int]:
     """The (rate, threshold) copy scaling compares for one copy: the threshold from
     `load_threshold_rpm`; a `saturated` copy counts as at least at the threshold, whatever

@@ -338,3 +338,11 @@ def test_decide_copies_follows_the_rules_in_order() -> None:
     assert decide({"me": NOW}, ModelPolicy(), 0) == (0, False)  # idle single copy: kept
     # Above max copies the worst holder drops: equal instances, so the greatest id ("me").
     assert decide({"me": NOW, "b": NOW}, ModelPolicy(max_copies=1), 0) == (0, True)
+
+
+def test_copy_rpm_is_the_last_intervals_requests_per_minute() -> None:
+    from meshd.placement.scaling import copy_rpm
+
+    assert copy_rpm(150, 50, 10_000) == 600  # 100 requests in 10 s
+    assert copy_rpm(50, 50, 10_000) == 0
+    assert copy_rpm(7, 0, 60_000) == 7
