@@ -34,7 +34,15 @@ records change at once (etcd writes take milliseconds, far below anything measur
 request waiting for room that the cache then refuses for good, or that waits longer than the
 load timeout, counts as failed instead of being rerouted; a request never times out in a
 gate's queue; an evicted copy finishes the requests it holds (as the daemon's unload waits
-for them) but takes no new ones.
+for them) but takes no new ones. Also, where the engine knows more than the daemon or acts
+on a coarser grid:
+- sizes are known up front: placement and admission use a model's real size, where the
+  daemon uses the size hint (or the runtime's default) until the runtime reports it;
+- records are published on a fixed grid of `Fleet.publish_ms` (2 s); the daemon checks every
+  0.5 s and publishes at least 2 s apart, so a change can reach placement up to 1.5 s later here;
+- a load waiting for room is retried with the model's last request anywhere; the daemon
+  retries with the newest request that joined that load on that instance;
+- the leader's preload of recently used models into free room, and the janitor, do not run.
 """
 
 from __future__ import annotations
@@ -177,6 +185,7 @@ class _Instance:
         "answers",
         "blocked",
         "cache",
+        "changed_since_publish",
         "checked",
         "gate_sums",
         "gates",
@@ -185,7 +194,6 @@ class _Instance:
         "inflight",
         "instance_id",
         "loading",
-        "loads_since_publish",
         "placed",
         "queue",
         "record",
@@ -210,7 +218,7 @@ class _Instance:
         self.placed = RecentPlacements()
         self.record: InstanceRecord | None = None
         self.record_ms = 0
-        self.loads_since_publish = False
+        self.changed_since_publish = False
         self.checked: dict[str, int] = {}  # model -> served count at the last rate check
         self.inflight: dict[str, int] = {}  # Router.inflight: requests forwarded per peer, unanswered
         self.answers: list[tuple[float, str]] = []  # (answered at, peer): ungated forwards being served
@@ -521,6 +529,8 @@ class Simulation:
         return False
 
     def _admitted(self, inst: _Instance, m: int, t: int, evicted: tuple[CacheEntry, ...]) -> None:
+        if evicted:
+            inst.changed_since_publish = True  # LocalModels.on_change: evictions publish soon too
         for victim in evicted:
             v = self.index[victim.model_id]
             self.copies[v].pop(inst.instance_id, None)
@@ -548,7 +558,7 @@ class Simulation:
         waiters = inst.waiters.pop(m, [])
         if entry is not None:
             inst.cache.set_state(mid, State.LOADED, t, ms)
-            inst.loads_since_publish = True
+            inst.changed_since_publish = True
             if self.gated:  # LocalModels: the runtime's maxConcurrency gives the copy a gate
                 inst.gates[m] = _Gate(i, m, self.fleet.max_concurrency, self.gate_bound)
             if self.counting:
@@ -590,8 +600,8 @@ class Simulation:
         for inst in self.insts:
             rpm = inst.rpm.rpm(inst.served, t)
             record = instance_record(inst.identity, inst.cache, self.fleet.loading_threads, inst.loading, rpm, False, t)
-            if force or publish_due(inst.record, record, inst.record_ms, t, inst.loads_since_publish):
-                inst.record, inst.record_ms, inst.loads_since_publish = record, t, False
+            if force or publish_due(inst.record, record, inst.record_ms, t, inst.changed_since_publish):
+                inst.record, inst.record_ms, inst.changed_since_publish = record, t, False
                 self.views[inst.instance_id] = InstanceView.from_record(inst.instance_id, record)
 
     def _rate_check(self, t: int) -> None:
@@ -629,6 +639,7 @@ class Simulation:
                     default_model_units=self.default_units,
                 )
                 if decision.drop:
+                    inst.changed_since_publish = True
                     inst.cache.remove(mid)
                     self.copies[m].pop(inst.instance_id, None)
                     inst.gates.pop(m, None)
