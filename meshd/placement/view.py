@@ -20,7 +20,7 @@ class InstanceView:
     capacity: int = 0  # 8 KiB units
     used: int = 0  # 8 KiB units
     count: int = 0  # models loaded
-    lru_time: int = 0  # ms; oldest last use among its loaded models
+    lru_time: int = 0  # ms; last use of the copy it evicts next (under LRU, the oldest)
     loading_threads: int = 1
     loading_in_progress: int = 0
     rpm: int = 0  # requests per minute it served recently
