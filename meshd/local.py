@@ -109,6 +109,7 @@ class LocalModels:
             self._want(model_id, used)
             try:
                 loaded = await asyncio.shield(pending)
+                self.cache.touch(model_id, used)  # a use like any other: GDSF counts it
                 self.metrics.cache_miss((time.monotonic() - missed) * 1000, model_id)
                 return loaded
             except NoRoom:

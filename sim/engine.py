@@ -192,6 +192,7 @@ class _Instance:
         "identity",
         "index",
         "inflight",
+        "initiated",
         "instance_id",
         "loading",
         "placed",
@@ -213,6 +214,7 @@ class _Instance:
         self.blocked: dict[int, tuple[int, int]] = {}  # models waiting for room -> (last used, since)
         # model -> (arrival, origin instance, forwarded) per request waiting for the load
         self.waiters: dict[int, list[tuple[float, int, bool]]] = {}
+        self.initiated: set[int] = set()  # loads a request started (its first waiter)
         self.served = 0
         self.rpm = RpmMeter()
         self.placed = RecentPlacements()
@@ -407,8 +409,11 @@ class Simulation:
                     break
                 target = me
             holder = self.by_id[target]
+            joining = m in holder.waiters
             if self._start_load(holder, m, t, t):
                 forwarded = target != me
+                if not joining:
+                    holder.initiated.add(m)  # this request's use is the admission's
                 holder.waiters[m].append((arrival, inst.index, forwarded))
                 if forwarded:
                     inflight[target] = inflight.get(target, 0) + 1
@@ -556,6 +561,8 @@ class Simulation:
         mid = self.ids[m]
         entry = inst.cache.get(mid)
         waiters = inst.waiters.pop(m, [])
+        first = 1 if m in inst.initiated else 0
+        inst.initiated.discard(m)
         if entry is not None:
             inst.cache.set_state(mid, State.LOADED, t, ms)
             inst.changed_since_publish = True
@@ -565,6 +572,8 @@ class Simulation:
                 self.result.loads += 1
                 minute = (t - EPOCH_MS) // 60_000
                 self.minute_loads[minute] = self.minute_loads.get(minute, 0) + 1
+            for arrived, _, _ in waiters[first:]:  # LocalModels.ensure: a request that joined a load uses it
+                inst.cache.touch(mid, int(arrived))
             for arrived, origin, forwarded in waiters:
                 if not self._serve(t, inst, m, entry, arrived, origin, forwarded):  # Refused(busy): reroute
                     self._answered(origin, inst, forwarded)
@@ -584,6 +593,7 @@ class Simulation:
             elif not admission.retryable or t - since > self.fleet.loading_timeout_ms:
                 del inst.blocked[b]  # refused for good, or waited the load timeout (NoRoom)
                 refused = inst.waiters.pop(b, [])
+                inst.initiated.discard(b)
                 for _, origin, forwarded in refused:
                     self._answered(origin, inst, forwarded)
                 if self.counting:

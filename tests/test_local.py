@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from meshd.cache import State
+from meshd.cache import Eviction, State
 from meshd.errors import LoadFailed, NotFound, Unavailable
 from meshd.ids import ModelInfo
 from meshd.kv.memory import MemoryStore
@@ -38,7 +38,7 @@ class Rig:
         return sum(e.units for e in self.local.cache.entries()) == self.local.cache.used_units
 
 
-async def make_rig(capacity_models: int = 4, loading_timeout_ms: int = 2000) -> Rig:
+async def make_rig(capacity_models: int = 4, loading_timeout_ms: int = 2000, eviction: Eviction = Eviction.LRU) -> Rig:
     store = MemoryStore()
     models = Table(store, "/t/registry/", ModelRecord.decode, ModelRecord.encode)
     vmodels = Table(store, "/t/vmodels/", VModelRecord.decode, VModelRecord.encode)
@@ -54,6 +54,7 @@ async def make_rig(capacity_models: int = 4, loading_timeout_ms: int = 2000) -> 
         runtime_info(capacity_models, loading_timeout_ms=loading_timeout_ms),
         failure_expiry_ms=900_000,
         clock=lambda: now[0],
+        eviction=eviction,
     )
     return Rig(store, registry, runtime, local, now)
 
@@ -216,3 +217,24 @@ async def test_a_loads_cost_is_the_runtimes_time_not_its_wait_for_a_loading_slot
     slow_loaded, quick_loaded = await slow, await quick
     assert slow_loaded.load_ms >= 250
     assert quick_loaded.load_ms < slow_loaded.load_ms  # its 300 ms in the queue are not counted
+
+
+async def test_requests_that_join_a_load_count_as_uses() -> None:
+    """GDSF ranks copies by uses: a burst that waited on one load must not look like one use."""
+    r = await make_rig(eviction=Eviction.GDSF)
+    try:
+        rec = await r.register("a")
+        gate = r.runtime.hold("a")
+        first = asyncio.create_task(r.local.ensure("a", rec))
+        await settle()
+        joined = [asyncio.create_task(r.local.ensure("a", rec)) for _ in range(3)]
+        await settle()
+        gate.set()
+        await asyncio.gather(first, *joined)
+        entry = r.local.cache.get("a")
+        assert entry is not None and entry.uses == 4
+    finally:
+        await r.local.close(deregister=False)
+        await r.registry.models.stop()
+        await r.registry.vmodels.stop()
+        await r.store.close()
