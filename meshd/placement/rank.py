@@ -132,7 +132,8 @@ def placement_key(
     prefers the newer version; meshd implements what the comment there says.)
     """
     full = is_full(inst, default_model_units)
-    saturated = is_saturated(inst, now_ms, default_model_units, min_churn_age_ms)
+    # is_saturated, with `full` computed once (this key is built for every instance per load)
+    saturated = full and now_ms - inst.lru_time < SATURATED_CHURN_MULTIPLE * min_churn_age_ms
     versions_behind = 0 if saturated else max(0, newest_version - inst.version)
     return (
         inst.shutdown,

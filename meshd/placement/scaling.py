@@ -89,8 +89,8 @@ DEFAULT_POLICY = ModelPolicy()
 
 
 # ---- cluster-wide figures -------------------------------------------------------------------
-def _serving(view: ClusterView) -> list[InstanceView]:
-    return [i for i in view.instances.values() if not i.shutdown]
+def _serving(view: ClusterView) -> tuple[InstanceView, ...]:
+    return view.serving
 
 
 def cluster_free_ratio(view: ClusterView) -> float:
@@ -356,7 +356,8 @@ def decide_copies(
     (`want_second_copy`); an idle extra copy in a nearly full cluster (`should_drop_copy`).
     """
     live = _serving(view)
-    candidates = sum(1 for i in live if i.instance_id not in holders)
+    # Serving instances without a copy, counted over the (few) holders, not every instance.
+    candidates = len(live) - sum(1 for i in holders if (h := view.get(i)) is not None and not h.shutdown)
     copies = len(holders)
     if copies > policy.copy_limit(len(live)):
         holding = [h for i in holders if (h := view.get(i)) is not None]
