@@ -17,6 +17,7 @@ from typing import TypeVar
 from urllib.parse import urlparse
 
 from meshd import tls as meshtls
+from meshd.cache import Eviction
 from meshd.logs import parse_log_format
 from meshd.metrics import MetricsConfig
 from meshd.placement.constraints import TypeConstraints
@@ -130,6 +131,13 @@ SETTINGS: tuple[Setting, ...] = (
         "MESHD_COPY_IDLE_MS",
         "--copy-idle-ms",
         "idle time before an extra copy may go when the cluster is full (default: upstream's rule)",
+    ),
+    Setting(
+        "eviction",
+        "MESHD_EVICTION",
+        "--eviction",
+        "cache eviction order: lru (upstream's) or gdsf (size- and load-time-aware, see README Simulator)",
+        "lru",
     ),
     Setting("default_vmodel_owner", "MM_DEFAULT_VMODEL_OWNER", "--default-vmodel-owner", "owner of new vmodels", ""),
     Setting(
@@ -247,6 +255,7 @@ class Config:
     max_inflight_per_copy: int = 0
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
+    eviction: Eviction = Eviction.LRU
     tls: meshtls.MeshTls | None = None
     http_port: int | None = 8008  # None: no REST endpoints
     model_repository: Path | None = None
@@ -378,6 +387,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
             name("conc_scaleup_bandwidth_pct"), need("conc_scaleup_bandwidth_pct"), 10, 200
         ),
         request_timeout_ms=_int(name("request_timeout_ms"), need("request_timeout_ms"), 0),
+        eviction=_eviction(name("eviction"), need("eviction")),
         tls=_tls(raw, advertise),
         http_port=_http_port(name("http_port"), need("http_port")),
         model_repository=_directory(name("model_repository"), raw["model_repository"]),
@@ -423,6 +433,14 @@ def _bool(what: str, text: str) -> bool:
     if value not in ("true", "false"):
         raise ConfigError(f"{what} must be true or false (got {text!r})")
     return value == "true"
+
+
+def _eviction(name: str, value: str) -> Eviction:
+    try:
+        return Eviction(value.strip().lower())
+    except ValueError:
+        choices = ", ".join(e.value for e in Eviction)
+        raise ConfigError(f"{name} must be one of {choices} (got {value!r})") from None
 
 
 def _json_setting(env: str, text: str | None, path: str | None, parse: Callable[[str], T], empty: T) -> T:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from enum import Enum
 
 from meshd.errors import ResourceExhausted
 
@@ -28,6 +29,23 @@ def queue_bound(max_concurrency: int, configured: int) -> int | None:
     if configured > 0:
         return configured
     return max(MIN_AUTO_QUEUE, AUTO_QUEUE_PER_SLOT * max_concurrency)
+
+
+class Arrival(Enum):
+    """What a request arriving at a copy's gate does."""
+
+    RUN = "run"  # a slot is free and nobody waits ahead of it
+    QUEUE = "queue"  # wait in line (first come, first served)
+    REFUSE = "refuse"  # the line is full: RESOURCE_EXHAUSTED, try another copy
+
+
+def on_arrival(running: int, waiting: int, limit: int, max_queue: int | None) -> Arrival:
+    """The gate's rule for an arrival (pure: the simulator applies it too)."""
+    if running < limit and not waiting:
+        return Arrival.RUN
+    if max_queue is not None and waiting >= max_queue:
+        return Arrival.REFUSE
+    return Arrival.QUEUE
 
 
 class CopyGate:
@@ -51,10 +69,11 @@ class CopyGate:
 
     async def enter(self) -> float:
         """Take a slot, waiting in line if need be; returns the queue delay in ms."""
-        if self.running < self.limit and not self._waiters:
+        arrival = on_arrival(self.running, len(self._waiters), self.limit, self.max_queue)
+        if arrival is Arrival.RUN:
             self.running += 1
             return 0.0
-        if self.max_queue is not None and len(self._waiters) >= self.max_queue:
+        if arrival is Arrival.REFUSE:
             raise ResourceExhausted(
                 f"model {self.model_id!r}: {self.running} requests running and {len(self._waiters)} "
                 f"queued on this copy (its limits); try again later"

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from meshd.cache import CacheEntry, State, WeightedLRU, to_units
+from meshd.cache import CacheEntry, Eviction, State, WeightedLRU, to_units
 from meshd.clock import Clock, wall_ms
 from meshd.errors import LoadFailed, MeshError, NotFound, Unavailable
 from meshd.gate import CopyGate, queue_bound
@@ -70,6 +70,7 @@ class LocalModels:
         failure_expiry_ms: int,
         max_queue_per_copy: int = 0,
         clock: Clock = wall_ms,
+        eviction: Eviction = Eviction.LRU,
         metrics: Metrics = NO_METRICS,
     ) -> None:
         """`max_queue_per_copy`: requests that may wait for a copy whose runtime limits its
@@ -80,7 +81,7 @@ class LocalModels:
         self.info = info
         self.metrics = metrics
         self.queue = LoadQueue(runtime, info, lambda model_id: self._unload_later(model_id), metrics)
-        self.cache = WeightedLRU(to_units(info.capacity_bytes))
+        self.cache = WeightedLRU(to_units(info.capacity_bytes), eviction)
         self.failure_expiry_ms = failure_expiry_ms
         self.max_queue_per_copy = max_queue_per_copy
         self.clock = clock
@@ -110,6 +111,7 @@ class LocalModels:
             self._want(model_id, used)
             try:
                 loaded = await asyncio.shield(pending)
+                self.cache.touch(model_id, used)  # a use like any other: GDSF counts it
                 self.metrics.cache_miss((time.monotonic() - missed) * 1000, model_id)
                 return loaded
             except NoRoom:
@@ -287,7 +289,9 @@ class LocalModels:
             if self.info.limit_model_concurrency and loaded.max_concurrency > 0:
                 bound = queue_bound(loaded.max_concurrency, self.max_queue_per_copy)
                 entry.gate = CopyGate(model_id, loaded.max_concurrency, bound)
-            self.cache.set_state(model_id, State.LOADED, self.clock())
+            # GDSF's cost of a reload: the runtime's load time, not the wait for a slot (that
+            # measures the moment's contention, not the model), on a monotonic clock.
+            self.cache.set_state(model_id, State.LOADED, self.clock(), loaded.load_ms)
             self.counters.loads += 1
             _resolve(fut, entry)
         except LoadFailed as e:

@@ -150,6 +150,7 @@ class Instance:
             info,
             failure_expiry_ms=cfg.load_failure_expiry_ms,
             max_queue_per_copy=cfg.max_inflight_per_copy,
+            eviction=cfg.eviction,
             metrics=self.metrics,
         )
         # The runtime purged its models before READY: any copy records naming us are stale.

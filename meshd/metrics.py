@@ -122,7 +122,7 @@ def _flag(key: str, value: str) -> bool:
 class InstanceStats:
     """What the instance gauges report, read from the cache at scrape time."""
 
-    lru_ms: int  # oldest last use among loaded copies (now when there are none)
+    lru_ms: int  # last use of the copy evicted next (LRU: the oldest; now when there are none)
     now_ms: int
     capacity_units: int
     used_units: int

@@ -23,7 +23,6 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, TypeVar
 
@@ -49,8 +48,14 @@ from meshd.local import LocalModels
 from meshd.metrics import NO_METRICS, Metrics
 from meshd.peers import PeerChannel, Peers, RawCalls
 from meshd.placement.constraints import TypeConstraints
-from meshd.placement.rank import LoadRequest, choose_load_target, may_load_as_last_resort
-from meshd.placement.serving import choose_copy
+from meshd.placement.rank import (
+    LoadRequest,
+    RecentPlacements,
+    background_load_used_ms,
+    choose_load_target,
+    load_here_as_last_resort,
+)
+from meshd.placement.serving import MAX_ATTEMPTS, MAX_BUSY_RETRIES, choose_copy
 from meshd.placement.view import ClusterView
 from meshd.proxy.headers import Metadata, RequestIds, runtime_metadata
 from meshd.proxy.methods import MethodSpec
@@ -62,10 +67,7 @@ from meshd.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 8  # upstream's routing iterations per request (SPEC §6)
 MAX_RECENT_FAILURES = 3  # upstream gives up loading after 3 recent failures (SPEC §6)
-MAX_BUSY_RETRIES = 2  # upstream retries RESOURCE_EXHAUSTED at most twice, on other copies
-RECENT_PLACEMENT_MS = 5_000  # longer than instance records take to show a load (>= 2 s)
 PLACE_TIMEOUT_S = 10.0
 
 # Internal metadata, only ever read on the internal port (the external one strips meshd-*).
@@ -142,7 +144,7 @@ class Router:
         self.self_id = local.instance_id
         self.runtime_calls = RawCalls(serving_channel)
         self.inflight: dict[str, int] = {}  # requests this instance has in flight per peer
-        self._placed: deque[tuple[int, str]] = deque()  # (ms, instance) of loads placed lately
+        self._placed = RecentPlacements()  # loads placed lately, per instance
         self.forwarded = 0  # external requests served by a peer (share of peer hops)
 
     # ---- lookups ---------------------------------------------------------------------
@@ -167,7 +169,7 @@ class Router:
         target = self._load_target(view, model_id, record, exclude | holders | failed, prefer_self=False)
         if target is None:
             return None
-        used = min(last_used_ms or record.last_used or view.now_ms, view.now_ms)
+        used = background_load_used_ms(last_used_ms, record.last_used, view.now_ms)
         if target == self.self_id:
             self.local.start_load(model_id, record, used)
             return target
@@ -324,8 +326,8 @@ class Router:
                 target = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
                 mode = "load"
                 if target is None:
-                    if self.self_id in excluded or not may_load_as_last_resort(
-                        view, self.labels, self.constraints.for_type(record.type)[0]
+                    if not load_here_as_last_resort(
+                        view, excluded, self.labels, self.constraints.for_type(record.type)[0]
                     ):
                         break
                     target = self.self_id  # nothing better known (alone, or records not yet seen)
@@ -366,20 +368,12 @@ class Router:
             required_labels=required,
             preferred_labels=preferred,
             prefer_self=prefer_self,
-            recent_placements=self._recent_placements(view.now_ms),
+            recent_placements=self._placed.counts(view.now_ms),
         )
         target = choose_load_target(view, request, self.rng)
         if target is not None:
-            self._placed.append((view.now_ms, target))
+            self._placed.add(view.now_ms, target)
         return target
-
-    def _recent_placements(self, now_ms: int) -> dict[str, int]:
-        while self._placed and now_ms - self._placed[0][0] > RECENT_PLACEMENT_MS:
-            self._placed.popleft()
-        counts: dict[str, int] = {}
-        for _, iid in self._placed:
-            counts[iid] = counts.get(iid, 0) + 1
-        return counts
 
     def _given_up(self, model_id: str, record: ModelRecord, recent: list[str]) -> str:
         msgs = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)

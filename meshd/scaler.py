@@ -32,7 +32,7 @@ class ScalerConfig:
     interval_ms: int = scaling.RATE_CHECK_INTERVAL_MS
     threshold_rpm: int = scaling.DEFAULT_SCALE_UP_RPM_THRESHOLD
     idle_ms: int | None = None  # None: upstream's min(10 h, 10 % of the cache age)
-    bandwidth_pct: int = 90  # MM_CONC_SCALEUP_BANDWIDTH_PCT (copies with concurrency limits)
+    bandwidth_pct: int = scaling.DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT  # copies with concurrency limits
 
 
 class Scaler:
@@ -66,16 +66,13 @@ class Scaler:
             if entry.state is not State.LOADED:
                 continue
             served_now[entry.model_id] = entry.served
-            threshold = self.config.threshold_rpm
-            saturated = False
+            sample: QueueSample | None = None
             if entry.gate is not None:
                 g = entry.gate
                 sums = gates_now[entry.model_id] = QueueSample(
                     g.limit, g.completed, g.service_ms, g.queued_requests, g.queue_ms
                 )
                 sample = sums.since(self._gates.get(entry.model_id))
-                threshold = scaling.load_threshold_rpm(threshold, sample, self.config.bandwidth_pct)
-                saturated = scaling.saturated(sample)
             record = self.registry.get(entry.model_id)
             if record is None:
                 continue
@@ -84,9 +81,10 @@ class Scaler:
             except ValueError:
                 policy = scaling.DEFAULT_POLICY
             holders = {i: t for i, t in record.instance_ids.items() if i == view.self_id or view.live(i)}
-            rpm = (entry.served - self._served.get(entry.model_id, entry.served)) * 60_000 // self.config.interval_ms
-            if saturated:  # queueing as long as serving: at capacity, whatever the estimate says
-                rpm = max(rpm, threshold)
+            rpm = scaling.copy_rpm(
+                entry.served, self._served.get(entry.model_id, entry.served), self.config.interval_ms
+            )
+            rpm, threshold = scaling.gated_rate(rpm, self.config.threshold_rpm, sample, self.config.bandwidth_pct)
             try:  # one model's failure must neither stop the others nor skew the next rates
                 await self._apply(
                     view, entry.model_id, policy, holders, rpm, threshold, entry.last_used_ms, entry.prior_use_ms
@@ -107,47 +105,32 @@ class Scaler:
         last_used_ms: int,
         prior_use_ms: int | None,
     ) -> None:
-        live = [i for i in view.instances.values() if not i.shutdown]
-        candidates = sum(1 for i in live if i.instance_id not in holders)
-        copies = len(holders)
-        limit = policy.copy_limit(len(live))
-        if copies > limit and self._worst_holder(view, holders):
-            log.info("dropping a copy of %s: %d copies, max %d", model_id, copies, limit)
-            self.local.shed(model_id)
-            return
-        add = scaling.extra_copies_for_load(
-            rpm, copies, threshold_rpm, candidates, len(live), policy
-        ) or scaling.missing_copies(copies, policy, len(live))
-        if not add and scaling.want_second_copy(
+        decision = scaling.decide_copies(
             view,
-            copies=copies,
+            holders=holders,
+            policy=policy,
+            rpm=rpm,
+            threshold_rpm=threshold_rpm,
             last_used_ms=last_used_ms,
             prior_use_ms=prior_use_ms,
-            candidates=candidates,
-            policy=policy,
-        ):
-            add = 1
-        if add:
-            log.info("adding %d copies of %s (%d copies, %d rpm per copy)", add, model_id, copies, rpm)
+            default_model_units=self.cluster.default_units,
+            idle_ms=self.config.idle_ms,
+        )
+        if decision.drop:
+            log.info("dropping a copy of %s: %s", model_id, decision.reason)
+            self.local.shed(model_id)
+        elif decision.add:
+            log.info(
+                "adding %d copies of %s (%s; %d copies, %d rpm per copy)",
+                decision.add,
+                model_id,
+                decision.reason,
+                len(holders),
+                rpm,
+            )
             placed: set[str] = set()
-            for _ in range(add):
+            for _ in range(decision.add):
                 target = await self.router.place(model_id, exclude=frozenset(placed))
                 if target is None:
                     break
                 placed.add(target)
-            return
-        if scaling.should_drop_copy(
-            view,
-            copies=holders,
-            last_used_ms=last_used_ms,
-            default_model_units=self.cluster.default_units,
-            policy=policy,
-            idle_ms=self.config.idle_ms,
-        ):
-            log.info("dropping an idle copy of %s (cluster nearly full)", model_id)
-            self.local.shed(model_id)
-
-    def _worst_holder(self, view: ClusterView, holders: dict[str, int]) -> bool:
-        """Whether this instance is the one that should give a copy up (only one per round)."""
-        live = [h for i in holders if (h := view.get(i)) is not None]
-        return scaling.worst_holder(view, live, self.cluster.default_units) == view.self_id

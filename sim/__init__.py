@@ -1,5 +1,7 @@
-"""The placement simulator (issue "Simulator"): not built yet.
+"""The placement simulator: meshd's decision code (meshd.placement, meshd.cache) on a virtual clock.
 
-It will drive meshd.placement and meshd.cache, unchanged, on a virtual clock with
-meshd.kv.memory.MemoryStore; nothing here runs today.
+Modules: `workloads` (catalogues, synthetic request streams, CSV trace replay), `policies`
+(upstream / meshd / random), `engine` (the discrete-event mesh), `single` (one cache: Che's
+approximation, Belady, libCacheSim yardsticks), `report` (tables and plots), `__main__`
+(`python -m sim`). Nothing here decides anything the daemon does not decide the same way.
 """

@@ -103,3 +103,16 @@ def test_lru_time_is_the_oldest_loaded_use() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError):
         WeightedLRU(0)
+
+
+def test_gdsf_keeps_a_frequent_model_over_a_newer_one_and_reports_the_next_victim_as_lru() -> None:
+    from meshd.cache import Eviction
+
+    cache = WeightedLRU(2, Eviction.GDSF)
+    loaded(cache, "old", 1, 100)
+    for t in range(101, 105):
+        cache.touch("old", t)  # used often, long ago
+    loaded(cache, "once", 1, 200)
+    assert cache.lru_ms(300) == 200  # placement's cache age: the next victim's last use
+    adm = cache.admit("new", 1, 300, 300)
+    assert [e.model_id for e in adm.evicted] == ["once"]  # LRU would have evicted "old"

@@ -58,7 +58,13 @@ def test_kv_store_forms() -> None:
 
 @pytest.mark.parametrize(
     "env",
-    [{"MM_SVC_GRPC_PORT": "abc"}, {"MESHD_PEER_PORT": "-1"}, {"INTERNAL_GRPC_PORT": "x"}, {"KV_STORE": "redis:x"}],
+    [
+        {"MM_SVC_GRPC_PORT": "abc"},
+        {"MESHD_PEER_PORT": "-1"},
+        {"INTERNAL_GRPC_PORT": "x"},
+        {"KV_STORE": "redis:x"},
+        {"MESHD_EVICTION": "fifo"},
+    ],
 )
 def test_bad_values_name_the_setting(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as e:
@@ -105,6 +111,13 @@ def test_data_plane_settings(tmp_path: object) -> None:
     ]:
         with pytest.raises(ConfigError, match=name):
             load_config(None, bad)
+
+
+def test_eviction_switch() -> None:
+    from meshd.cache import Eviction
+
+    assert load_config(None, {}).eviction is Eviction.LRU  # upstream's order stays the default
+    assert load_config(None, {"MESHD_EVICTION": "GDSF"}).eviction is Eviction.GDSF
 
 
 def test_http_port_and_model_repository(tmp_path: object) -> None:

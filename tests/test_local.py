@@ -4,12 +4,13 @@ cannot reproduce on demand (each was found by review and confirmed before the fi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
 
-from meshd.cache import State
+from meshd.cache import Eviction, State
 from meshd.errors import LoadFailed, NotFound, Unavailable
 from meshd.ids import ModelInfo
 from meshd.kv.memory import MemoryStore
@@ -18,6 +19,7 @@ from meshd.kv.store import StoreError
 from meshd.kv.table import Table
 from meshd.local import LocalModels
 from meshd.registry import Registry
+from meshd.runtime.loader import LoadQueue
 from meshd.testing.fake_runtime import FakeRuntime, runtime_info
 
 
@@ -36,7 +38,7 @@ class Rig:
         return sum(e.units for e in self.local.cache.entries()) == self.local.cache.used_units
 
 
-async def make_rig(capacity_models: int = 4, loading_timeout_ms: int = 2000) -> Rig:
+async def make_rig(capacity_models: int = 4, loading_timeout_ms: int = 2000, eviction: Eviction = Eviction.LRU) -> Rig:
     store = MemoryStore()
     models = Table(store, "/t/registry/", ModelRecord.decode, ModelRecord.encode)
     vmodels = Table(store, "/t/vmodels/", VModelRecord.decode, VModelRecord.encode)
@@ -52,6 +54,7 @@ async def make_rig(capacity_models: int = 4, loading_timeout_ms: int = 2000) -> 
         runtime_info(capacity_models, loading_timeout_ms=loading_timeout_ms),
         failure_expiry_ms=900_000,
         clock=lambda: now[0],
+        eviction=eviction,
     )
     return Rig(store, registry, runtime, local, now)
 
@@ -197,4 +200,41 @@ async def test_evicting_a_failed_entry_is_not_counted_as_an_eviction() -> None:
         assert r.local.counters.evictions == 0 and "bad" not in r.local.cache
     finally:
         await r.local.close(deregister=False)
+        await r.store.close()
+
+
+async def test_a_loads_cost_is_the_runtimes_time_not_its_wait_for_a_loading_slot() -> None:
+    """GDSF weighs copies by load time: a load that queued behind another must not look slow."""
+    runtime = FakeRuntime()
+    info = dataclasses.replace(runtime_info(), max_loading_concurrency=1)
+    queue = LoadQueue(runtime, info, lambda model_id: None)  # type: ignore[arg-type]
+    gate = runtime.hold("slow")
+    slow = asyncio.create_task(queue.load("slow", "demo", "/slow", ""))
+    await settle()
+    quick = asyncio.create_task(queue.load("quick", "demo", "/quick", ""))  # waits for the one slot
+    await asyncio.sleep(0.3)
+    gate.set()
+    slow_loaded, quick_loaded = await slow, await quick
+    assert slow_loaded.load_ms >= 250
+    assert quick_loaded.load_ms < slow_loaded.load_ms  # its 300 ms in the queue are not counted
+
+
+async def test_requests_that_join_a_load_count_as_uses() -> None:
+    """GDSF ranks copies by uses: a burst that waited on one load must not look like one use."""
+    r = await make_rig(eviction=Eviction.GDSF)
+    try:
+        rec = await r.register("a")
+        gate = r.runtime.hold("a")
+        first = asyncio.create_task(r.local.ensure("a", rec))
+        await settle()
+        joined = [asyncio.create_task(r.local.ensure("a", rec)) for _ in range(3)]
+        await settle()
+        gate.set()
+        await asyncio.gather(first, *joined)
+        entry = r.local.cache.get("a")
+        assert entry is not None and entry.uses == 4
+    finally:
+        await r.local.close(deregister=False)
+        await r.registry.models.stop()
+        await r.registry.vmodels.stop()
         await r.store.close()

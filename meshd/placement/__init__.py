@@ -9,10 +9,14 @@ exactly this code. Public names, by module:
 - `rank`: `LoadRequest`, `choose_load_target(view, req, rng) -> str | None` (where a cache
   miss loads), `placement_key(inst, now_ms, newest_version, *, default_model_units,
   min_churn_age_ms)` (upstream's PLACEMENT_ORDER), `is_full`, `full_threshold_units`,
-  `rank`, `shortlist`, `hot_factor`, `drop_hot`, `min_churn_age_ms`.
+  `rank`, `shortlist`, `hot_factor`, `drop_hot`, `min_churn_age_ms`, `RecentPlacements`
+  (the router's memory of its recent loads), `may_load_as_last_resort`,
+  `load_here_as_last_resort`, `background_load_used_ms`.
 - `serving`: `choose_copy(view, copies, inflight, exclude, assume_loaded_ms, local_loaded,
-  balanced) -> str | None` (which copy serves), `assume_loaded_ms(loading_timeout_ms)`.
-- `scaling`: `ModelPolicy`, `want_second_copy`, `extra_copies_for_load`,
+  balanced) -> str | None` (which copy serves), `assume_loaded_ms(loading_timeout_ms)`,
+  `MAX_ATTEMPTS`, `MAX_BUSY_RETRIES` (routing bounds).
+- `scaling`: `decide_copies` (the scaler's rule order), `copy_rpm`, `gated_rate`,
+  `ModelPolicy`, `want_second_copy`, `extra_copies_for_load`,
   `should_drop_copy`, `missing_copies`, `cluster_free_ratio`, `global_lru_ms`,
   `cache_age_ms`, `cluster_has_room`, `idle_before_drop_ms`.
 - `constraints`: `TypeConstraints.parse(text)`, `TypeConstraints.for_type(model_type) ->

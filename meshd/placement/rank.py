@@ -24,7 +24,9 @@ The choice, as upstream makes it (notes in /work/shared/reference/upstream-model
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from meshd.placement.serving import assume_loaded_ms
@@ -52,6 +54,9 @@ NEAR_BEST_COUNT_ANY_BELOW = 10  # upstream: a model count below 10 never disqual
 NEAR_BEST_COUNT_SLACK_DIVISOR = 4  # ... else count <= best count x 1.25 (best + best >> 2)
 PREFERRED_LRU_WINDOW_MS = 120_000  # upstream: full best -> preferred ones within 120 s ...
 PREFERRED_LRU_AGE_DIVISOR = 4  # ... or 25 % of the best's cache age
+
+# --- recent placements ----------------------------------------------------------------------
+RECENT_PLACEMENT_MS = 5_000  # longer than instance records take to show a load (>= 2 s)
 
 # --- hot instances (CacheMissForwardingLB's final filter) -----------------------------------
 HOT_RPM_FLOOR = 100  # upstream: instances under 100 rpm are never hot; the baseline is >= 100
@@ -127,7 +132,8 @@ def placement_key(
     prefers the newer version; meshd implements what the comment there says.)
     """
     full = is_full(inst, default_model_units)
-    saturated = is_saturated(inst, now_ms, default_model_units, min_churn_age_ms)
+    # is_saturated, with `full` computed once (this key is built for every instance per load)
+    saturated = full and now_ms - inst.lru_time < SATURATED_CHURN_MULTIPLE * min_churn_age_ms
     versions_behind = 0 if saturated else max(0, newest_version - inst.version)
     return (
         inst.shutdown,
@@ -313,6 +319,21 @@ def may_load_as_last_resort(view: ClusterView, own_labels: frozenset[str], requi
     return not me.shutdown and required <= me.labels
 
 
+def load_here_as_last_resort(
+    view: ClusterView, excluded: AbstractSet[str], own_labels: frozenset[str], required: frozenset[str]
+) -> bool:
+    """Placement found no instance: whether the request's own instance loads it anyway (not
+    when it was already tried for this request, or may not load it at all)."""
+    return view.self_id not in excluded and may_load_as_last_resort(view, own_labels, required)
+
+
+def background_load_used_ms(requested_ms: int | None, record_last_used_ms: int, now_ms: int) -> int:
+    """The last-used time a background load (a new copy) is admitted at: the one asked for,
+    else the model's record's, never in the future. A copy dated at the model's real last
+    use evicts only what is older, not whatever happens to be loaded."""
+    return min(requested_ms or record_last_used_ms or now_ms, now_ms)
+
+
 def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) -> str | None:
     """The instance that should load `req.model_id`, or None when no instance qualifies."""
     near = shortlist(view, req)
@@ -330,3 +351,23 @@ def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) 
         fewest = min(req.recent_placements.get(i.instance_id, 0) for i in remaining)
         remaining = [i for i in remaining if req.recent_placements.get(i.instance_id, 0) == fewest]
     return remaining[rng.randrange(len(remaining))].instance_id
+
+
+class RecentPlacements:
+    """The loads one instance placed in the last `RECENT_PLACEMENT_MS` (for `LoadRequest`)."""
+
+    def __init__(self, window_ms: int = RECENT_PLACEMENT_MS) -> None:
+        self.window_ms = window_ms
+        self._placed: deque[tuple[int, str]] = deque()  # (ms, instance)
+
+    def add(self, now_ms: int, instance_id: str) -> None:
+        self._placed.append((now_ms, instance_id))
+
+    def counts(self, now_ms: int) -> dict[str, int]:
+        """Loads placed on each instance within the window before `now_ms`."""
+        while self._placed and now_ms - self._placed[0][0] > self.window_ms:
+            self._placed.popleft()
+        counts: dict[str, int] = {}
+        for _, iid in self._placed:
+            counts[iid] = counts.get(iid, 0) + 1
+        return counts

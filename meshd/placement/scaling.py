@@ -12,6 +12,7 @@ size override, beyond upstream), the cluster-wide free ratio and LRU helpers, an
 - `should_drop_copy`: give a copy back when the cluster is nearly full (<= 5 % free), the
   model is idle, and this holder is the worse placement.
 - `missing_copies`: copies to add to honour a policy's min_copies.
+- `decide_copies`: the rules above in upstream's order, for one copy at one check.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ SCALE_UP_MIN_FREE_RATIO = 0.10
 SCALE_UP_MIN_GLOBAL_LRU_AGE_MS = 20 * 3_600_000
 # ModelMesh DEFAULT_SCALEUP_RPM / MM_SCALEUP_RPM_THRESHOLD: per-copy rate above which copies are added.
 DEFAULT_SCALE_UP_RPM_THRESHOLD = 2000
+# ModelMesh MM_CONC_SCALEUP_BANDWIDTH_PCT: a concurrency-limited copy asks for more copies above
+# this share of its estimated capacity.
+DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT = 90
 # ModelMesh scale-up: at most max(2, instances/3) copies added per step.
 SCALE_UP_MIN_STEP = 2
 SCALE_UP_STEP_DIVISOR = 3
@@ -85,8 +89,8 @@ DEFAULT_POLICY = ModelPolicy()
 
 
 # ---- cluster-wide figures -------------------------------------------------------------------
-def _serving(view: ClusterView) -> list[InstanceView]:
-    return [i for i in view.instances.values() if not i.shutdown]
+def _serving(view: ClusterView) -> tuple[InstanceView, ...]:
+    return view.serving
 
 
 def cluster_free_ratio(view: ClusterView) -> float:
@@ -230,6 +234,21 @@ def load_threshold_rpm(configured_rpm: int, sample: QueueSample | None, bandwidt
     return configured_rpm if estimate is None else estimate
 
 
+def copy_rpm(served_now: int, served_at_last_check: int, interval_ms: int) -> int:
+    """A copy's requests per minute over the last rate-check interval."""
+    return (served_now - served_at_last_check) * 60_000 // interval_ms
+
+
+def gated_rate(rpm: int, configured_rpm: int, sample: QueueSample | None, bandwidth_pct: int) -> tuple[int, int]:
+    """The (rate, threshold) copy scaling compares for one copy: the threshold from
+    `load_threshold_rpm`; a `saturated` copy counts as at least at the threshold, whatever
+    its rate (queue delay feeds the decision). `sample`: None for a copy without a gate."""
+    threshold = load_threshold_rpm(configured_rpm, sample, bandwidth_pct)
+    if sample is not None and saturated(sample):
+        rpm = max(rpm, threshold)
+    return rpm, threshold
+
+
 # ---- scale-down -----------------------------------------------------------------------------
 def idle_before_drop_ms(view: ClusterView) -> int:
     """Upstream's idle time before an extra copy goes: min(10 h, 10 % of the cache age)."""
@@ -301,3 +320,66 @@ def missing_copies(copies: int, policy: ModelPolicy, live_instances: int) -> int
         return 0
     target = min(policy.min_copies, policy.copy_limit(live_instances), live_instances)
     return max(0, target - max(0, copies))
+
+
+# ---- one check ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CopyDecision:
+    """What this instance should do about its copy: add `add` copies elsewhere, or drop its own."""
+
+    add: int = 0
+    drop: bool = False
+    reason: str = ""
+
+
+KEEP = CopyDecision()
+
+
+def decide_copies(
+    view: ClusterView,
+    *,
+    holders: Mapping[str, int],
+    policy: ModelPolicy,
+    rpm: int,
+    threshold_rpm: int,
+    last_used_ms: int,
+    prior_use_ms: int | None,
+    default_model_units: int,
+    idle_ms: int | None = None,
+) -> CopyDecision:
+    """The copy-scaling decision for this instance's copy of one model at one rate check.
+
+    `holders`: live holders (record instance ids -> load start), this instance included.
+    `rpm`: requests per minute this copy served since the last check. In order: above the
+    policy's max copies, the worst holder drops; copies for load (`extra_copies_for_load`)
+    or for the policy floor (`missing_copies`); a second copy for regular use
+    (`want_second_copy`); an idle extra copy in a nearly full cluster (`should_drop_copy`).
+    """
+    live = _serving(view)
+    # Serving instances without a copy, counted over the (few) holders, not every instance.
+    candidates = len(live) - sum(1 for i in holders if (h := view.get(i)) is not None and not h.shutdown)
+    copies = len(holders)
+    if copies > policy.copy_limit(len(live)):
+        holding = [h for i in holders if (h := view.get(i)) is not None]
+        if worst_holder(view, holding, default_model_units) == view.self_id:  # one holder drops per round
+            return CopyDecision(drop=True, reason="above max copies")
+    add = extra_copies_for_load(rpm, copies, threshold_rpm, candidates, len(live), policy)
+    if add:
+        return CopyDecision(add=add, reason="load")
+    add = missing_copies(copies, policy, len(live))
+    if add:
+        return CopyDecision(add=add, reason="min copies")
+    if want_second_copy(
+        view, copies=copies, last_used_ms=last_used_ms, prior_use_ms=prior_use_ms, candidates=candidates, policy=policy
+    ):
+        return CopyDecision(add=1, reason="regular use")
+    if should_drop_copy(
+        view,
+        copies=holders,
+        last_used_ms=last_used_ms,
+        default_model_units=default_model_units,
+        policy=policy,
+        idle_ms=idle_ms,
+    ):
+        return CopyDecision(drop=True, reason="idle extra copy, cluster nearly full")
+    return KEEP

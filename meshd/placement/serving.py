@@ -14,6 +14,8 @@ from meshd.placement.view import ClusterView
 # ModelMesh.initialize(): defaultAssumeLoadedAfterMs = max(3000, loadTimeoutMs / 3). Upstream
 # refines it per model type from observed load times (mean + 5 sigma for <= 20 samples,
 # else + 3 sigma); meshd uses the default.
+MAX_ATTEMPTS = 8  # upstream's routing iterations per request (SPEC §6)
+MAX_BUSY_RETRIES = 2  # upstream retries RESOURCE_EXHAUSTED at most twice, on other copies
 ASSUME_LOADED_MIN_MS = 3_000
 ASSUME_LOADED_TIMEOUT_DIVISOR = 3
 

@@ -7,6 +7,7 @@ virtual fleet.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ class InstanceView:
     capacity: int = 0  # 8 KiB units
     used: int = 0  # 8 KiB units
     count: int = 0  # models loaded
-    lru_time: int = 0  # ms; oldest last use among its loaded models
+    lru_time: int = 0  # ms; last use of the copy it evicts next (under LRU, the oldest)
     loading_threads: int = 1
     loading_in_progress: int = 0
     rpm: int = 0  # requests per minute it served recently
@@ -54,13 +55,21 @@ class InstanceView:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ClusterView:
     """Live instances (records present, i.e. leases alive) at `now_ms`, seen from `self_id`."""
 
     self_id: str
     now_ms: int
     instances: Mapping[str, InstanceView] = field(default_factory=dict)
+
+    # No slots: cached_property needs an instance dict. A view is a snapshot, so what is
+    # derived from it is computed once, however many decisions read it (the scaler and the
+    # simulator ask once per copy).
+    @functools.cached_property
+    def serving(self) -> tuple[InstanceView, ...]:
+        """Live instances that are not shutting down."""
+        return tuple(i for i in self.instances.values() if not i.shutdown)
 
     def live(self, instance_id: str) -> bool:
         return instance_id in self.instances

@@ -66,6 +66,7 @@ class RuntimeInfo:
 class LoadedModel:
     size_bytes: int  # 0: ask modelSize later
     max_concurrency: int
+    load_ms: float = 0.0  # the runtime's own time to load it (LoadQueue: no wait for a slot)
 
 
 class RuntimeNotReady(Exception):

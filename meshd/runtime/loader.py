@@ -9,6 +9,7 @@ owner can order that unload with any later load of the same model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -52,8 +53,9 @@ class LoadQueue:
         self.metrics.loading_queue_delay((started - queued) * 1000, model_id)
         try:
             loaded = await self.client.load(model_id, model_type, path, key, self.timeout_s)
-            self.metrics.load((time.monotonic() - started) * 1000, model_id)
-            return loaded
+            took_ms = (time.monotonic() - started) * 1000
+            self.metrics.load(took_ms, model_id)
+            return dataclasses.replace(loaded, load_ms=took_ms)
         except grpc.aio.AioRpcError as e:
             self.after_failure(model_id)
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -91,9 +91,17 @@ class RuntimeState:
     loaded: dict[str, LoadedModel] = field(default_factory=dict)
     loads_in_flight: dict[str, int] = field(default_factory=dict)
     ready_announced: bool = False
-    # Inference requests (ModelInfer, Echo): so tests can see a cancel reach the runtime.
+    # Inference requests (ModelInfer, Echo): so tests can see a cancel reach the runtime;
+    # "loads": models loaded so far, so tests can count loads without racing evictions.
     counters: dict[str, int] = field(
-        default_factory=lambda: {"started": 0, "finished": 0, "cancelled": 0, "in_flight": 0, "max_in_flight": 0}
+        default_factory=lambda: {
+            "started": 0,
+            "finished": 0,
+            "cancelled": 0,
+            "in_flight": 0,
+            "max_in_flight": 0,
+            "loads": 0,
+        }
     )
     # A load only lands if no unload of its id and no purge happened while it ran.
     _unload_epochs: dict[str, int] = field(default_factory=dict)
@@ -243,6 +251,7 @@ class ModelRuntimeServicer(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                 raise RpcFailure(grpc.StatusCode.ABORTED, f"model {model_id} was unloaded or purged while loading")
             size = self.config.default_model_size if model.size_bytes is None else model.size_bytes
             self.state.loaded[model_id] = LoadedModel(model, size, request.modelPath)
+            self.state.counters["loads"] += 1
         except asyncio.CancelledError:
             log.info("load of %s cancelled; nothing loaded", model_id)
             raise

@@ -474,3 +474,30 @@ def test_last_resort_load_needs_the_labels_and_no_shutdown() -> None:
     unpublished = ClusterView("me", 0, {})
     assert may_load_as_last_resort(unpublished, special, special)
     assert not may_load_as_last_resort(unpublished, frozenset(), special)
+
+
+def test_loading_here_as_last_resort_is_once_per_request() -> None:
+    from meshd.placement.rank import load_here_as_last_resort
+
+    me = ClusterView("me", 0, {"me": InstanceView("me")})
+    assert load_here_as_last_resort(me, set(), frozenset(), frozenset())
+    assert not load_here_as_last_resort(me, {"me"}, frozenset(), frozenset())  # already tried here
+    assert load_here_as_last_resort(me, {"other"}, frozenset(), frozenset())
+
+
+@pytest.mark.parametrize(
+    ("requested", "record", "now", "expected"),
+    [
+        (500, 400, 1000, 500),
+        (None, 400, 1000, 400),
+        (None, 0, 1000, 1000),
+        (2000, 400, 1000, 1000),
+        (0, 700, 1000, 700),
+    ],
+)
+def test_a_background_load_is_dated_at_the_models_last_use(
+    requested: int | None, record: int, now: int, expected: int
+) -> None:
+    from meshd.placement.rank import background_load_used_ms
+
+    assert background_load_used_ms(requested, record, now) == expected

@@ -295,6 +295,16 @@ def test_queue_pressure_adds_a_copy_through_the_load_rule() -> None:
     assert extra_copies_for_load(max(rpm, threshold), 1, threshold, candidates=2, instances_total=3) == 1
 
 
+def test_gated_rate_is_the_scalers_rate_and_threshold() -> None:
+    from meshd.placement.scaling import QueueSample, gated_rate
+
+    assert gated_rate(500, 2000, None, 90) == (500, 2000)  # no gate: as configured
+    calm = QueueSample(2, 50, 5000.0, 0, 0.0)
+    assert gated_rate(500, 2000, calm, 90) == (500, 1080)  # latency mode: 90 % of 1200 rpm
+    queueing = QueueSample(1, 10, 10_000.0, 10, 20_000.0)  # waits twice as long as it runs
+    assert gated_rate(30, 2000, queueing, 90) == (54, 54)  # at capacity whatever the rate
+
+
 def test_queue_samples_subtract_and_survive_a_reload() -> None:
     from meshd.placement.scaling import QueueSample
 
@@ -304,3 +314,35 @@ def test_queue_samples_subtract_and_survive_a_reload() -> None:
     assert now.since(None) is now
     reloaded = QueueSample(2, 3, 300.0, 0, 0.0)  # a new gate: its sums started again
     assert reloaded.since(before) is reloaded
+
+
+def test_decide_copies_follows_the_rules_in_order() -> None:
+    from meshd.placement.scaling import ModelPolicy, decide_copies
+
+    def decide(holders: dict[str, int], policy: ModelPolicy, rpm: int) -> tuple[int, bool]:
+        v = view(inst("me"), inst("b"), inst("c"))
+        d = decide_copies(
+            v,
+            holders=holders,
+            policy=policy,
+            rpm=rpm,
+            threshold_rpm=2000,
+            last_used_ms=NOW,
+            prior_use_ms=None,
+            default_model_units=UNITS,
+        )
+        return d.add, d.drop
+
+    assert decide({"me": NOW}, ModelPolicy(), 4000) == (2, False)  # busy: copies for load
+    assert decide({"me": NOW}, ModelPolicy(min_copies=2), 0) == (1, False)  # below the floor
+    assert decide({"me": NOW}, ModelPolicy(), 0) == (0, False)  # idle single copy: kept
+    # Above max copies the worst holder drops: equal instances, so the greatest id ("me").
+    assert decide({"me": NOW, "b": NOW}, ModelPolicy(max_copies=1), 0) == (0, True)
+
+
+def test_copy_rpm_is_the_last_intervals_requests_per_minute() -> None:
+    from meshd.placement.scaling import copy_rpm
+
+    assert copy_rpm(150, 50, 10_000) == 600  # 100 requests in 10 s
+    assert copy_rpm(50, 50, 10_000) == 0
+    assert copy_rpm(7, 0, 60_000) == 7

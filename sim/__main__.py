@@ -1,0 +1,248 @@
+"""`python -m sim`: compare placement policies on a preset workload or a CSV trace.
+
+    python -m sim                                  # every preset, every policy, three capacities
+    python -m sim --preset zipf --policies upstream,meshd --capacities 0.05,0.1,0.2
+    python -m sim --trace requests.csv --instances 3  # replay (format: sim/workloads.py)
+    python -m sim --preset zipf --compare-libcachesim  # one cache: meshd vs libCacheSim's algorithms
+    python -m sim --preset bursts --max-concurrency 4  # copies serve 4 at a time, the rest queue
+
+Prints markdown tables and writes them, with PNG plots (when matplotlib is installed), to
+--out (default results/). Bad arguments end with a one-line error and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from meshd.cache import Eviction
+from sim import report, single
+from sim import workloads as w
+from sim.engine import Fleet, Result, simulate
+from sim.policies import Policy, parse_policies
+
+PRESETS: dict[str, Callable[[w.Catalogue, int, float, float, int], w.Workload]] = {
+    "zipf": lambda c, n, a, r, s: w.zipf(c, n, a, r, seed=s),
+    "shifting": lambda c, n, a, r, s: w.shifting(c, n, a, r, seed=s),
+    "bursts": lambda c, n, a, r, s: w.bursts(c, n, a, r, seed=s),
+    "daily": lambda c, n, a, r, s: w.daily(c, n, a, r, seed=s),
+    "new-models": lambda c, n, a, r, s: w.new_models(c, n, a, r, seed=s),
+}
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not 0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"capacities are shares of the catalogue in (0, 1], got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return x
+
+
+def _bounded(low: float, high: float, flag: str, include_low: bool = False) -> Callable[[str], float]:
+    """A number in (low, high] (or [low, high]): beyond, sizes or popularity overflow into nonsense."""
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(x) and (low <= x if include_low else low < x) and x <= high):
+            opening = "[" if include_low else "("
+            raise argparse.ArgumentTypeError(f"{flag} must be in {opening}{low:g}, {high:g}], got {text!r}")
+        return x
+
+    return parse
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
+    return n
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= x < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return x
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m sim", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument("--preset", choices=[*PRESETS, "all"], default="all", help="synthetic workload (default: all)")
+    p.add_argument("--trace", type=Path, help="replay a CSV trace instead of a preset")
+    p.add_argument("--policies", default="upstream,meshd,random", help="comma-separated: upstream, meshd, random")
+    p.add_argument("--capacities", type=_floats, default=[0.1, 0.2, 0.3], help="fleet capacity, share of catalogue")
+    p.add_argument("--instances", type=_positive_int, default=10)
+    p.add_argument("--loading-threads", type=_positive_int, default=2)
+    p.add_argument("--models", type=_positive_int, default=2000)
+    p.add_argument("--requests", type=_positive_int, default=50_000)
+    p.add_argument("--rate", type=_positive_float, default=10.0, help="requests per second (virtual)")
+    p.add_argument(
+        "--alpha", type=_bounded(0.0, 10.0, "--alpha"), default=1.0, help="Zipf exponent of popularity (0, 10]"
+    )
+    p.add_argument(
+        "--size-sigma",
+        type=_bounded(0.0, 3.0, "--size-sigma", include_low=True),
+        default=0.5,
+        help="log-normal sigma of model sizes, 0-3 (0: equal)",
+    )
+    p.add_argument(
+        "--service-ms",
+        type=_non_negative_float,
+        default=w.DEFAULT_SERVICE_MS,
+        help="presets: median of the models' mean service times (traces: their latency_ms column)",
+    )
+    p.add_argument(
+        "--service-jitter", type=_non_negative_float, default=0.5, help="log-normal sigma per request (0: the mean)"
+    )
+    p.add_argument("--no-service-time", action="store_true", help="requests take no time on the runtime")
+    p.add_argument(
+        "--max-concurrency", type=_non_negative_int, default=0, help="requests a copy serves at once (0: unlimited)"
+    )
+    p.add_argument(
+        "--max-queue", type=_whole, default=0, help="requests that may wait per limited copy (0: auto, <0: unbounded)"
+    )
+    p.add_argument("--warmup", type=float, default=0.2, help="share of requests not counted (cache filling)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, default=Path("results"))
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--compare-libcachesim",
+        action="store_true",
+        help="also run one cache over the stream: meshd's LRU and GDSF, Belady, libCacheSim's algorithms",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        policies = parse_policies(args.policies)
+    except ValueError as e:
+        p.error(str(e))
+    if not 0 <= args.warmup < 1:
+        p.error(f"--warmup must be in [0, 1), got {args.warmup}")
+    if args.trace is not None:
+        try:
+            workloads = [w.read_csv(args.trace)]
+        except w.TraceError as e:
+            p.error(str(e))
+    else:
+        cat = w.catalogue(args.models, random.Random(args.seed), size_sigma=args.size_sigma, service_ms=args.service_ms)
+        names = list(PRESETS) if args.preset == "all" else [args.preset]
+        workloads = [PRESETS[n](cat, args.requests, args.alpha, args.rate, args.seed) for n in names]
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        p.error(f"cannot create {args.out}: {e}")
+    for wl in workloads:
+        run_workload(wl, args, policies)
+    return 0
+
+
+def run_workload(wl: w.Workload, args: argparse.Namespace, policies: list[Policy]) -> None:
+    total = wl.catalogue.total_units
+    warmup = int(len(wl) * args.warmup)
+    rows: list[tuple[str, float, Result]] = []
+    started = time.perf_counter()
+    for share in args.capacities:
+        fleet = Fleet(
+            args.instances,
+            max(1, int(total * share / args.instances)),
+            loading_threads=args.loading_threads,
+            seed=args.seed,
+            service_time=not args.no_service_time,
+            service_jitter=args.service_jitter,
+            max_concurrency=args.max_concurrency,
+            max_queue=args.max_queue,
+        )
+        for policy in policies:
+            rows.append((wl.name, share, simulate(wl, fleet, policy, warmup)))
+    text = report.table(rows)
+    header = (
+        f"## {wl.name}: {len(wl)} requests over {len(wl.catalogue)} models, {args.instances} instances, "
+        f"{args.loading_threads} loading threads ({time.perf_counter() - started:.0f} s)"
+    )
+    print(header, text, "", sep="\n")
+    body = [header, "", text, ""]
+    if args.compare_libcachesim:
+        single_text = compare_single(wl, args.capacities, warmup)
+        print(single_text, "", sep="\n")
+        body += [single_text, ""]
+    (args.out / f"{wl.name}.md").write_text("\n".join(body))
+    if not args.no_plots:
+        written = report.plots(wl.name, rows, args.out)
+        if not written:
+            print("(no plots: matplotlib is not installed)", file=sys.stderr)
+
+
+def compare_single(wl: w.Workload, capacities: list[float], warmup: int) -> str:
+    """One cache holding `capacities` of the catalogue, over the same request stream."""
+    reqs = list(wl.models)
+    units = list(wl.catalogue.units)
+    load_ms = list(wl.catalogue.load_ms)
+    total = wl.catalogue.total_units
+    ratios: dict[str, list[float]] = {"meshd LRU": [], "meshd GDSF": [], "Belady (own)": []}
+    for share in capacities:
+        cap = max(1, int(total * share))
+        ratios["meshd LRU"].append(single.meshd_hit_ratio(reqs, units, cap, Eviction.LRU, load_ms, warmup))
+        ratios["meshd GDSF"].append(single.meshd_hit_ratio(reqs, units, cap, Eviction.GDSF, load_ms, warmup))
+        ratios["Belady (own)"].append(single.belady_hit_ratio(reqs, units, cap, warmup))
+        try:
+            theirs = single.libcachesim_hit_ratios(reqs, units, cap, warmup=warmup)
+        except ImportError:
+            continue
+        for name, value in theirs.items():
+            ratios.setdefault(f"libCacheSim {name}", []).append(value)
+    title = f"### {wl.name}: one cache, hit ratio by capacity (request hit ratio; sizes in 8 KiB units)"
+    missing = "" if len(ratios) > 3 else "\n(libcachesim is not installed: pip install libcachesim)"
+    return title + "\n\n" + report.single_table(capacities, ratios) + missing
+
+
+if __name__ == "__main__":
+    sys.exit(main())

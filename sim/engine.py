@@ -1,0 +1,694 @@
+"""The discrete-event mesh: meshd's decision code driven on a virtual clock.
+
+Owns the simulated fleet (instances with a cache, loading threads and a load queue), the
+model records (which instances hold a copy, since when), the event queues (load
+completions, request completions, record publication, rate checks) and the counts a run
+reports. Every decision is meshd's own, called as the daemon calls it:
+
+- which copy serves: `placement.serving.choose_copy` (router), with the in-flight counts
+  the router keeps: per instance, the requests it forwarded to each peer and has not seen
+  answered (waiting for the peer's load, queued at its gate, or running);
+- where a miss loads: `placement.rank.choose_load_target` with `RecentPlacements` (router);
+- what to admit and evict: `cache.WeightedLRU` (local), GDSF or LRU;
+- a copy's concurrency limit (`Fleet.max_concurrency`, the runtime's maxConcurrency):
+  `gate.on_arrival` (run, queue first come first served, or refuse) with `gate.queue_bound`;
+  a refused request reroutes as `Router._route` does, at most `MAX_BUSY_RETRIES` times,
+  then fails with RESOURCE_EXHAUSTED (counted in `failed` and `rejected`);
+- what each instance publishes and when: `instances.instance_record`, `publish_due`,
+  `RpmMeter`; decisions read the published records, so they lag as they do in a mesh;
+- copy scaling: `placement.scaling.decide_copies` (scaler), every rate-check interval, with
+  `scaling.gated_rate` fed by each gated copy's queue and service sums, as the scaler does.
+
+Requests take their model's mean service time (`Catalogue.service_ms`) times a log-normal
+jitter (`Fleet.service_jitter`), and occupy the copy meanwhile. Added latency is what meshd
+adds (waits for loads and for a gate slot, peer hops); total latency adds the service time.
+A request that takes no time (mean 0, or `Fleet.service_time` off) completes at once, with no
+completion event, so zero service time gives exactly the results of `service_time` off. (The
+engine before service time also ignored the in-flight counts of requests forwarded to a
+peer that is loading the model; counting them, as the router does, can break ties between
+copies differently.) A forward served by an ungated copy needs no completion event either:
+the origin settles its in-flight count from its `answers` heap when it next routes.
+
+What is simplified, on purpose: peers never fail; a load never fails or times out; model
+records change at once (etcd writes take milliseconds, far below anything measured here); a
+request waiting for room that the cache then refuses for good, or that waits longer than the
+load timeout, counts as failed instead of being rerouted; a request never times out in a
+gate's queue; an evicted copy finishes the requests it holds (as the daemon's unload waits
+for them) but takes no new ones. Also, where the engine knows more than the daemon or acts
+on a coarser grid:
+- sizes are known up front: placement and admission use a model's real size, where the
+  daemon uses the size hint (or the runtime's default) until the runtime reports it;
+- records are published on a fixed grid of `Fleet.publish_ms` (2 s); the daemon checks every
+  0.5 s and publishes at least 2 s apart, so a change can reach placement up to 1.5 s later here;
+- a load waiting for room is retried with the model's last request anywhere; the daemon
+  retries with the newest request that joined that load on that instance;
+- the leader's preload of recently used models into free room, and the janitor, do not run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from array import array
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from meshd.cache import CacheEntry, State, WeightedLRU
+from meshd.gate import Arrival, on_arrival, queue_bound
+from meshd.instances import PUBLISH_MIN_INTERVAL_MS, Identity, RpmMeter, instance_record, publish_due
+from meshd.kv.records import InstanceRecord
+from meshd.placement.rank import (
+    DEFAULT_LOADING_TIMEOUT_MS,
+    LoadRequest,
+    RecentPlacements,
+    background_load_used_ms,
+    choose_load_target,
+    eligible,
+    load_here_as_last_resort,
+)
+from meshd.placement.scaling import (
+    DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT,
+    DEFAULT_POLICY,
+    DEFAULT_SCALE_UP_RPM_THRESHOLD,
+    RATE_CHECK_INTERVAL_MS,
+    QueueSample,
+    copy_rpm,
+    decide_copies,
+    gated_rate,
+)
+from meshd.placement.serving import MAX_ATTEMPTS, MAX_BUSY_RETRIES, assume_loaded_ms, choose_copy
+from meshd.placement.view import ClusterView, InstanceView
+from sim.policies import Policy
+from sim.workloads import Workload
+
+IDLE_GAP_MS = 3_600_000  # idle longer than this is crossed in one step
+EPOCH_MS = 1_700_000_000_000  # virtual time starts here: records carry epoch ms
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The simulated instances, all alike. `capacity_units`: each instance's cache (8 KiB units)."""
+
+    instances: int
+    capacity_units: int
+    loading_threads: int = 1
+    hop_ms: float = 1.0  # added latency of a peer hop (DESIGN.md: ~0.5-0.8 ms per hop here)
+    load_jitter: float = 0.25  # sigma of the log-normal factor on each load's mean time
+    default_model_units: int | None = None  # the runtime's default model size (None: median model)
+    rate_check_ms: int = RATE_CHECK_INTERVAL_MS
+    scaleup_rpm_threshold: int = DEFAULT_SCALE_UP_RPM_THRESHOLD
+    loading_timeout_ms: int = DEFAULT_LOADING_TIMEOUT_MS
+    publish_ms: int = PUBLISH_MIN_INTERVAL_MS
+    seed: int = 0
+    service_time: bool = True  # False: requests take no time (the catalogue's service_ms ignored)
+    service_jitter: float = 0.5  # sigma of the log-normal factor on each request's mean service time
+    max_concurrency: int = 0  # per copy (the runtime's maxConcurrency); 0: unlimited, no gate
+    max_queue: int = 0  # waiters per gated copy: MM_MAX_INFLIGHT_PER_MODEL_COPY (0 auto, < 0 unbounded)
+    scaleup_bandwidth_pct: int = DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT
+
+    def __post_init__(self) -> None:
+        if self.instances < 1:
+            raise ValueError("a fleet needs at least one instance")
+        if self.capacity_units < 1:
+            raise ValueError("instance capacity must be at least one unit")
+        if self.loading_threads < 1:
+            raise ValueError("loading threads must be at least 1")
+        if self.max_concurrency < 0:
+            raise ValueError("max concurrency must be 0 (unlimited) or more")
+        if not self.service_jitter >= 0 or not self.load_jitter >= 0:
+            raise ValueError("jitter (a log-normal sigma) must be 0 or more")
+
+
+@dataclass(slots=True)
+class Result:
+    policy: str
+    workload: str
+    instances: int
+    capacity_units: int  # per instance
+    requests: int = 0  # counted (after warm-up)
+    hits: int = 0  # served by a copy loaded when the request arrived
+    local_hits: int = 0  # ... on the instance the request arrived at
+    loads: int = 0
+    evictions: int = 0
+    failed: int = 0  # no answer: no room, or refused by every copy's gate (incl. `rejected`)
+    duration_ms: int = 0
+    added_p50_ms: float = 0.0  # latency meshd added: waits for loads and gate slots, peer hops
+    added_p99_ms: float = 0.0
+    added_mean_ms: float = 0.0
+    loads_per_minute: list[int] = field(default_factory=list)
+    rejected: int = 0  # RESOURCE_EXHAUSTED: every copy tried had a full gate queue
+    queued: int = 0  # requests that waited for a slot at a copy's gate
+    total_p50_ms: float = 0.0  # added latency plus the service time
+    total_p99_ms: float = 0.0
+    total_mean_ms: float = 0.0
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.requests if self.requests else 0.0
+
+    @property
+    def loads_per_min(self) -> float:
+        minutes = self.duration_ms / 60_000
+        return self.loads / minutes if minutes > 0 else float(self.loads)
+
+
+class _Gate:
+    """A copy's concurrency gate (meshd.gate.CopyGate on the virtual clock) and the sums the
+    scaler samples. Requests hold a reference, so an evicted copy finishes its queue."""
+
+    __slots__ = ("bound", "completed", "inst", "limit", "model", "queue", "queue_ms", "queued", "running", "service_ms")
+
+    def __init__(self, inst: int, model: int, limit: int, bound: int | None) -> None:
+        self.inst = inst
+        self.model = model
+        self.limit = limit
+        self.bound = bound
+        self.running = 0
+        self.queue: deque[tuple[float, float, int, bool]] = deque()  # (queued at, arrival, origin, forwarded)
+        self.completed = 0
+        self.service_ms = 0.0
+        self.queued = 0
+        self.queue_ms = 0.0
+
+    def sums(self) -> QueueSample:
+        return QueueSample(self.limit, self.completed, self.service_ms, self.queued, self.queue_ms)
+
+
+# A request being served: (done at, seq, gate, holder, model, origin, forwarded, service ms).
+_Done = tuple[float, int, "_Gate | None", int, int, int, bool, float]
+
+
+class _Instance:
+    __slots__ = (
+        "answers",
+        "blocked",
+        "cache",
+        "changed_since_publish",
+        "checked",
+        "gate_sums",
+        "gates",
+        "identity",
+        "index",
+        "inflight",
+        "initiated",
+        "instance_id",
+        "loading",
+        "placed",
+        "queue",
+        "record",
+        "record_ms",
+        "rpm",
+        "served",
+        "waiters",
+    )
+
+    def __init__(self, index: int, instance_id: str, cache: WeightedLRU, start_ms: int) -> None:
+        self.index = index
+        self.instance_id = instance_id
+        self.cache = cache
+        self.identity = Identity(instance_id, f"{instance_id}:8080", "", (), start_ms)
+        self.loading = 0  # loads running (<= loading threads)
+        self.queue: deque[int] = deque()  # admitted models waiting for a loading thread
+        self.blocked: dict[int, tuple[int, int]] = {}  # models waiting for room -> (last used, since)
+        # model -> (arrival, origin instance, forwarded) per request waiting for the load
+        self.waiters: dict[int, list[tuple[float, int, bool]]] = {}
+        self.initiated: set[int] = set()  # loads a request started (its first waiter)
+        self.served = 0
+        self.rpm = RpmMeter()
+        self.placed = RecentPlacements()
+        self.record: InstanceRecord | None = None
+        self.record_ms = 0
+        self.changed_since_publish = False
+        self.checked: dict[str, int] = {}  # model -> served count at the last rate check
+        self.inflight: dict[str, int] = {}  # Router.inflight: requests forwarded per peer, unanswered
+        self.answers: list[tuple[float, str]] = []  # (answered at, peer): ungated forwards being served
+        self.gates: dict[int, _Gate] = {}  # loaded copies' gates (max_concurrency > 0)
+        self.gate_sums: dict[str, QueueSample] = {}  # model -> its gate's sums at the last rate check
+
+
+class Simulation:
+    """One run of one policy over one workload on one fleet."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        fleet: Fleet,
+        policy: Policy,
+        warmup: int = 0,
+        ingress: Sequence[int] | None = None,
+    ) -> None:
+        """`ingress`: the instance (index) each request arrives at; default uniformly random,
+        as a load balancer in front of the mesh spreads them. Given, it replays a real run."""
+        if ingress is not None and len(ingress) != len(workload.models):
+            raise ValueError(f"ingress names {len(ingress)} instances for {len(workload.models)} requests")
+        if ingress is not None and any(not 0 <= i < fleet.instances for i in ingress):
+            raise ValueError(f"ingress names an instance outside 0..{fleet.instances - 1}")
+        self.ingress = ingress
+        self.workload = workload
+        self.fleet = fleet
+        self.policy = policy
+        self.warmup = warmup
+        cat = workload.catalogue
+        self.ids = cat.ids
+        self.index = {mid: i for i, mid in enumerate(cat.ids)}
+        self.units = cat.units
+        self.load_ms = cat.load_ms
+        self.service_ms = cat.service_ms if fleet.service_time else (0.0,) * len(cat.ids)
+        self.rng = random.Random(fleet.seed)
+        self.placement_rng = random.Random(fleet.seed + 1)
+        self.service_rng = random.Random(fleet.seed + 2)  # its own stream: loads draw as before
+        self.gated = fleet.max_concurrency > 0
+        self.gate_bound = queue_bound(fleet.max_concurrency, fleet.max_queue)
+        self.default_units = fleet.default_model_units or max(1, sorted(cat.units)[len(cat.units) // 2])
+        self.assume_loaded = assume_loaded_ms(fleet.loading_timeout_ms)
+        self.insts = [
+            _Instance(i, f"i{i:03d}", WeightedLRU(fleet.capacity_units, policy.eviction), EPOCH_MS)
+            for i in range(fleet.instances)
+        ]
+        self.by_id = {inst.instance_id: inst for inst in self.insts}
+        self.views: dict[str, InstanceView] = {}
+        self.copies: list[dict[str, int]] = [{} for _ in cat.ids]  # model records: holder -> load start
+        self.last_used: list[int] = [0] * len(cat.ids)
+        self.events: list[tuple[int, int, int, int, float]] = []  # (done at, seq, instance, model, load ms)
+        self.done: list[_Done] = []  # requests being served at gated copies
+        self.seq = 0
+        self.counting = warmup == 0
+        self.result = Result(policy.name, workload.name, fleet.instances, fleet.capacity_units)
+        self.zero_latency = 0
+        self.latencies: array[float] = array("d")
+        self.zero_total = 0
+        self.totals: array[float] = array("d")
+        self.minute_loads: dict[int, int] = {}
+
+    # ---- the run -----------------------------------------------------------------------
+    def run(self) -> Result:
+        times, models = self.workload.times_ms, self.workload.models
+        n = len(models)
+        ingress = self.rng.randrange
+        k = len(self.insts)
+        self._publish(EPOCH_MS, force=True)
+        next_publish = EPOCH_MS + self.fleet.publish_ms
+        next_check = EPOCH_MS + self.fleet.rate_check_ms
+        events, done = self.events, self.done
+        start_ms = EPOCH_MS + (times[self.warmup] if self.warmup < n else 0)
+        t = EPOCH_MS
+        for i in range(n):
+            t = EPOCH_MS + times[i]
+            while True:
+                if not events and not done and min(next_publish, next_check) < t - IDLE_GAP_MS:
+                    # Nothing runs until this request: one publish and one check at the end
+                    # of the gap stand for the idle ticks (a trace with hours of silence
+                    # would otherwise be stepped through 2 s at a time).
+                    next_publish += (t - next_publish) // self.fleet.publish_ms * self.fleet.publish_ms
+                    next_check += (t - next_check) // self.fleet.rate_check_ms * self.fleet.rate_check_ms
+                due = events[0][0] if events else math.inf
+                fin = done[0][0] if done else math.inf
+                if fin <= t and fin <= due and fin <= next_publish and fin <= next_check:
+                    self._complete(*heapq.heappop(done))
+                elif due <= t and due <= next_publish and due <= next_check:
+                    self._load_done(*heapq.heappop(events))
+                elif next_publish <= t and next_publish <= next_check:
+                    self._publish(next_publish)
+                    next_publish += self.fleet.publish_ms
+                elif next_check <= t:
+                    self._rate_check(next_check)
+                    next_check += self.fleet.rate_check_ms
+                else:
+                    break
+            if i == self.warmup:
+                self.counting = True
+            at = ingress(k) if self.ingress is None else self.ingress[i]
+            self._request(t, models[i], self.insts[at])
+        while events or done:  # let the last loads and requests finish so they are counted
+            if done and (not events or done[0][0] <= events[0][0]):
+                self._complete(*heapq.heappop(done))
+            else:
+                self._load_done(*heapq.heappop(events))
+        return self._finish(start_ms, t)
+
+    def _finish(self, start_ms: int, end_ms: int) -> Result:
+        r = self.result
+        r.duration_ms = max(0, end_ms - start_ms)
+        r.added_p50_ms, r.added_p99_ms, r.added_mean_ms = _summary(self.zero_latency, self.latencies)
+        r.total_p50_ms, r.total_p99_ms, r.total_mean_ms = _summary(self.zero_total, self.totals)
+        if self.minute_loads:
+            first, last = min(self.minute_loads), max(self.minute_loads)
+            r.loads_per_minute = [self.minute_loads.get(m, 0) for m in range(first, last + 1)]
+        return r
+
+    # ---- requests ----------------------------------------------------------------------
+    def _request(self, t: int, m: int, inst: _Instance) -> None:
+        self.last_used[m] = t
+        if self.counting:
+            self.result.requests += 1
+        entry = inst.cache.get(self.ids[m])
+        if entry is not None and entry.state is State.LOADED:  # a local hit, as in Router._serve
+            inst.cache.touch(entry.model_id, t)
+            if self._serve(t, inst, m, entry, t, inst.index, False):
+                if self.counting:
+                    self.result.hits += 1
+                    self.result.local_hits += 1
+                return
+            self._route(t, m, inst, t, {inst.instance_id}, 1, True)  # its gate is full: Refused(busy)
+            return
+        self._route(t, m, inst, t, set(), 0, True)
+
+    def _route(
+        self, t: int, m: int, inst: _Instance, arrival: float, excluded: set[str], busy: int, fresh: bool
+    ) -> None:
+        """Router._route: a copy serves, else placement picks where to load; refusals reroute.
+        `busy`: refusals by full gates so far; `fresh`: the request has not waited yet (a
+        loaded copy serving it is a hit)."""
+        mid = self.ids[m]
+        me = inst.instance_id
+        inflight = inst.inflight
+        answers = inst.answers
+        while answers and answers[0][0] <= t:  # answers that came back by now
+            inflight[heapq.heappop(answers)[1]] -= 1
+        for _ in range(MAX_ATTEMPTS):
+            view = ClusterView(me, t, self.views)
+            copies = self.copies[m]
+            if excluded:
+                copies = {i: s for i, s in copies.items() if i not in excluded}
+            target = choose_copy(view, copies, inflight, excluded, self.assume_loaded, False, False)
+            if target is not None:
+                holder = self.by_id[target]
+                entry = holder.cache.get(mid)
+                forwarded = target != me
+                if entry is not None and entry.state is State.LOADED:
+                    holder.cache.touch(mid, t)
+                    if forwarded:  # counted from the call on, as Router._forward does
+                        inflight[target] = inflight.get(target, 0) + 1
+                    if self._serve(t, holder, m, entry, arrival, inst.index, forwarded):
+                        if fresh and self.counting:
+                            self.result.hits += 1
+                        return
+                    if forwarded:
+                        inflight[target] -= 1
+                    excluded.add(target)
+                    busy += 1
+                    if busy > MAX_BUSY_RETRIES:
+                        self._failed(rejected=True)
+                        return
+                    continue
+                if m in holder.waiters:  # loading there: wait for it
+                    holder.waiters[m].append((arrival, inst.index, forwarded))
+                    if forwarded:
+                        inflight[target] = inflight.get(target, 0) + 1
+                    return
+                excluded.add(target)
+                continue
+            if busy:  # every copy is saturated: a new load would not answer in time
+                self._failed(rejected=True)
+                return
+            target = self._load_target(view, m, frozenset(excluded))
+            if target is None:
+                if not load_here_as_last_resort(view, excluded, frozenset(), frozenset()):
+                    break
+                target = me
+            holder = self.by_id[target]
+            joining = m in holder.waiters
+            if self._start_load(holder, m, t, t):
+                forwarded = target != me
+                if not joining:
+                    holder.initiated.add(m)  # this request's use is the admission's
+                holder.waiters[m].append((arrival, inst.index, forwarded))
+                if forwarded:
+                    inflight[target] = inflight.get(target, 0) + 1
+                return
+            excluded.add(target)
+        self._failed(rejected=False)
+
+    def _failed(self, rejected: bool) -> None:
+        """No answer: UNAVAILABLE, or RESOURCE_EXHAUSTED (`rejected`) when copies were busy."""
+        if self.counting:
+            self.result.failed += 1
+            self.result.rejected += rejected
+
+    def _serve(
+        self, t: float, holder: _Instance, m: int, entry: CacheEntry, arrival: float, origin: int, forwarded: bool
+    ) -> bool:
+        """Router._enter and the runtime call on `holder`'s loaded copy: run now or wait at
+        its gate. False when the gate refuses (its queue is full: Refused(busy))."""
+        gate = holder.gates.get(m) if self.gated else None
+        if gate is not None:
+            arrived = on_arrival(gate.running, len(gate.queue), gate.limit, gate.bound)
+            if arrived is Arrival.REFUSE:
+                return False
+            if arrived is Arrival.QUEUE:
+                entry.served += 1
+                holder.served += 1
+                gate.queue.append((t, arrival, origin, forwarded))
+                if self.counting:
+                    self.result.queued += 1
+                return True
+            gate.running += 1
+        entry.served += 1
+        holder.served += 1
+        self._start(t, holder.index, m, gate, arrival, origin, forwarded)
+        return True
+
+    def _start(self, t: float, holder: int, m: int, gate: _Gate | None, arrival: float, origin: int, fwd: bool) -> None:
+        """The runtime starts on a request: its latency is known now; its end is an event
+        when something waits on it (a gate slot, the origin's in-flight count)."""
+        mean = self.service_ms[m]
+        jitter = self.fleet.service_jitter
+        ms = mean * math.exp(self.service_rng.gauss(0.0, jitter)) if mean > 0 and jitter else mean
+        if self.counting:
+            added = t - arrival + (self.fleet.hop_ms if fwd else 0.0)
+            self._latency(added, added + ms)
+        if ms > 0:
+            if gate is not None:
+                self.seq += 1
+                heapq.heappush(self.done, (t + ms, self.seq, gate, holder, m, origin, fwd, ms))
+            elif fwd:  # only the origin's in-flight count waits on it: settled when it next routes
+                heapq.heappush(self.insts[origin].answers, (t + ms, self.insts[holder].instance_id))
+        elif gate is not None or fwd:
+            self._complete(t, 0, gate, holder, m, origin, fwd, ms)
+
+    def _complete(
+        self, t: float, _seq: int, gate: _Gate | None, holder: int, m: int, origin: int, fwd: bool, ms: float
+    ) -> None:
+        """A request answered: the origin sees it (in-flight count), its gate slot passes on."""
+        if fwd:
+            self.insts[origin].inflight[self.insts[holder].instance_id] -= 1
+        if gate is None:
+            return
+        gate.completed += 1
+        gate.service_ms += ms
+        if gate.queue:  # CopyGate.leave: the slot moves to the first waiter
+            queued_at, arrival, o, f = gate.queue.popleft()
+            gate.queued += 1
+            gate.queue_ms += t - queued_at
+            self._start(t, holder, m, gate, arrival, o, f)
+        else:
+            gate.running -= 1
+
+    def _latency(self, added: float, total: float) -> None:
+        if added <= 0:
+            self.zero_latency += 1
+        else:
+            self.latencies.append(added)
+        if total <= 0:
+            self.zero_total += 1
+        else:
+            self.totals.append(total)
+
+    def _load_target(self, view: ClusterView, m: int, exclude: frozenset[str]) -> str | None:
+        inst = self.by_id[view.self_id]
+        req = LoadRequest(
+            model_id=self.ids[m],
+            model_type="",
+            size_units=self.units[m],
+            exclude=exclude,
+            default_model_units=self.default_units,
+            recent_placements=inst.placed.counts(view.now_ms) if self.policy.spread_recent_loads else {},
+        )
+        if self.policy.random_placement:
+            candidates = eligible(view, req)
+            if not candidates:
+                return None
+            return candidates[self.placement_rng.randrange(len(candidates))].instance_id
+        target = choose_load_target(view, req, self.placement_rng)
+        if target is not None and self.policy.spread_recent_loads:
+            inst.placed.add(view.now_ms, target)
+        return target
+
+    # ---- loading -----------------------------------------------------------------------
+    def _start_load(self, inst: _Instance, m: int, t: int, last_used: int) -> bool:
+        """LocalModels.start_load: join a load under way, or admit (evicting) and queue it.
+        False when the cache refuses it for good (too big, or only newer models to evict)."""
+        if m in inst.waiters:
+            return True
+        admission = inst.cache.admit(self.ids[m], self.units[m], last_used, t)
+        if admission.admitted:
+            inst.waiters[m] = []
+            self._admitted(inst, m, t, admission.evicted)
+            return True
+        if admission.retryable:
+            inst.waiters[m] = []
+            inst.blocked[m] = (last_used, t)
+            return True
+        return False
+
+    def _admitted(self, inst: _Instance, m: int, t: int, evicted: tuple[CacheEntry, ...]) -> None:
+        if evicted:
+            inst.changed_since_publish = True  # LocalModels.on_change: evictions publish soon too
+        for victim in evicted:
+            v = self.index[victim.model_id]
+            self.copies[v].pop(inst.instance_id, None)
+            inst.gates.pop(v, None)  # it finishes what it holds, takes nothing new
+            if self.counting:
+                self.result.evictions += 1
+        self.copies[m][inst.instance_id] = t
+        if inst.loading < self.fleet.loading_threads:
+            self._begin(inst, m, t)
+        else:
+            inst.queue.append(m)
+
+    def _begin(self, inst: _Instance, m: int, t: int) -> None:
+        inst.loading += 1
+        mean = self.load_ms[m]
+        ms = mean * self.rng.lognormvariate(0.0, self.fleet.load_jitter) if self.fleet.load_jitter else mean
+        self.seq += 1
+        heapq.heappush(self.events, (t + int(ms), self.seq, inst.index, m, ms))
+
+    def _load_done(self, t: int, _seq: int, i: int, m: int, ms: float) -> None:
+        inst = self.insts[i]
+        inst.loading -= 1
+        mid = self.ids[m]
+        entry = inst.cache.get(mid)
+        waiters = inst.waiters.pop(m, [])
+        first = 1 if m in inst.initiated else 0
+        inst.initiated.discard(m)
+        if entry is not None:
+            inst.cache.set_state(mid, State.LOADED, t, ms)
+            inst.changed_since_publish = True
+            if self.gated:  # LocalModels: the runtime's maxConcurrency gives the copy a gate
+                inst.gates[m] = _Gate(i, m, self.fleet.max_concurrency, self.gate_bound)
+            if self.counting:
+                self.result.loads += 1
+                minute = (t - EPOCH_MS) // 60_000
+                self.minute_loads[minute] = self.minute_loads.get(minute, 0) + 1
+            for arrived, _, _ in waiters[first:]:  # LocalModels.ensure: a request that joined a load uses it
+                inst.cache.touch(mid, int(arrived))
+            for arrived, origin, forwarded in waiters:
+                if not self._serve(t, inst, m, entry, arrived, origin, forwarded):  # Refused(busy): reroute
+                    self._answered(origin, inst, forwarded)
+                    self._route(t, m, self.insts[origin], arrived, {inst.instance_id}, 1, False)
+        else:
+            for _, origin, forwarded in waiters:
+                self._answered(origin, inst, forwarded)
+        while inst.queue and inst.loading < self.fleet.loading_threads:
+            nxt = inst.queue.popleft()
+            if inst.cache.get(self.ids[nxt]) is not None:
+                self._begin(inst, nxt, t)
+        for b, (used, since) in list(inst.blocked.items()):  # room may have appeared (LocalModels._admit)
+            admission = inst.cache.admit(self.ids[b], self.units[b], max(used, self.last_used[b]), t)
+            if admission.admitted:
+                del inst.blocked[b]
+                self._admitted(inst, b, t, admission.evicted)
+            elif not admission.retryable or t - since > self.fleet.loading_timeout_ms:
+                del inst.blocked[b]  # refused for good, or waited the load timeout (NoRoom)
+                refused = inst.waiters.pop(b, [])
+                inst.initiated.discard(b)
+                for _, origin, forwarded in refused:
+                    self._answered(origin, inst, forwarded)
+                if self.counting:
+                    self.result.failed += len(refused)
+
+    def _answered(self, origin: int, holder: _Instance, forwarded: bool) -> None:
+        """A forwarded request came back without being served (refused): off the in-flight count."""
+        if forwarded:
+            self.insts[origin].inflight[holder.instance_id] -= 1
+
+    # ---- periodic work -----------------------------------------------------------------
+    def _publish(self, t: int, force: bool = False) -> None:
+        """InstancePublisher: each instance's record, on upstream's cadence."""
+        for inst in self.insts:
+            rpm = inst.rpm.rpm(inst.served, t)
+            record = instance_record(inst.identity, inst.cache, self.fleet.loading_threads, inst.loading, rpm, False, t)
+            if force or publish_due(inst.record, record, inst.record_ms, t, inst.changed_since_publish):
+                inst.record, inst.record_ms, inst.changed_since_publish = record, t, False
+                self.views[inst.instance_id] = InstanceView.from_record(inst.instance_id, record)
+
+    def _rate_check(self, t: int) -> None:
+        """Scaler.check on every instance: copy scaling for each loaded copy."""
+        if not self.policy.copy_scaling:
+            return
+        interval = self.fleet.rate_check_ms
+        for inst in self.insts:
+            view = ClusterView(inst.instance_id, t, self.views)
+            if view.get(inst.instance_id) is None:
+                continue
+            checked: dict[str, int] = {}
+            sums: dict[str, QueueSample] = {}
+            for entry in inst.cache.entries():
+                if entry.state is not State.LOADED:
+                    continue
+                mid = entry.model_id
+                checked[mid] = entry.served
+                rpm = copy_rpm(entry.served, inst.checked.get(mid, entry.served), interval)
+                m = self.index[mid]
+                threshold = self.fleet.scaleup_rpm_threshold
+                gate = inst.gates.get(m)
+                if gate is not None:  # Scaler.check: the gate's figures since the last check
+                    now = sums[mid] = gate.sums()
+                    sample = now.since(inst.gate_sums.get(mid))
+                    rpm, threshold = gated_rate(rpm, threshold, sample, self.fleet.scaleup_bandwidth_pct)
+                decision = decide_copies(
+                    view,
+                    holders=self.copies[m],
+                    policy=DEFAULT_POLICY,
+                    rpm=rpm,
+                    threshold_rpm=threshold,
+                    last_used_ms=entry.last_used_ms,
+                    prior_use_ms=entry.prior_use_ms,
+                    default_model_units=self.default_units,
+                )
+                if decision.drop:
+                    inst.changed_since_publish = True
+                    inst.cache.remove(mid)
+                    self.copies[m].pop(inst.instance_id, None)
+                    inst.gates.pop(m, None)
+                    if self.counting:
+                        self.result.evictions += 1
+                elif decision.add:
+                    self._add_copies(view, m, decision.add, t)
+            inst.checked = checked
+            inst.gate_sums = sums
+
+    def _add_copies(self, view: ClusterView, m: int, count: int, t: int) -> None:
+        """Router.place, `count` times: background loads dated at the model's last use."""
+        placed: set[str] = set()
+        used = background_load_used_ms(None, self.last_used[m], t)  # the record's last use
+        for _ in range(count):
+            exclude = frozenset(placed | set(self.copies[m]))
+            target = self._load_target(view, m, exclude)
+            if target is None:
+                return
+            placed.add(target)
+            self._start_load(self.by_id[target], m, t, used)
+
+
+def _summary(zeros: int, values: array[float]) -> tuple[float, float, float]:
+    """(p50, p99, mean) of `zeros` zero latencies and `values` (nearest-rank percentiles)."""
+    ordered = sorted(values)
+    total = zeros + len(ordered)
+
+    def pct(p: float) -> float:
+        rank = math.ceil(p * total) - 1
+        if total == 0 or rank < zeros:
+            return 0.0
+        return ordered[rank - zeros]
+
+    return pct(0.50), pct(0.99), sum(ordered) / total if total else 0.0
+
+
+def simulate(
+    workload: Workload, fleet: Fleet, policy: Policy, warmup: int = 0, ingress: Sequence[int] | None = None
+) -> Result:
+    """Run `policy` over `workload` on `fleet`; the first `warmup` requests are not counted."""
+    return Simulation(workload, fleet, policy, warmup, ingress).run()

@@ -1,0 +1,51 @@
+"""The policies the simulator compares: which of meshd's decisions each one switches on.
+
+- `upstream`: ModelMesh's defaults: weighted LRU eviction, PLACEMENT_ORDER ranking with the
+  near-best random pick (CacheMissForwardingLB), upstream's copy scaling.
+- `meshd`: meshd's own choices: GDSF eviction (size- and load-time-aware, `meshd.cache`),
+  and the placement spread of recent loads (`RecentPlacements`) on top of upstream's ranking.
+- `random`: a load goes to a uniformly random instance that could hold it (LRU eviction):
+  the floor any placement policy should beat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshd.cache import Eviction
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    eviction: Eviction = Eviction.LRU
+    random_placement: bool = False
+    spread_recent_loads: bool = False  # LoadRequest.recent_placements
+    copy_scaling: bool = True
+
+
+UPSTREAM = Policy("upstream")
+MESHD = Policy("meshd", eviction=Eviction.GDSF, spread_recent_loads=True)
+RANDOM = Policy("random", random_placement=True)
+
+POLICIES = {p.name: p for p in (UPSTREAM, MESHD, RANDOM)}
+
+
+def as_configured(eviction: Eviction) -> Policy:
+    """What `meshd serve` runs with `MESHD_EVICTION=<eviction>`: the router always spreads
+    recent loads, so this is `upstream` plus the spread (LRU) or `meshd` (GDSF)."""
+    return Policy(f"meshd serve ({eviction.value})", eviction=eviction, spread_recent_loads=True)
+
+
+def parse_policies(text: str) -> list[Policy]:
+    """`upstream,meshd` -> the policies; ValueError naming the unknown one."""
+    out: list[Policy] = []
+    for name in (x.strip() for x in text.split(",")):
+        if not name:
+            continue
+        if name not in POLICIES:
+            raise ValueError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
+        out.append(POLICIES[name])
+    if not out:
+        raise ValueError("no policy given")
+    return out

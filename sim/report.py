@@ -1,0 +1,80 @@
+"""Tables and plots of simulator results (plots need matplotlib, an optional dependency)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sim.engine import Result
+
+
+def table(rows: Sequence[tuple[str, float, Result]]) -> str:
+    """A markdown table: one row per (workload, capacity share, result). Added latency is
+    what meshd adds (load and gate waits, hops); total adds the service time; failed
+    includes requests every copy's full gate refused (RESOURCE_EXHAUSTED)."""
+    lines = [
+        "| workload | capacity | policy | hit ratio | loads | loads/min | added p99 ms | total p99 ms | queued "
+        "| failed |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for workload, share, r in rows:
+        lines.append(
+            f"| {workload} | {share:.0%} | {r.policy} | {r.hit_ratio:.3f} | {r.loads} | {r.loads_per_min:.1f} "
+            f"| {r.added_p99_ms:.0f} | {r.total_p99_ms:.0f} | {r.queued} | {r.failed} |"
+        )
+    return "\n".join(lines)
+
+
+def single_table(capacities: Sequence[float], ratios: dict[str, list[float]]) -> str:
+    """A markdown table of single-cache hit ratios: one row per algorithm, one column per capacity."""
+    head = "| algorithm | " + " | ".join(f"{c:.0%}" for c in capacities) + " |"
+    lines = [head, "| --- |" + " ---: |" * len(capacities)]
+    for name, values in ratios.items():
+        lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
+    return "\n".join(lines)
+
+
+def plots(name: str, rows: Sequence[tuple[str, float, Result]], out: Path) -> list[Path]:
+    """PNGs: hit ratio vs capacity and added-latency p99 vs capacity per policy, and loads per
+    minute over time per policy (at the middle capacity). Empty if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    by_policy: dict[str, list[tuple[float, Result]]] = {}
+    for _, share, r in rows:
+        by_policy.setdefault(r.policy, []).append((share, r))
+    written: list[Path] = []
+    metrics: tuple[tuple[str, str, Callable[[Result], float]], ...] = (
+        ("hit_ratio", "hit ratio", lambda r: r.hit_ratio),
+        ("p99", "added latency p99 (ms)", lambda r: r.added_p99_ms),
+    )
+    for metric, label, value in metrics:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for policy, points in by_policy.items():
+            points.sort(key=lambda p: p[0])
+            ax.plot([100 * s for s, _ in points], [value(r) for _, r in points], marker="o", label=policy)
+        ax.set_xlabel("fleet capacity (% of the catalogue)")
+        ax.set_ylabel(label)
+        ax.set_title(f"{name}: {label}")
+        ax.legend()
+        path = out / f"{name}-{metric}.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy, points in by_policy.items():
+        share, r = points[len(points) // 2]
+        ax.plot(range(len(r.loads_per_minute)), r.loads_per_minute, label=f"{policy} ({share:.0%})")
+    ax.set_xlabel("minute")
+    ax.set_ylabel("loads per minute")
+    ax.set_title(f"{name}: loads per minute")
+    ax.legend()
+    path = out / f"{name}-loads.png"
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    written.append(path)
+    return written

@@ -1,0 +1,330 @@
+"""Request streams for the simulator: model catalogues, synthetic workloads, CSV trace replay.
+
+A `Workload` is a catalogue of models (size, mean load time, mean service time) and a
+trace: request times (ms from the start, non-decreasing) with the model each one names.
+Generators are deterministic for a seed and use only `random`. Synthetic catalogues give
+each model a mean service time log-normal around 10 ms (sigma 0.5: most between 4 and 27 ms,
+typical of small CPU models; the engine adds per-request jitter).
+
+Synthetic workloads (all over a Zipf(alpha) popularity of the catalogue):
+- `zipf`: independent requests (the independent reference model), Poisson arrivals.
+- `shifting`: the popularity ranking is re-dealt for a fraction of the models every period.
+- `bursts`: Zipf background plus bursts during which one cold model takes a share of traffic.
+- `daily`: the arrival rate follows a daily cycle (compressed: `day_s` seconds per day).
+- `new_models`: models arrive over time, each entering at the top of the ranking.
+
+CSV trace format (`read_csv`): one request per line, `timestamp,model_id[,size_bytes[,latency_ms]]`.
+`timestamp` is in seconds (a float, any origin; lines need not be sorted); `size_bytes` is the
+model's memory size (the first non-empty value for a model counts; default `default_size_bytes`);
+`latency_ms` is the request's time on the runtime, which the simulator uses as service time
+(averaged per model; default 10 ms; load times come from the size). A first line
+whose timestamp is not a number is taken as a header. Blank lines and lines starting with `#`
+are skipped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import itertools
+import math
+import random
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshd.cache import to_units
+
+MIB = 1 << 20
+DEFAULT_SIZE_BYTES = 64 * MIB
+DEFAULT_SERVICE_MS = 10.0  # median of the models' mean service times (and a trace's default)
+DEFAULT_SERVICE_SIGMA = 0.5
+# Load time = fixed start-up + bytes at a read/initialise rate (typical of model servers on local disk).
+LOAD_FIXED_MS = 500.0
+LOAD_MS_PER_MIB = 5.0  # ~200 MiB/s
+
+
+MAX_SPAN_S = 366 * 86400  # a replay longer than a year is more likely timestamps in ms than a trace
+MAX_SIZE_BYTES = 1 << 50
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read (the message names the line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Catalogue:
+    """The models a workload names, by index: ids, sizes in 8 KiB units, mean load/service ms."""
+
+    ids: tuple[str, ...]
+    units: tuple[int, ...]
+    load_ms: tuple[float, ...]
+    service_ms: tuple[float, ...]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def total_units(self) -> int:
+        return sum(self.units)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    catalogue: Catalogue
+    times_ms: array[int]  # request times, non-decreasing, from 0
+    models: array[int]  # catalogue index per request
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+
+def load_ms_for(size_bytes: int) -> float:
+    return LOAD_FIXED_MS + LOAD_MS_PER_MIB * size_bytes / MIB
+
+
+def catalogue(
+    n: int,
+    rng: random.Random,
+    size_mib: float = 64.0,
+    size_sigma: float = 0.0,
+    service_ms: float = DEFAULT_SERVICE_MS,
+    service_sigma: float = DEFAULT_SERVICE_SIGMA,
+) -> Catalogue:
+    """`n` models with log-normal sizes (median `size_mib`; sigma 0: all the same size) and
+    log-normal mean service times (median `service_ms`; 0: requests take no time)."""
+    sizes = [int(size_mib * MIB * (math.exp(rng.gauss(0, size_sigma)) if size_sigma else 1.0)) for _ in range(n)]
+    # Drawn after the sizes, so a seed gives the same sizes whatever the service times.
+    service = [service_ms * (math.exp(rng.gauss(0, service_sigma)) if service_sigma else 1.0) for _ in range(n)]
+    return Catalogue(
+        ids=tuple(f"m{i:05d}" for i in range(n)),
+        units=tuple(to_units(s) for s in sizes),
+        load_ms=tuple(load_ms_for(s) for s in sizes),
+        service_ms=tuple(service),
+    )
+
+
+def zipf_weights(n: int, alpha: float) -> list[float]:
+    """Popularity of ranks 1..n under Zipf(alpha), normalised to sum to 1."""
+    w = [1.0 / (i + 1) ** alpha for i in range(n)]
+    total = sum(w)
+    return [x / total for x in w]
+
+
+def _cumulative(weights: Sequence[float]) -> list[float]:
+    return list(itertools.accumulate(weights))
+
+
+def _poisson_times(n: int, rate_rps: float, rng: random.Random) -> array[int]:
+    t = 0.0
+    out = array("q")
+    mean_gap_ms = 1000.0 / rate_rps
+    for _ in range(n):
+        t += rng.expovariate(1.0) * mean_gap_ms
+        out.append(int(t))
+    return out
+
+
+def zipf(cat: Catalogue, n_requests: int, alpha: float, rate_rps: float, seed: int = 0, name: str = "zipf") -> Workload:
+    """Independent requests: each names model i with probability ~ 1/(i+1)^alpha."""
+    rng = random.Random(seed)
+    cum = _cumulative(zipf_weights(len(cat), alpha))
+    models = array("q", rng.choices(range(len(cat)), cum_weights=cum, k=n_requests))
+    return Workload(name, cat, _poisson_times(n_requests, rate_rps, rng), models)
+
+
+def shifting(
+    cat: Catalogue,
+    n_requests: int,
+    alpha: float,
+    rate_rps: float,
+    period_s: float = 600.0,
+    fraction: float = 0.2,
+    seed: int = 0,
+) -> Workload:
+    """Zipf whose ranking changes: every `period_s`, `fraction` of the ranks are re-dealt."""
+    rng = random.Random(seed)
+    n = len(cat)
+    cum = _cumulative(zipf_weights(n, alpha))
+    rank_to_model = list(range(n))
+    rng.shuffle(rank_to_model)
+    times = _poisson_times(n_requests, rate_rps, rng)
+    models = array("q")
+    next_shift = period_s * 1000
+    for t in times:
+        while t >= next_shift:
+            picked = rng.sample(range(n), max(2, int(n * fraction)))
+            moved = [rank_to_model[r] for r in picked]
+            rng.shuffle(moved)
+            for r, m in zip(picked, moved, strict=True):
+                rank_to_model[r] = m
+            next_shift += period_s * 1000
+        models.append(rank_to_model[bisect.bisect_left(cum, rng.random() * cum[-1])])
+    return Workload("shifting", cat, times, models)
+
+
+def bursts(
+    cat: Catalogue,
+    n_requests: int,
+    alpha: float,
+    rate_rps: float,
+    every_s: float = 120.0,
+    length_s: float = 20.0,
+    share: float = 0.3,
+    seed: int = 0,
+) -> Workload:
+    """Zipf background; every `every_s` a cold model (from the tail) takes `share` of the
+    requests for `length_s` (a batch job or a newly launched feature)."""
+    rng = random.Random(seed)
+    n = len(cat)
+    cum = _cumulative(zipf_weights(n, alpha))
+    times = _poisson_times(n_requests, rate_rps, rng)
+    models = array("q")
+    tail = range(n // 2, n)
+    for t in times:
+        k = int(t // (every_s * 1000))
+        in_burst = t - k * every_s * 1000 < length_s * 1000 and k > 0
+        if in_burst and rng.random() < share:
+            models.append(tail[random.Random(seed * 7919 + k).randrange(len(tail))])
+        else:
+            models.append(bisect.bisect_left(cum, rng.random() * cum[-1]))
+    return Workload("bursts", cat, times, models)
+
+
+def daily(
+    cat: Catalogue,
+    n_requests: int,
+    alpha: float,
+    rate_rps: float,
+    day_s: float = 1200.0,
+    trough: float = 0.2,
+    seed: int = 0,
+) -> Workload:
+    """Zipf requests whose rate follows a day: peak `rate_rps` at midday, `trough` x it at night
+    (thinned Poisson; one day lasts `day_s` seconds of simulated time)."""
+    rng = random.Random(seed)
+    cum = _cumulative(zipf_weights(len(cat), alpha))
+    times = array("q")
+    t = 0.0
+    mean_gap_ms = 1000.0 / rate_rps
+    day_ms = day_s * 1000
+    while len(times) < n_requests:
+        t += rng.expovariate(1.0) * mean_gap_ms
+        level = trough + (1 - trough) * 0.5 * (1 - math.cos(2 * math.pi * (t % day_ms) / day_ms))
+        if rng.random() < level:
+            times.append(int(t))
+    models = array("q", rng.choices(range(len(cat)), cum_weights=cum, k=n_requests))
+    return Workload("daily", cat, times, models)
+
+
+def new_models(
+    cat: Catalogue,
+    n_requests: int,
+    alpha: float,
+    rate_rps: float,
+    start_fraction: float = 0.5,
+    seed: int = 0,
+) -> Workload:
+    """Models arrive over the trace: `start_fraction` of the catalogue is there at the start,
+    the rest arrive at even intervals, each at the top of the ranking (new releases are hot),
+    pushing the older ones down."""
+    rng = random.Random(seed)
+    n = len(cat)
+    start = max(1, int(n * start_fraction))
+    times = _poisson_times(n_requests, rate_rps, rng)
+    models = array("q")
+    arrivals = n - start
+    every = max(1, n_requests // (arrivals + 1))
+    present = start
+    cum = _cumulative(zipf_weights(present, alpha))
+    for i in range(n_requests):
+        if arrivals and i and i % every == 0 and present < n:
+            present += 1
+            cum = _cumulative(zipf_weights(present, alpha))
+        rank = bisect.bisect_left(cum, rng.random() * cum[-1])
+        models.append(present - 1 - rank)  # the newest model holds rank 0
+    return Workload("new-models", cat, times, models)
+
+
+def read_csv(path: Path, default_size_bytes: int = DEFAULT_SIZE_BYTES) -> Workload:
+    """A workload from a CSV trace (format in the module docstring). Raises TraceError."""
+    rows: list[tuple[float, str]] = []
+    sizes: dict[str, int] = {}
+    latency: dict[str, list[float]] = {}
+    first_data_line = True
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            for lineno, row in enumerate(csv.reader(f, strict=True), 1):
+                if not row or not row[0].strip() or row[0].lstrip().startswith("#"):
+                    continue
+                header, first_data_line = first_data_line, False
+                try:
+                    ts = float(row[0])
+                except ValueError:
+                    if header:
+                        continue  # a header (comment lines may come before it)
+                    raise TraceError(f"{path}:{lineno}: timestamp {row[0]!r} is not a number") from None
+                if len(row) < 2 or not row[1].strip():
+                    raise TraceError(f"{path}:{lineno}: missing model id")
+                if not math.isfinite(ts):
+                    raise TraceError(f"{path}:{lineno}: timestamp {row[0]!r} is not finite")
+                mid = row[1].strip()
+                rows.append((ts, mid))
+                if len(row) > 2 and row[2].strip() and mid not in sizes:
+                    size = _positive(row[2], path, lineno, "size_bytes")
+                    if size > MAX_SIZE_BYTES:
+                        raise TraceError(f"{path}:{lineno}: size_bytes {row[2]!r} is over 1 PiB")
+                    sizes[mid] = int(size)
+                if len(row) > 3 and row[3].strip():
+                    latency.setdefault(mid, []).append(_positive(row[3], path, lineno, "latency_ms"))
+    except OSError as e:
+        raise TraceError(f"cannot read {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise TraceError(f"{path}: not CSV: {e}") from None
+    if not rows:
+        raise TraceError(f"{path}: no requests")
+    rows.sort(key=lambda r: r[0])
+    span_s = rows[-1][0] - rows[0][0]
+    if span_s > MAX_SPAN_S:
+        raise TraceError(
+            f"{path}: the trace spans {span_s / 86400:.0f} days; at most {MAX_SPAN_S // 86400} (timestamps are seconds)"
+        )
+    index: dict[str, int] = {}
+    for _, mid in rows:
+        index.setdefault(mid, len(index))
+    ids = tuple(index)
+    size_of = [sizes.get(m, default_size_bytes) for m in ids]
+    cat = Catalogue(
+        ids=ids,
+        units=tuple(to_units(s) for s in size_of),
+        load_ms=tuple(load_ms_for(s) for s in size_of),
+        service_ms=tuple(sum(latency[m]) / len(latency[m]) if m in latency else DEFAULT_SERVICE_MS for m in ids),
+    )
+    t0 = rows[0][0]
+    times = array("q", (int((ts - t0) * 1000) for ts, _ in rows))
+    models = array("q", (index[mid] for _, mid in rows))
+    return Workload(path.stem, cat, times, models)
+
+
+def _positive(text: str, path: Path, lineno: int, column: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(f"{path}:{lineno}: {column} {text!r} is not a number") from None
+    if not value > 0 or not math.isfinite(value):
+        raise TraceError(f"{path}:{lineno}: {column} must be a positive number (got {text!r})")
+    return value
+
+
+def write_csv(workload: Workload, path: Path) -> None:
+    """Write `workload` in the trace format (for replay, or another simulator)."""
+    cat = workload.catalogue
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["timestamp", "model_id", "size_bytes", "latency_ms"])
+        for t, m in zip(workload.times_ms, workload.models, strict=True):
+            w.writerow([f"{t / 1000:.3f}", cat.ids[m], cat.units[m] * 8192, f"{cat.service_ms[m]:g}"])

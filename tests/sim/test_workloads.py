@@ -1,0 +1,75 @@
+"""Workload generators and CSV trace replay."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from sim import workloads as w
+from sim.engine import Fleet, simulate
+from sim.policies import UPSTREAM
+
+
+def test_generators_are_deterministic_sorted_and_in_range() -> None:
+    cat = w.catalogue(50, random.Random(1), size_sigma=0.5)
+    for make in (w.zipf, w.shifting, w.bursts, w.daily, w.new_models):
+        a = make(cat, 2000, 1.0, 50.0, seed=3)  # type: ignore[operator]
+        b = make(cat, 2000, 1.0, 50.0, seed=3)  # type: ignore[operator]
+        assert list(a.models) == list(b.models) and list(a.times_ms) == list(b.times_ms)
+        assert len(a) == 2000 and all(0 <= m < 50 for m in a.models)
+        assert list(a.times_ms) == sorted(a.times_ms)
+
+
+def test_csv_round_trip_and_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("timestamp,model_id,size_bytes,latency_ms\n2.5,b,16384,4\n1.0,a,,\n# note\n\n3,a,8192,2\n")
+    wl = w.read_csv(path)
+    assert wl.catalogue.ids == ("a", "b")  # in order of first request
+    assert list(wl.times_ms) == [0, 1500, 2000]
+    assert list(wl.models) == [0, 1, 0]
+    assert wl.catalogue.units == (1, 2)  # a: the first size given for it
+    assert wl.catalogue.service_ms == (2.0, 4.0)
+    out = tmp_path / "out.csv"
+    w.write_csv(wl, out)
+    again = w.read_csv(out)
+    assert list(again.models) == list(wl.models) and again.catalogue.units == wl.catalogue.units
+
+
+def test_a_header_may_follow_comment_lines(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("# exported 2026-11-22\ntimestamp,model_id\n0,a\n1.5,b\n")
+    workload = w.read_csv(path)
+    assert list(workload.times_ms) == [0, 1500] and workload.catalogue.ids == ("a", "b")
+
+
+def test_hours_of_silence_in_a_trace_are_crossed_quickly(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("0,a\n1,a\n31536000,a\n31536001,b\n")  # a year apart: 15 million 2 s ticks
+    result = simulate(w.read_csv(path), Fleet(2, 10_000), UPSTREAM)
+    assert result.requests == 4 and result.failed == 0 and result.loads >= 2
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1,a\nx,b\n", "t.csv:2: timestamp 'x' is not a number"),
+        ("1,\n", "t.csv:1: missing model id"),
+        ("1,a,-5\n", "t.csv:1: size_bytes must be a positive number"),
+        ("1,a,1,zz\n", "t.csv:1: latency_ms 'zz' is not a number"),
+        ("timestamp,model_id\n", "no requests"),
+        ("0,a\n1e300,b\n", "spans .* days; at most 366"),
+        ("0,a,1e300\n", "size_bytes '1e300' is over 1 PiB"),
+        (b"0,a\n1,\xff\xfe\n", "not UTF-8 text"),
+        ('0,"a\n', "not CSV"),
+    ],
+)
+def test_bad_trace_lines_are_named(tmp_path: Path, text: str | bytes, message: str) -> None:
+    path = tmp_path / "t.csv"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    with pytest.raises(w.TraceError, match=message):
+        w.read_csv(path)
