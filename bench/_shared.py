@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
+import sys
 from collections.abc import Callable, Coroutine, Sequence
 from types import FrameType
 from typing import Any, TypeVar
@@ -30,6 +32,16 @@ def asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """The command that reproduces this run, for the printed results."""
+    return shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join([script, *argv])
+
+
+def log(msg: str) -> None:
+    """Progress goes to stderr, so stdout holds only the figures."""
+    print(msg, file=sys.stderr, flush=True)
 
 
 def sigterm_as_interrupt() -> None:

@@ -40,7 +40,6 @@ import math
 import os
 import platform
 import random
-import shlex
 import sys
 import tempfile
 import time
@@ -59,8 +58,10 @@ if str(_REPO) not in sys.path:
 
 from _shared import (  # noqa: E402 - bench/ is on sys.path
     asyncio_run,
+    command_line,
     cpu_seconds,
     dump_logs,
+    log,
     sigterm_as_interrupt,
     stop_uninterrupted,
 )
@@ -475,11 +476,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["cluster_load.py", *argv])
+    command = command_line("cluster_load.py", argv)
     sigterm_as_interrupt()
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
 
     started = time.monotonic()
     tmp = tempfile.TemporaryDirectory(prefix="meshd-cluster-bench-")

@@ -412,15 +412,16 @@ def report(results: Results, settings: Settings, command: str, elapsed_s: float)
         )
     big = summary.get((settings.payloads[-1][0], 8)) if len(settings.payloads) > 1 else None
     stream8 = summary.get((f"{tiny}~s", 8))
-    goals = [
+    goals: list[tuple[str, dict[str, float] | None, float | None]] = [
         (f"{tiny} unary, c=8", c8, 1.2),
         (f"{settings.payloads[-1][0]} unary, c=8", big, 1.0),
         (f"{tiny} stream messages, c=8", stream8, None),
     ]
-    for name, row, goal in goals:
-        if row:
-            verdict = "" if goal is None else f" (goal <= {goal:.1f}: {'met' if row['cm'] <= goal else 'NOT met'})"
-            out.append(f"meshd CPU per request / runtime CPU per request, {name}: {row['cm']:.2f}{verdict}")
+    for name, figures, goal in goals:
+        if figures:
+            met = "met" if goal is not None and figures["cm"] <= goal else "NOT met"
+            verdict = "" if goal is None else f" (goal <= {goal:.1f}: {met})"
+            out.append(f"meshd CPU per request / runtime CPU per request, {name}: {figures['cm']:.2f}{verdict}")
     return out
 
 

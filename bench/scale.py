@@ -35,7 +35,6 @@ import bisect
 import gc
 import os
 import platform
-import shlex
 import sys
 import tempfile
 import time
@@ -53,8 +52,10 @@ if str(_REPO) not in sys.path:
 
 from _shared import (  # noqa: E402 - bench/ is on sys.path
     asyncio_run,
+    command_line,
     cpu_seconds,
     dump_logs,
+    log,
     rss_bytes,
     sigterm_as_interrupt,
     stop_uninterrupted,
@@ -404,11 +405,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["scale.py", *argv])
+    command = command_line("scale.py", argv)
     sigterm_as_interrupt()
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
 
     started = time.monotonic()
     tmp = tempfile.TemporaryDirectory(prefix="meshd-scale-bench-")

@@ -31,7 +31,6 @@ import math
 import os
 import platform
 import random
-import shlex
 import sys
 import tempfile
 import time
@@ -50,7 +49,9 @@ if str(_REPO) not in sys.path:
 
 from _shared import (  # noqa: E402 - bench/ is on sys.path
     asyncio_run,
+    command_line,
     dump_logs,
+    log,
     rss_bytes,
     sigterm_as_interrupt,
     slope,
@@ -132,7 +133,7 @@ class Soak:
     def client(self) -> MeshClient:
         return self.clients[next(self.rr) % len(self.clients)]
 
-    async def infer(self, kind: str, header: tuple[str, str], expected: list[Sequence[float]]) -> None:
+    async def infer(self, kind: str, header: tuple[str, str], expected: Sequence[Sequence[float]]) -> None:
         req = make_infer_request(header[1], [ROW]).SerializeToString()
         try:
             raw = await self.client().channel.unary_unary(INFER)(req, metadata=(header,), timeout=RPC_TIMEOUT_S)
@@ -345,11 +346,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["soak.py", *argv])
+    command = command_line("soak.py", argv)
     sigterm_as_interrupt()
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
 
     tmp = tempfile.TemporaryDirectory(prefix="meshd-soak-")
     workdir = Path(tmp.name)

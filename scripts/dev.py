@@ -57,7 +57,7 @@ def main(argv: list[str]) -> None:
         run(BIN / "meshd", "demo", *rest)
     elif command in {"test", "quick"}:
         run(py, "-m", "ruff", "check", *[d for d in LINTED if (ROOT / d).is_dir()])
-        run(py, "-m", "mypy", "meshd", "sim")
+        run(py, "-m", "mypy", "meshd", "sim", "bench")
         marks = ["-m", "not slow"] if command == "quick" else []
         run(py, "-m", "pytest", *marks, *rest)
     elif command == "bench":
