@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 
 UNLOAD_INFLIGHT_WAIT_S = 120.0  # upstream waits ~2 min for in-flight requests before unloading
 INFLIGHT_POLL_S = 0.05
+RECORD_REMOVALS_AT_ONCE = 8  # a runtime gone with etcd down too: each removal may wait seconds
+
+
+class RuntimeGone(Unavailable):
+    """The runtime stopped answering while this load was under way: it must not land."""
 
 
 class NoRoom(Unavailable):
@@ -93,6 +98,8 @@ class LocalModels:
         self._tasks: set[asyncio.Task[None]] = set()
         self._space = asyncio.Event()  # replaced and set whenever room may have appeared
         self.runtime_up = True  # False while the runtime does not answer (meshd.runtime.health)
+        self.runtime_epoch = 0  # counts the runtime's outages: a load spanning one is void
+        self._removals = asyncio.Semaphore(RECORD_REMOVALS_AT_ONCE)
 
     # ---- the request path ------------------------------------------------------------
     async def ensure(self, model_id: str, record: ModelRecord, last_used_ms: int | None = None) -> CacheEntry:
@@ -189,14 +196,33 @@ class LocalModels:
             self._unload_later(model_id)
             self.on_change()
 
-    async def runtime_gone(self) -> None:
-        """The runtime stopped answering: forget every loaded copy and leave its record.
-        Nothing is unloaded (nothing to ask); a runtime coming back purges before READY."""
+    def runtime_gone(self) -> None:
+        """The runtime stopped answering: refuse loads, forget every loaded or loading copy
+        and leave its record (in the background, a few at a time: etcd may be down too).
+        Loads under way fail when they end (`RuntimeGone`). Nothing is unloaded (nothing to
+        ask); a runtime coming back purges before READY."""
+        self.runtime_up = False
+        self.runtime_epoch += 1
         for entry in self.cache.entries():
-            if entry.state is State.LOADED and self.cache.get(entry.model_id) is entry:
+            if entry.state is not State.FAILED:
                 self._remove(entry.model_id)
-                await self._quiet(self.registry.remove_copy(entry.model_id, self.instance_id))
+                self._spawn(self._remove_copy_bounded(entry.model_id))
         self.on_change()
+
+    def runtime_back(self) -> None:
+        """The runtime answered READY again, having purged its models: start from an empty
+        cache (a load admitted around the outage fails when it ends), then take loads."""
+        self.runtime_epoch += 1
+        for entry in self.cache.entries():
+            self._remove(entry.model_id)
+            if entry.state is not State.FAILED:
+                self._spawn(self._remove_copy_bounded(entry.model_id))
+        self.runtime_up = True
+        self.on_change()
+
+    async def _remove_copy_bounded(self, model_id: str) -> None:
+        async with self._removals:
+            await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
 
     def shed(self, model_id: str) -> bool:
         """Unload a loaded copy the scaler no longer wants (counted as an eviction)."""
@@ -262,6 +288,7 @@ class LocalModels:
 
     async def _load(self, model_id: str, record: ModelRecord, fut: asyncio.Future[CacheEntry]) -> None:
         admitted = False
+        epoch = self.runtime_epoch
         try:
             await self._admit(model_id, self.initial_units(record))
             admitted = True
@@ -274,9 +301,17 @@ class LocalModels:
             self.metrics.model_sizing((time.monotonic() - sizing) * 1000, model_id)
             if predicted and model_id in self.cache:
                 self._evict_all(self.cache.resize(model_id, to_units(predicted)))
+            self._check_runtime(model_id, epoch)
             if not await self.registry.add_copy(model_id, self.instance_id, self.clock()):
                 raise NotFound(f"model {model_id!r} was unregistered")
-            loaded = await self.queue.load(model_id, record.type, record.path, record.key)
+            try:
+                loaded = await self.queue.load(model_id, record.type, record.path, record.key)
+            except LoadFailed:
+                self._check_runtime(model_id, epoch)  # a runtime gone meanwhile is not the model's fault
+                raise
+            if self.runtime_epoch != epoch:
+                self._unload_later(model_id)  # it may have landed after the returning runtime's purge
+            self._check_runtime(model_id, epoch)
             entry = self.cache.get(model_id)
             if entry is None:  # unregistered (or dropped) while loading
                 self._unload_later(model_id)
@@ -309,6 +344,8 @@ class LocalModels:
             raise
         except Exception as e:
             self._forget_failed_admission(model_id, admitted)
+            if isinstance(e, RuntimeGone) and admitted:  # its entry went with the outage, maybe not its record
+                self._spawn(self._remove_copy_bounded(model_id))
             if not isinstance(e, MeshError):
                 log.exception("load of %s failed unexpectedly", model_id)
                 e = Unavailable(f"load of {model_id!r} failed: {e}")
@@ -318,6 +355,10 @@ class LocalModels:
             self._wanted_last_used.pop(model_id, None)
             self._space_changed()  # the entry is now evictable, failed or gone
             self.on_change()
+
+    def _check_runtime(self, model_id: str, epoch: int) -> None:
+        if self.runtime_epoch != epoch:
+            raise RuntimeGone(f"load of {model_id!r} abandoned: the runtime stopped answering meanwhile")
 
     def _forget_failed_admission(self, model_id: str, admitted: bool) -> None:
         if admitted and self.cache.get(model_id) is not None:

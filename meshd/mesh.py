@@ -35,7 +35,7 @@ from meshd.invocations import Invocations
 from meshd.kv.election import Election
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.kv.etcd import EtcdStore
-from meshd.kv.records import InstanceRecord, ModelRecord, VModelRecord
+from meshd.kv.records import RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
 from meshd.kv.watch_trace import WatchTrace
@@ -168,7 +168,10 @@ class Instance:
             q = local.queue
             # A runtime that does not answer takes no models: placement skips "shutting down" ones.
             stopping = self.shutting_down or not watch.up
-            return instance_record(me, local.cache, q.threads, q.in_progress, rpm, stopping, now)
+            record = instance_record(me, local.cache, q.threads, q.in_progress, rpm, stopping, now)
+            if not watch.up:  # tells operators a dead runtime from a drain
+                record.extra[RUNTIME_DOWN] = True
+            return record
 
         instances = self.instances
         self.publisher = InstancePublisher(

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, cast
 
+from meshd.api.admin import instance_message
 from meshd.cache import UNIT_BYTES, State, WeightedLRU
 from meshd.inventory import HeldCopy, Inventory, corrupt_summary, held_copies, instance_summaries, model_summary
 from meshd.kv.records import InstanceRecord, ModelRecord
@@ -95,6 +96,18 @@ def test_instance_summaries_are_sorted_and_mark_the_leader() -> None:
     out = instance_summaries([("b", InstanceRecord(capacity=2, used=1)), ("a", InstanceRecord())], "b")
     assert [(s.instance_id, s.leader) for s in out] == [("a", False), ("b", True)]
     assert (out[1].capacity_bytes, out[1].used_bytes) == (2 * UNIT_BYTES, UNIT_BYTES)
+
+
+def test_listed_instances_tell_a_dead_runtime_from_a_drain() -> None:
+    """`runtimeDown` rides beside upstream's `shutdown` in the record JSON and reaches admin
+    listInstances; a plain drain has `shutdown` alone."""
+    down = InstanceRecord.decode(b'{"shutdown": true, "runtimeDown": true, "loc": "h:1"}')
+    draining = InstanceRecord.decode(b'{"shutdown": true}')
+    assert down.runtime_down and not draining.runtime_down
+    assert InstanceRecord.decode(down.encode()) == down
+    a, b = (instance_message(s) for s in instance_summaries([("a", down), ("b", draining)], None))
+    assert (a.shutdown, a.runtimeDown) == (True, True)
+    assert (b.shutdown, b.runtimeDown) == (True, False)
 
 
 async def test_concurrent_listings_share_one_round_of_peer_calls() -> None:

@@ -55,6 +55,7 @@ def instance_message(s: InstanceSummary) -> Any:
         loadingThreads=r.loading_threads,
         loadingInProgress=r.loading_in_progress,
         leader=s.leader,
+        runtimeDown=r.runtime_down,
     )
 
 

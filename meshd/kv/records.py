@@ -166,6 +166,9 @@ class VModelRecord:
         return _dump(known, self.extra)
 
 
+RUNTIME_DOWN = "runtimeDown"  # instance record key meshd adds beside `shutdown`
+
+
 @dataclass(slots=True)
 class InstanceRecord:
     """`<prefix>/<service>/instances/<instanceId>`, attached to the instance's lease."""
@@ -225,3 +228,9 @@ class InstanceRecord:
     def encode(self) -> bytes:
         known = {self._NAMES[f.name]: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         return _dump(known, self.extra)
+
+    @property
+    def runtime_down(self) -> bool:
+        """meshd only: `shutdown` is set because the runtime does not answer, not for a drain.
+        Carried as an extra key, which upstream ignores (it reads `shutdown`)."""
+        return self.extra.get(RUNTIME_DOWN) is True

@@ -144,6 +144,7 @@ def instance_json(i: Any, now_ms: int) -> JSON:
         "loadingThreads": i.loadingThreads,
         "loadingInProgress": i.loadingInProgress,
         "leader": i.leader,
+        "runtimeDown": i.runtimeDown,
     }
 
 
@@ -151,12 +152,18 @@ def instances_json(resp: Any) -> JSON:
     return {"instances": [instance_json(i, resp.nowMs) for i in resp.instances], "nowMs": resp.nowMs}
 
 
+def _state(i: Any) -> str:
+    if i.runtimeDown:  # shutdown is set too (placement skips it), but nothing is draining
+        return "runtime down"
+    return "stopping" if i.shutdown else "serving"
+
+
 def instances_table(resp: Any) -> str:
     now = resp.nowMs
     rows = [
         [
             i.instanceId,
-            "stopping" if i.shutdown else "serving",
+            _state(i),
             "yes" if i.leader else "",
             size(i.capacityBytes),
             f"{size(i.usedBytes)} {percent(i.usedBytes, i.capacityBytes)}",

@@ -3,11 +3,13 @@
 `runtimeStatus` cannot be polled while serving (a runtime purges its models when it answers
 READY, SPEC §1), so the probe asks `modelSize` of a held copy (of no model when none is
 held): any answer means the runtime is there, NOT_FOUND for a held copy means it lost it
-(it restarted). No answer for `DOWN_AFTER_PROBES` probes in a row: the runtime is down.
-Then every copy leaves the records and the cache (nothing may report LOADED where nothing
-is), loads are refused and the instance record says it takes no models. Once
-`runtimeStatus` answers READY again (the runtime has purged, matching the empty cache)
-the instance takes loads again. `judge` is the decision, pure.
+(it restarted). DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED is a runtime too busy to answer in
+time: it is there, and keeps its copies. Only connection failures (UNAVAILABLE) count as
+missed; `DOWN_AFTER_PROBES` of them in a row and the runtime is down. Then every copy leaves
+the records and the cache (nothing may report LOADED where nothing is), loads in progress
+fail instead of landing later, loads are refused and the instance record says it takes no
+models. Once `runtimeStatus` answers READY again (the runtime has purged) the cache is
+emptied and the instance takes loads again. `judge` is the decision, pure.
 """
 
 from __future__ import annotations
@@ -26,16 +28,19 @@ from meshd.runtime.client import RuntimeNotReady
 
 log = logging.getLogger(__name__)
 
-# Two missed probes could be a busy moment; three in a row is a runtime that is not there.
+# Two refused connections could be a restart in progress; three in a row is a runtime that is not there.
 DOWN_AFTER_PROBES = 3
 PROBE_TIMEOUT_S = 5.0
-_NO_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# A slow answer is a loaded runtime, not a dead one: dropping its copies would make it purge
+# and reload everything (the recovery calls runtimeStatus).
+_BUSY = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
 class Probe(enum.Enum):
     ANSWERED = "answered"
     LOST_COPY = "lost a copy"  # NOT_FOUND for a copy this instance holds
-    NO_ANSWER = "no answer"
+    BUSY = "busy"  # connected, but no answer in time
+    NO_ANSWER = "no answer"  # no connection
 
 
 class Action(enum.Enum):
@@ -48,13 +53,15 @@ class Action(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class RuntimeHealth:
     up: bool = True
-    misses: int = 0  # probes in a row without an answer
+    misses: int = 0  # probes in a row without a connection
 
 
 def judge(health: RuntimeHealth, probe: Probe, down_after: int = DOWN_AFTER_PROBES) -> tuple[RuntimeHealth, Action]:
     """The next state and what to do. While down, a probe is `runtimeStatus`: ANSWERED = READY."""
     if not health.up:
         return (RuntimeHealth(), Action.RECOVERED) if probe is Probe.ANSWERED else (health, Action.NONE)
+    if probe is Probe.BUSY:  # there, so the count starts again; its copies stay
+        return RuntimeHealth(), Action.NONE
     if probe is Probe.NO_ANSWER:
         misses = health.misses + 1
         if misses >= down_after:
@@ -95,12 +102,11 @@ class RuntimeWatch:
                 self.local.runtime.endpoint,
                 DOWN_AFTER_PROBES,
             )
-            self.local.runtime_up = False
-            await self.local.runtime_gone()
+            self.local.runtime_gone()  # record removals run in the background: etcd may be down too
             self.on_change()
         elif action is Action.RECOVERED:
             log.info("runtime at %s is READY again: taking loads", self.local.runtime.endpoint)
-            self.local.runtime_up = True
+            self.local.runtime_back()
             self.on_change()
 
     async def _probe(self) -> Probe:
@@ -109,8 +115,11 @@ class RuntimeWatch:
         try:
             await self.local.runtime.probe(model_id, PROBE_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
-            if e.code() in _NO_ANSWER:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
                 return Probe.NO_ANSWER
+            if e.code() in _BUSY:
+                log.debug("runtime at %s busy: %s", self.local.runtime.endpoint, e.code().name)
+                return Probe.BUSY
             if e.code() == grpc.StatusCode.NOT_FOUND and model_id:
                 return Probe.LOST_COPY
         return Probe.ANSWERED

@@ -1,7 +1,8 @@
 """An in-memory stand-in for `RuntimeClient`, for hermetic tests of the local-copy logic.
 
 It records every call in order, can hold a load open until released, fail loads of chosen
-models, and answers like the SPI (NOT_FOUND-free unloads, sizes). Real-runtime behaviour is
+models, be down (connections refused) or busy (no answer in time), and answers like the SPI
+(NOT_FOUND-free unloads, sizes, a purge when runtimeStatus answers READY). Real-runtime behaviour is
 tested against the reference runtime process; this fake only makes races reproducible.
 """
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from meshd.runtime.client import LoadedModel, RuntimeInfo
+from meshd.runtime.client import LoadedModel, RuntimeInfo, RuntimeNotReady
 
 MIB = 1 << 20
 
@@ -40,6 +41,9 @@ class FakeRuntime:
     gates: dict[str, asyncio.Event] = field(default_factory=dict)  # hold loads of these ids
     fail: set[str] = field(default_factory=set)
     unload_delay_s: float = 0.0  # a slow unload makes an untracked one race a later load
+    down: bool = False  # every call fails UNAVAILABLE (a refused connection)
+    busy: bool = False  # probes fail DEADLINE_EXCEEDED (connected, too loaded to answer in time)
+    endpoint: str = "fake"
 
     def hold(self, model_id: str) -> asyncio.Event:
         gate = self.gates[model_id] = asyncio.Event()
@@ -51,11 +55,33 @@ class FakeRuntime:
     async def model_size(self, model_id: str) -> int | None:
         return self.size
 
+    def _answer(self) -> None:
+        if self.down:
+            raise FakeRpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
+
+    async def probe(self, model_id: str, timeout_s: float) -> None:
+        self._answer()
+        if self.busy:
+            raise FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        if model_id and model_id not in self.loaded:
+            raise FakeRpcError(grpc.StatusCode.NOT_FOUND, f"{model_id} not loaded")
+
+    async def has_model(self, model_id: str) -> bool | None:
+        return None if self.down else model_id in self.loaded
+
+    async def wait_ready(self, timeout_s: float = 0, interval_s: float = 0) -> RuntimeInfo:
+        if self.down:
+            raise RuntimeNotReady("fake runtime down")
+        self.log.append(("purge", ""))
+        self.loaded.clear()  # a runtime answering READY has purged its models (SPEC §1)
+        return runtime_info()
+
     async def load(self, model_id: str, model_type: str, path: str, key: str, timeout_s: float) -> LoadedModel:
         self.log.append(("load", model_id))
         gate = self.gates.get(model_id)
         if gate is not None:
             await gate.wait()
+        self._answer()
         if model_id in self.fail:
             raise FakeRpcError(grpc.StatusCode.INTERNAL, f"injected failure for {model_id}")
         self.loaded.add(model_id)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from meshd._proto.meshd import admin_pb2, admin_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.runtimes.models import GeneratedModel
 from meshd.testing.procs import wait_until
@@ -67,6 +68,8 @@ def test_killed_runtime_copies_leave_records_and_requests_go_elsewhere(
     a.register(fresh)
     assert close_enough(a.infer(fresh.id, ROWS), expected(fresh, ROWS))
     assert set(fault_mesh.records()[fresh.id]["instanceIds"]) <= {"inst-b", "inst-c"}
+    # Operators see why: the listing says its runtime is down, not that it is draining.
+    wait_until(answers(lambda: runtime_down(b, "inst-a")), WAIT_S, "inst-a listed with its runtime down")
 
     # A runtime back on the same endpoint: a serves from its own runtime again.
     args = ["--capacity-bytes", str(8 * MODEL_SIZE)]
@@ -74,8 +77,16 @@ def test_killed_runtime_copies_leave_records_and_requests_go_elsewhere(
     again = models[4]
     a.register(again)
     wait_until(answers(lambda: _loads_here(a, again.id)), WAIT_S, "a to take loads again")
+    wait_until(answers(lambda: not runtime_down(b, "inst-a")), WAIT_S, "inst-a listed as serving again")
     assert close_enough(b.infer(again.id, ROWS), expected(again, ROWS))
     wait_until(answers(lambda: truthful(fault_mesh, set())), WAIT_S, "records and statuses to match runtimes")
+
+
+def runtime_down(c: Client, instance_id: str) -> bool:
+    """admin listInstances as `c` answers it: `instance_id` stopped taking models for a dead runtime."""
+    resp = admin_pb2_grpc.MeshAdminStub(c.channel).listInstances(admin_pb2.ListInstancesRequest(), timeout=10)
+    listed = {i.instanceId: i for i in resp.instances}[instance_id]
+    return bool(listed.shutdown and listed.runtimeDown)
 
 
 def _loads_here(c: Client, model_id: str) -> bool:

@@ -102,6 +102,7 @@ def instances() -> Any:
                 **common,
             ),
             pb.InstanceSummary(instanceId="b", usedBytes=0, modelCount=0, lruTimeMs=NOW, shutdown=True, **common),
+            pb.InstanceSummary(instanceId="c", lruTimeMs=NOW, shutdown=True, runtimeDown=True, **common),
         ],
         nowMs=NOW,
     )
@@ -109,16 +110,20 @@ def instances() -> Any:
 
 def test_instances_table() -> None:
     assert render.instances_table(instances()).splitlines() == [
-        "INSTANCE  STATE     LEADER  CAPACITY  USED         MODELS  RPM  LRU AGE  UP  ZONE  LOCATION       VERSION"
+        "INSTANCE  STATE         LEADER  CAPACITY  USED         MODELS  RPM  LRU AGE  UP  ZONE  LOCATION       VERSION"
         "  LABELS",
-        "a         serving   yes     8.0 MiB   2.0 MiB 25%  2       30   5m       2m  z1    10.0.0.1:8080  0.1.0"
+        "a         serving       yes     8.0 MiB   2.0 MiB 25%  2       30   5m       2m  z1    10.0.0.1:8080  0.1.0"
         "    gpu,big",
-        "b         stopping          8.0 MiB   0 B 0%       0       0    -        2m  -     10.0.0.1:8080  0.1.0    -",
+        "b         stopping              8.0 MiB   0 B 0%       0       0    -        2m  -     10.0.0.1:8080"
+        "  0.1.0    -",
+        # shutdown is set for placement, but this one is not draining: its runtime is dead
+        "c         runtime down          8.0 MiB   0 B 0%       0       0    -        2m  -     10.0.0.1:8080"
+        "  0.1.0    -",
     ]
 
 
 def test_instances_json() -> None:
-    a, b = render.instances_json(instances())["instances"]
+    a, b, c = render.instances_json(instances())["instances"]
     assert a == {
         "instanceId": "a",
         "location": "10.0.0.1:8080",
@@ -136,8 +141,10 @@ def test_instances_json() -> None:
         "loadingThreads": 0,
         "loadingInProgress": 0,
         "leader": True,
+        "runtimeDown": False,
     }
-    assert (b["lruAgeMs"], b["shutdown"]) == (None, True)  # no loaded models: no LRU age
+    assert (b["lruAgeMs"], b["shutdown"], b["runtimeDown"]) == (None, True, False)  # no loaded models: no LRU age
+    assert (c["shutdown"], c["runtimeDown"]) == (True, True)
 
 
 def test_status_and_vmodel() -> None:

@@ -68,7 +68,7 @@ class ListInstancesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InstanceSummary(_message.Message):
-    __slots__ = ("instanceId", "location", "zone", "labels", "capacityBytes", "usedBytes", "modelCount", "rpm", "lruTimeMs", "shutdown", "startTimeMs", "version", "loadingThreads", "loadingInProgress", "leader")
+    __slots__ = ("instanceId", "location", "zone", "labels", "capacityBytes", "usedBytes", "modelCount", "rpm", "lruTimeMs", "shutdown", "startTimeMs", "version", "loadingThreads", "loadingInProgress", "leader", "runtimeDown")
     INSTANCEID_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class InstanceSummary(_message.Message):
     LOADINGTHREADS_FIELD_NUMBER: _ClassVar[int]
     LOADINGINPROGRESS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
+    RUNTIMEDOWN_FIELD_NUMBER: _ClassVar[int]
     instanceId: str
     location: str
     zone: str
@@ -99,7 +100,8 @@ class InstanceSummary(_message.Message):
     loadingThreads: int
     loadingInProgress: int
     leader: bool
-    def __init__(self, instanceId: _Optional[str] = ..., location: _Optional[str] = ..., zone: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., modelCount: _Optional[int] = ..., rpm: _Optional[int] = ..., lruTimeMs: _Optional[int] = ..., shutdown: bool = ..., startTimeMs: _Optional[int] = ..., version: _Optional[int] = ..., loadingThreads: _Optional[int] = ..., loadingInProgress: _Optional[int] = ..., leader: bool = ...) -> None: ...
+    runtimeDown: bool
+    def __init__(self, instanceId: _Optional[str] = ..., location: _Optional[str] = ..., zone: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., modelCount: _Optional[int] = ..., rpm: _Optional[int] = ..., lruTimeMs: _Optional[int] = ..., shutdown: bool = ..., startTimeMs: _Optional[int] = ..., version: _Optional[int] = ..., loadingThreads: _Optional[int] = ..., loadingInProgress: _Optional[int] = ..., leader: bool = ..., runtimeDown: bool = ...) -> None: ...
 
 class ListInstancesResponse(_message.Message):
     __slots__ = ("instances", "nowMs")
