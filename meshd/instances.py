@@ -2,7 +2,10 @@
 cadence: when it changed materially, at most every 2 s, at least every 40 s while
 changed, and right after loads; and written back when the stored value is no longer
 the one published (overwritten or deleted behind meshd's back: peers would stop seeing
-this instance). `instance_record` and `publish_due` are pure.
+this instance), judged only once the instances mirror has caught up with the last put.
+A record left by another process with the same instance id is reported, not fought.
+After a lost lease the record returns only once the rejoin check has run.
+`instance_record`, `publish_due` and `judge_stored` are pure.
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from enum import Enum
 
 from meshd import __version__
 from meshd.cache import State, WeightedLRU
 from meshd.clock import Clock, wall_ms
 from meshd.kv.lease import LeaseKeeper
 from meshd.kv.records import InstanceRecord
-from meshd.kv.store import KVStore, StoreError
+from meshd.kv.store import KVStore, LeaseExpired, StoreError
+from meshd.kv.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +111,31 @@ def publish_due(last: InstanceRecord | None, new: InstanceRecord, last_ms: int, 
     return new != last and now_ms - last_ms >= PUBLISH_MAX_INTERVAL_MS
 
 
+class Stored(Enum):
+    """What the instances mirror holds at the own key, against the last record published."""
+
+    LAGGING = "lagging"  # the mirror has not applied the last put yet: no judgement
+    OURS = "ours"
+    GONE = "gone"  # absent (or corrupt): write it back
+    CHANGED = "changed"  # this process's identity, other contents: write it back
+    FOREIGN = "foreign"  # another process with this instance id: report, do not fight
+
+
+def judge_stored(
+    last: InstanceRecord, put_revision: int, mirror_revision: int, stored: InstanceRecord | None
+) -> Stored:
+    if mirror_revision < put_revision:
+        return Stored.LAGGING
+    if stored is None:
+        return Stored.GONE
+    if stored == last:
+        return Stored.OURS
+    # start_time and location together tell processes apart (one port, one start).
+    if (stored.start_time, stored.location) != (last.start_time, last.location):
+        return Stored.FOREIGN
+    return Stored.CHANGED
+
+
 class InstancePublisher:
     """Keeps `instances/<id>` current on the instance's lease."""
 
@@ -116,20 +146,27 @@ class InstancePublisher:
         build: Callable[[], InstanceRecord],
         ttl_s: int,
         clock: Clock = wall_ms,
-        stored: Callable[[], InstanceRecord | None] | None = None,
+        mirror: Table[InstanceRecord] | None = None,
     ) -> None:
-        """`stored`: what the instances mirror holds at `key` (None: absent or corrupt)."""
+        """`mirror`: the instances table (`key` lies under its prefix), to write the record
+        back when it goes missing or is overwritten."""
+        if mirror is not None and not key.startswith(mirror.prefix):
+            raise ValueError(f"{key} is not under {mirror.prefix}")
         self.store = store
         self.key = key
         self.build = build
-        self.stored = stored
+        self.mirror = mirror
+        self._mirror_id = key[len(mirror.prefix) :] if mirror is not None else ""
         self._restoring = False
+        self._foreign_seen: set[tuple[int, str]] = set()
         self.clock = clock
-        self.lease = LeaseKeeper(store, ttl_s, on_new_lease=self._republish)
+        self.lease = LeaseKeeper(store, ttl_s, on_new_lease=self._republish, before_regrant=self._before_rejoin)
         # Run before the record returns after a lost lease (the instance was gone for peers).
         self.before_rejoin: Callable[[], Awaitable[object]] | None = None
         self.last: InstanceRecord | None = None
         self.last_ms = 0
+        self._put_revision = 0
+        self._lock = asyncio.Lock()  # one put at a time: `last` and its revision stay paired
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -148,44 +185,71 @@ class InstancePublisher:
         # yet due, and 3.11's wait_for can swallow a cancellation that races its event.)
         while True:
             await asyncio.sleep(PUBLISH_TICK_S)
-            forced = self._kick.is_set() or self._overwritten()
-            record = self.build()
-            if publish_due(self.last, record, self.last_ms, self.clock(), forced):
-                self._kick.clear()
-                try:
-                    await self._put(record)
-                except StoreError as e:
-                    log.warning("could not publish the instance record: %s", e)
-                    self.last = None  # publish again as soon as the store answers
+            if self.lease.lost:
+                continue  # the record returns with the new lease, after the rejoin check
+            async with self._lock:
+                forced = self._kick.is_set() or self._write_back_due()
+                record = self.build()
+                if publish_due(self.last, record, self.last_ms, self.clock(), forced):
+                    self._kick.clear()
+                    await self._publish(record)
 
-    def _overwritten(self) -> bool:
-        """Whether the stored value is not the last one published. Right after a put the
-        mirror may lag for a moment: that costs at most one extra put, 2 s later."""
-        if self.stored is None or self.last is None:
+    def _write_back_due(self) -> bool:
+        """Whether the stored record must be written again (gone, or changed behind our back)."""
+        if self.mirror is None or self.last is None:
             return False
-        differs = self.stored() != self.last
-        if differs and not self._restoring:
-            log.warning(
-                "instance record at %s is not the one published (overwritten or deleted); writing it again", self.key
-            )
-        self._restoring = differs
-        return differs
+        stored = self.mirror.get(self._mirror_id)
+        verdict = judge_stored(self.last, self._put_revision, self.mirror.revision, stored)
+        if verdict is Stored.LAGGING:
+            return False
+        if verdict is Stored.FOREIGN and stored is not None:
+            who = (stored.start_time, stored.location)
+            if who not in self._foreign_seen:
+                self._foreign_seen.add(who)
+                log.error(
+                    "instance record at %s was written by another process with this instance id "
+                    "(at %s, started %d); not writing it back: give each instance its own id",
+                    self.key,
+                    stored.location,
+                    stored.start_time,
+                )
+        restoring = verdict in (Stored.GONE, Stored.CHANGED)
+        if restoring and not self._restoring:
+            how = "deleted" if verdict is Stored.GONE else "overwritten"
+            log.warning("instance record at %s was %s; writing it again", self.key, how)
+        self._restoring = restoring
+        return restoring
 
     async def publish_now(self) -> None:
         """Publish at once, outside the cadence (the shutdown flag must reach peers now)."""
-        await self._put(self.build())
+        if self.lease.lost:
+            return  # no record to update; it returns after the rejoin check
+        async with self._lock:
+            await self._put(self.build())
+
+    async def _publish(self, record: InstanceRecord) -> None:
+        lease_id = self.lease.lease_id
+        try:
+            await self._put(record)
+        except LeaseExpired:
+            self.lease.mark_lost(lease_id)
+            if not self.lease.lost:
+                self.last = None  # the lease was replaced meanwhile: publish on the new one
+        except StoreError as e:
+            log.warning("could not publish the instance record: %s", e)
+            self.last = None  # publish again as soon as the store answers
 
     async def _put(self, record: InstanceRecord) -> None:
-        await self.store.put(self.key, record.encode(), lease=self.lease.lease_id)
-        self.last, self.last_ms = record, self.clock()
+        revision = await self.store.put(self.key, record.encode(), lease=self.lease.lease_id)
+        self.last, self.last_ms, self._put_revision = record, self.clock(), revision
+
+    async def _before_rejoin(self) -> None:
+        if self.before_rejoin is not None:
+            await self.before_rejoin()
 
     async def _republish(self, lease_id: int) -> None:
-        if self.before_rejoin is not None:
-            try:
-                await self.before_rejoin()
-            except Exception:
-                log.exception("check before rejoining failed")
-        await self._put(self.build())
+        async with self._lock:
+            await self._put(self.build())
 
     async def stop(self) -> None:
         if self._task is not None:

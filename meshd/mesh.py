@@ -179,7 +179,7 @@ class Instance:
             f"{prefix}/instances/{cfg.instance_id}",
             build,
             cfg.instance_ttl_s,
-            stored=lambda: instances.get(cfg.instance_id),
+            mirror=instances,
         )
         local.on_change = self.publisher.kick
         watch.on_change = self.publisher.kick
@@ -206,9 +206,15 @@ class Instance:
             tracing=self.tracing,
         )
         self.copies = CopyCounter(registry, cluster, self.local, self.peers)
-        # Back from a lost lease (frozen, cut off): drop copies reloaded elsewhere up to their
-        # max before peers can count this instance's again.
-        self.publisher.before_rejoin = lambda: local.reconcile(set(cluster.view().instances) - {cfg.instance_id})
+
+        async def before_rejoin() -> None:
+            # Back from a lost lease (frozen, cut off): drop copies reloaded elsewhere up to
+            # their max before peers can count this instance's again, judged on mirrors
+            # brought up to date first (the watch may still be delivering the time away).
+            await asyncio.gather(instances.catch_up(), registry.models.catch_up())
+            await local.reconcile(set(cluster.view().instances) - {cfg.instance_id})
+
+        self.publisher.before_rejoin = before_rejoin
 
         async def ensure_loading(model_id: str) -> None:
             # Best effort: the change is already committed; the leader's loop places too.

@@ -3,7 +3,8 @@
 Reads are local (eventually consistent, like upstream); writes are compare-and-set on the
 key's mod revision, retried on conflict against a fresh linearizable read. After a
 successful write the caller may `wait_for(revision)` so its own mirror reflects it
-(read-your-writes). The watch resumes after store outages (the store does that) and
+(read-your-writes); `catch_up()` brings it to the store's current revision when a check
+must not act on a lagging watch. The watch resumes after store outages (the store does that) and
 re-lists after compaction, reporting the difference to listeners.
 """
 
@@ -102,6 +103,15 @@ class Table(Generic[R]):
         except TimeoutError:
             raise StoreUnavailable(f"mirror of {self.prefix} did not reach revision {revision}") from None
 
+    async def catch_up(self) -> None:
+        """Bring the mirror to at least the store's current revision (one range read).
+
+        `wait_for` cannot serve here: the mirror's revision moves only with changes under
+        its own prefix, so in a quiet prefix it would never reach the store's. Changes found
+        reach listeners as with a re-list; the watch then skips what the read covered.
+        """
+        await self._relist()
+
     # ---- writes ----------------------------------------------------------------------
     async def update(self, item_id: str, fn: Callable[[R | None], R | Keep | None], lease: int = 0) -> R | None:
         """Apply `fn` to a fresh copy of the record (None: absent) and CAS the result.
@@ -187,6 +197,8 @@ class Table(Generic[R]):
 
     async def _relist(self) -> None:
         kvs, revision = await self.store.range_prefix(self.prefix)
+        if revision <= self.revision:
+            return  # the watch applied this much (or more) while the read was out
         seen = set()
         for kv in kvs:
             item_id = kv.key[len(self.prefix) :]
@@ -203,7 +215,9 @@ class Table(Generic[R]):
         backoff = 0.1
         while True:
             try:
-                async for events in self.store.watch_prefix(self.prefix, self.revision + 1):
+                async for batch in self.store.watch_prefix(self.prefix, self.revision + 1):
+                    # Events a `catch_up` read already covered may still arrive: skip them.
+                    events = [ev for ev in batch if ev.mod_revision > self.revision]
                     for ev in events:
                         self._apply(ev.key, ev.value if ev.kind == "put" else None, ev.mod_revision)
                     if events:
