@@ -32,8 +32,9 @@ from meshd.gate import CopyGate, queue_bound
 from meshd.kv.records import ModelRecord
 from meshd.metrics import NO_METRICS, Metrics
 from meshd.placement.modelkey import policy_from_key
+from meshd.placement.view import ClusterView
 from meshd.reconcile import Repairs, plan_repairs
-from meshd.registry import Registry
+from meshd.registry import CopiesFull, Registry
 from meshd.runtime.client import RuntimeClient, RuntimeInfo
 from meshd.runtime.loader import LoadQueue
 from meshd.status import failure_expired
@@ -92,6 +93,9 @@ class LocalModels:
         self.clock = clock
         self.counters = Counters()
         self.on_change: Callable[[], None] = lambda: None  # copies loaded or evicted (publish soon)
+        # The cluster as the instances mirror shows it, for the max-copies rule (None: not
+        # known yet, e.g. the start-up reconcile; nothing is checked against max copies).
+        self.cluster_view: Callable[[], ClusterView] | None = None
         self._loading: dict[str, asyncio.Future[CacheEntry]] = {}
         self._wanted_last_used: dict[str, int] = {}  # newest use asked of a load not yet admitted
         self._unloading: dict[str, asyncio.Task[None]] = {}
@@ -302,7 +306,8 @@ class LocalModels:
             if predicted and model_id in self.cache:
                 self._evict_all(self.cache.resize(model_id, to_units(predicted)))
             self._check_runtime(model_id, epoch)
-            if not await self.registry.add_copy(model_id, self.instance_id, self.clock()):
+            # Refused (CopiesFull) when the model's max copies are already on serving holders.
+            if not await self.registry.add_copy(model_id, self.instance_id, self.clock(), self._serving()):
                 raise NotFound(f"model {model_id!r} was unregistered")
             try:
                 loaded = await self.queue.load(model_id, record.type, record.path, record.key)
@@ -445,18 +450,27 @@ class LocalModels:
 
         `live`: instances with a record, to drop copies beyond a model's max copies."""
         table = self.registry.models
-        repairs = plan_repairs(self.instance_id, dict(table.items()), self.cache.entries(), table.corrupt, live)
+        live, leaving = self._liveness(live)
+        entries = self.cache.entries()
+        repairs = plan_repairs(self.instance_id, dict(table.items()), entries, table.corrupt, live, leaving)
         for mid in repairs.remove_from_records:
             if mid not in self.cache:  # still true after the awaits before it
                 await self._quiet(self.registry.remove_copy(mid, self.instance_id))
         for mid in repairs.add_to_records:
             entry = self.cache.get(mid)
             if entry is not None and entry.state is State.LOADED:
-                await self._quiet(self.registry.add_copy(mid, self.instance_id, entry.since_ms))
+                try:
+                    await self.registry.add_copy(mid, self.instance_id, entry.since_ms, self._serving())
+                except CopiesFull:
+                    pass  # filled up since the plan: the next round finds this copy surplus
+                except Exception as e:
+                    log.warning("registry update failed: %s", e)
         for mid in repairs.unload:
             if self.registry.get(mid) is None:
                 self.drop(mid)
         for mid in repairs.surplus:
+            if not self._still_surplus(mid, live):  # holders may have left during the awaits
+                continue
             log.info("unloading %s: its max copies are loaded elsewhere", mid)
             # Out of the record before this returns: a rejoining instance must not count.
             await self._quiet(self.registry.remove_copy(mid, self.instance_id))
@@ -464,6 +478,29 @@ class LocalModels:
         if repairs:
             log.info("janitor repaired %s", repairs)
         return repairs
+
+    def _serving(self) -> AbstractSet[str] | None:
+        """Live instances not shutting down (None: no cluster view yet)."""
+        if self.cluster_view is None:
+            return None
+        return {iid for iid, inst in self.cluster_view().instances.items() if not inst.shutdown}
+
+    def _liveness(self, live: AbstractSet[str] | None) -> tuple[AbstractSet[str] | None, AbstractSet[str]]:
+        """`live` as the cluster shows it now (this instance left out if the caller left it
+        out: it is rejoining), and the live instances that are leaving (shutdown flag)."""
+        if live is None or self.cluster_view is None:
+            return live, frozenset()
+        instances = self.cluster_view().instances
+        now_live = set(instances) if self.instance_id in live else set(instances) - {self.instance_id}
+        return now_live, {iid for iid, inst in instances.items() if inst.shutdown}
+
+    def _still_surplus(self, model_id: str, live: AbstractSet[str] | None) -> bool:
+        """The surplus verdict again, on the records and cluster as they are now."""
+        rec, entry = self.registry.get(model_id), self.cache.get(model_id)
+        if rec is None or entry is None:
+            return False
+        now_live, leaving = self._liveness(live)
+        return bool(plan_repairs(self.instance_id, {model_id: rec}, [entry], (), now_live, leaving).surplus)
 
     async def deregister_copies(self) -> None:
         """Remove this instance from the records of every copy it holds (copies stay loaded)."""

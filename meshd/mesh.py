@@ -193,6 +193,7 @@ class Instance:
             assume_loaded_ms(info.loading_timeout_ms),
             to_units(info.default_model_size),
         )
+        local.cluster_view = cluster.view  # the max-copies rule counts serving holders only
         router = Router(
             self.local,
             registry,

@@ -4,7 +4,9 @@
 - a loaded copy whose record does not name this instance → add it back (peers route to it);
 - a loaded copy of a model no longer registered → unload it;
 - a loaded copy when the model's record already names its max copies on other live
-  instances → unload it (and leave the record) rather than add it back. An instance that
+  instances that are not leaving (shutdown flag) → unload it (and leave the record)
+  rather than add it back. A leaving holder does not count: its copy is about to go, and
+  shedding this one for it would leave the model with none. An instance that
   lost its lease (frozen, cut off) finds its copies reloaded elsewhere meanwhile: it checks
   this before its instance record returns (so `live` lacks it), and counting itself again
   would exceed the max. While it is live, only the record's absence is judged here (two
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from meshd.cache import CacheEntry, State
 from meshd.kv.records import ModelRecord
 from meshd.placement.modelkey import policy_from_key
+from meshd.placement.scaling import max_reached
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +44,10 @@ def plan_repairs(
     entries: Iterable[CacheEntry],
     corrupt: Iterable[str] = (),
     live: AbstractSet[str] | None = None,
+    leaving: AbstractSet[str] = frozenset(),
 ) -> Repairs:
     """`live`: the instances with a record, without this one while it rejoins (None: copies
-    are not checked against max copies)."""
+    are not checked against max copies). `leaving`: live instances with the shutdown flag."""
     held = {e.model_id: e for e in entries}
     skip = set(corrupt)  # a corrupt record is reported elsewhere and never rewritten
     remove = [mid for mid, rec in records.items() if self_id in rec.instance_ids and mid not in held]
@@ -59,7 +63,7 @@ def plan_repairs(
         elif (
             live is not None
             and (self_id not in rec.instance_ids or self_id not in live)
-            and _at_max_elsewhere(self_id, rec, live)
+            and at_max_elsewhere(self_id, rec, live - leaving)
         ):
             surplus.append(mid)
         elif self_id not in rec.instance_ids:
@@ -67,12 +71,10 @@ def plan_repairs(
     return Repairs(tuple(sorted(remove)), tuple(sorted(add)), tuple(sorted(unload)), tuple(sorted(surplus)))
 
 
-def _at_max_elsewhere(self_id: str, rec: ModelRecord, live: AbstractSet[str]) -> bool:
+def at_max_elsewhere(self_id: str, rec: ModelRecord, serving: AbstractSet[str]) -> bool:
+    """The record names the model's max copies on `serving` instances other than this one."""
     try:
         policy = policy_from_key(rec.key)
     except ValueError:
         return False  # validated at registration; a record from another tool: no limit known
-    if not policy.max_copies:
-        return False
-    elsewhere = sum(1 for iid in rec.instance_ids if iid != self_id and iid in live)
-    return elsewhere >= policy.copy_limit(len(live | {self_id}))
+    return bool(policy.max_copies) and max_reached(policy, rec.instance_ids, self_id, serving)

@@ -6,7 +6,8 @@ writers retry against fresh data and nothing here decides placement.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TypeVar
 
 from meshd.errors import AlreadyExists, DataLoss, FailedPrecondition, NotFound, Unavailable
@@ -14,6 +15,7 @@ from meshd.ids import ModelInfo
 from meshd.kv.records import ModelRecord, RecordError, VModelRecord
 from meshd.kv.store import StoreError
 from meshd.kv.table import KEEP, Keep, Table
+from meshd.reconcile import at_max_elsewhere
 
 T = TypeVar("T")
 
@@ -25,6 +27,15 @@ REGISTER_AGE_NO_LOAD_MS = 6 * 3_600_000
 
 def default_last_used(now_ms: int, load_now: bool) -> int:
     return now_ms - (REGISTER_AGE_LOAD_NOW_MS if load_now else REGISTER_AGE_NO_LOAD_MS)
+
+
+class CopiesFull(Unavailable):
+    """The model's max copies are already loaded (or loading) on serving instances: the
+    request goes to one of `holders` instead (this instance does not load it)."""
+
+    def __init__(self, model_id: str, instance_id: str, holders: Mapping[str, int]) -> None:
+        super().__init__(f"not loading {model_id!r} on {instance_id}: its max copies are on {sorted(holders)}")
+        self.holders = dict(holders)
 
 
 class Registry:
@@ -100,12 +111,22 @@ class Registry:
         await self._update(self.models, model_id, fn)
         return removed[0] if removed else None
 
-    async def add_copy(self, model_id: str, instance_id: str, start_ms: int) -> bool:
-        """Record a copy loading here; False when the model is no longer registered."""
+    async def add_copy(
+        self, model_id: str, instance_id: str, start_ms: int, serving: AbstractSet[str] | None = None
+    ) -> bool:
+        """Record a copy loading here; False when the model is no longer registered.
+
+        `serving`: the live instances not shutting down (None: no max-copies check). Then
+        the copy is refused (`CopiesFull`, nothing written) when holders among them already
+        reach the model's max copies. Checked inside the compare-and-set, so of instances
+        adding a copy at once (all rerouting from a holder that left) only the max win."""
 
         def fn(rec: ModelRecord | None) -> ModelRecord | Keep:
             if rec is None:
                 return KEEP
+            added = instance_id not in rec.instance_ids
+            if added and serving is not None and at_max_elsewhere(instance_id, rec, serving):
+                raise CopiesFull(model_id, instance_id, rec.instance_ids)
             rec.instance_ids[instance_id] = start_ms
             rec.failed_in.pop(instance_id, None)
             rec.fails.pop(instance_id, None)

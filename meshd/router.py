@@ -61,7 +61,7 @@ from meshd.proxy.headers import Metadata, RequestIds, runtime_metadata
 from meshd.proxy.methods import MethodSpec
 from meshd.proxy.streams import Relay, ResponseStream
 from meshd.proxy.wire import inject_id
-from meshd.registry import Registry
+from meshd.registry import CopiesFull, Registry
 from meshd.status import failure_expired
 from meshd.tracing import Tracing
 
@@ -78,6 +78,7 @@ NOT_HERE = "not-here"  # no loaded copy there (or it could not take the load): r
 LOAD_FAILED = "load-failed"  # the load failed there (recorded): reroute
 UNKNOWN_MODEL = "unknown-model"  # the model is not registered (any more)
 BUSY = "busy"  # the copy's queue is full (its concurrency limit): try another copy
+AT_MAX = "at-max"  # not loaded there: the model's max copies are on other instances
 PASSED_ON = "status"  # the runtime's (or meshd's) own answer: goes to the client as is
 GRPC_MASKED_STATUS = "Internal error from Core"  # grpc/grpc#36066, see open_entry_stream
 ACCEPTED = "meshd-accepted"  # initial metadata: the peer took the stream, send the messages
@@ -94,10 +95,15 @@ class Refused(Exception):
     there may work, e.g. its runtime lost a copy and it can reload it).
     """
 
-    def __init__(self, message: str, exclude: bool = True, busy: bool = False) -> None:
+    def __init__(
+        self, message: str, exclude: bool = True, busy: bool = False, holders: dict[str, int] | None = None
+    ) -> None:
         super().__init__(message)
         self.exclude = exclude
         self.busy = busy  # the copy is saturated (its queue is full)
+        # Not None: the load was refused at the model's max copies; these hold it (empty:
+        # not known, read the record from etcd). The mirror may not show them yet.
+        self.holders = holders
 
 
 class Attempt(Protocol[T_co]):
@@ -295,6 +301,7 @@ class Router:
         """Try copies (or loads) until one serves; `busy`: refusals for a full queue so far,
         `tried`: what was tried already (the local copy), for the final message."""
         record = await self.record(model_id)
+        known: dict[str, int] = {}  # holders learnt from a load refused at max copies
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
             view = self.cluster.view()
@@ -303,7 +310,7 @@ class Router:
             local_loaded = entry is not None and entry.state is State.LOADED and self.self_id not in excluded
             copies = {
                 iid: start
-                for iid, start in record.instance_ids.items()
+                for iid, start in {**known, **record.instance_ids}.items()
                 if iid not in excluded and (iid == self.self_id or view.live(iid))
             }
             target = choose_copy(
@@ -341,6 +348,10 @@ class Router:
                 tried.append(f"{target} ({mode}): {e}")
                 if e.exclude:
                     excluded.add(target)
+                if e.holders is not None:
+                    # Another instance won the copy (its record write came first): serve
+                    # there, as the mirror may not show it yet.
+                    known.update(e.holders or await self._holders(model_id))
                 if e.busy:
                     busy += 1
                     if busy > MAX_BUSY_RETRIES:
@@ -350,6 +361,13 @@ class Router:
             f"model {model_id!r}: no instance could serve it after {len(tried)} attempts: "
             + ("; ".join(tried) or "no live instance")
         )
+
+    async def _holders(self, model_id: str) -> dict[str, int]:
+        """The model's holders as etcd has them now (a strong read; none if unreadable)."""
+        try:
+            return dict((await self.registry.fetch(model_id)).instance_ids)
+        except Unavailable:
+            return {}
 
     def is_peer(self, instance_id: str) -> bool:
         """A live instance of this mesh (forwarded calls are accepted only from those)."""
@@ -387,6 +405,8 @@ class Router:
         in flight, and the unload waits for them."""
         try:
             return await self._ensure(model_id, record)
+        except CopiesFull as e:  # not loaded here: the holders serve it
+            raise Refused(e.message, exclude=False, holders=e.holders) from None
         except (LoadFailed, Unavailable) as e:  # incl. NoRoom, and a runtime down for now
             raise Refused(e.message) from None
 
@@ -619,6 +639,8 @@ class Router:
                 return await self._ensure(model_id, record)  # served even if evicted since
             except LoadFailed as e:
                 raise PeerRefusal(LOAD_FAILED, e.message) from None
+            except CopiesFull as e:
+                raise PeerRefusal(AT_MAX, e.message) from None
             except Unavailable as e:  # no room, or the runtime down for now
                 raise PeerRefusal(NOT_HERE, e.message) from None
         entry = self.local.cache.get(model_id)
@@ -630,6 +652,8 @@ class Router:
                 return await asyncio.shield(pending)
             except LoadFailed as e:
                 raise PeerRefusal(LOAD_FAILED, e.message) from None
+            except CopiesFull as e:
+                raise PeerRefusal(AT_MAX, e.message) from None
             except MeshError as e:
                 raise PeerRefusal(NOT_HERE, e.message) from None
         if entry is None or entry.state is not State.LOADED:
@@ -765,6 +789,8 @@ def _peer_failure(code: grpc.StatusCode, details: str | None, trailers: Any, mod
         return Refused(f"{reason}: {details}")
     if reason == BUSY:
         return Refused(f"busy: {details}", busy=True)
+    if reason == AT_MAX:
+        return Refused(f"{reason}: {details}", exclude=False, holders={})
     if reason == UNKNOWN_MODEL:
         return NotFound(details or f"model {model_id!r} not found")
     if reason is None and code == grpc.StatusCode.UNAVAILABLE:

@@ -13,11 +13,14 @@ size override, beyond upstream), the cluster-wide free ratio and LRU helpers, an
   model is idle, and this holder is the worse placement.
 - `missing_copies`: copies to add to honour a policy's min_copies.
 - `decide_copies`: the rules above in upstream's order, for one copy at one check.
+- `max_reached`: whether one more holder would exceed a policy's max_copies (checked
+  inside the registry's compare-and-set, and by the janitor for copies held here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from meshd.placement.rank import DEFAULT_MIN_CHURN_AGE_MS, placement_key
@@ -86,6 +89,17 @@ class ModelPolicy:
 
 
 DEFAULT_POLICY = ModelPolicy()
+
+
+def max_reached(policy: ModelPolicy, holders: Iterable[str], self_id: str, serving: AbstractSet[str]) -> bool:
+    """Whether the holders other than `self_id` already reach the policy's copy limit.
+
+    Only holders in `serving` count: live instances (a record present) that are not
+    shutting down. A gone holder's id may linger in a model record until the leader prunes
+    it, and a draining holder's copy is about to go: counting either would leave the model
+    with no copy once they are gone."""
+    elsewhere = sum(1 for iid in holders if iid != self_id and iid in serving)
+    return elsewhere >= policy.copy_limit(len(serving | {self_id}))
 
 
 # ---- cluster-wide figures -------------------------------------------------------------------

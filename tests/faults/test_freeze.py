@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm
+from meshd.kv.store import StoreError
 from meshd.runtimes.models import GeneratedModel
 from meshd.testing.procs import wait_until
 
@@ -32,11 +33,19 @@ SETTINGS: dict[str, str | int] = {
     "scaleup_rpm_threshold": 1_000_000,
 }
 MAX_ONE = '{"meshd": {"max_copies": 1}}'
+# How long more than one runtime may hold a capped model. A copy judged surplus leaves the
+# record at once but is unloaded after the requests it is serving, on the resumed instance's
+# rejoin or its next janitor round (0.5 s here), or the scaler's next rate check (0.5 s) if
+# the leader has not pruned the old record entry yet. Several rounds of slack for a busy
+# machine; a copy that is never shed stays for the rest of the run and is caught.
+SHED_SETTLE_S = 5.0
 
 
 class Observer:
-    """Samples, until stopped, who acts as leader (each instance's own word) and how many
-    live copies each capped model's record in etcd names; keeps what breaks."""
+    """Samples, until stopped, who acts as leader (each instance's own word), how many live
+    copies each capped model's record in etcd names, and how many runtimes really hold it
+    (RepositoryIndex); keeps what breaks. The frozen instance's runtime is not counted while
+    it is frozen: it keeps the copy it held and nobody can unload it until meshd resumes."""
 
     def __init__(self, fault_mesh: FaultMesh, capped: list[str], frozen: Client) -> None:
         self.fm = fault_mesh
@@ -48,6 +57,7 @@ class Observer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._two_leaders_before = False
+        self._excess_since: dict[str, float] = {}  # capped model -> when > 1 runtime held it
 
     def _acting_leaders(self) -> list[str]:
         leaders = []
@@ -77,15 +87,32 @@ class Observer:
             named = set(records.get(model_id, {}).get("instanceIds", {})) & live
             if len(named) > 1:
                 self.problems.append(f"{model_id}: record names {sorted(named)} (max 1)")
+        self._check_runtimes()
         self.samples += 1
+
+    def _check_runtimes(self) -> None:
+        counted = [c for c in self.fm.clients if not (c is self.frozen and self.is_frozen)]
+        held = {c.node.instance_id: set(c.runtime_loaded()) for c in counted}
+        now = time.monotonic()
+        for model_id in self.capped:
+            holders = sorted(iid for iid, names in held.items() if model_id in names)
+            if len(holders) <= 1:
+                self._excess_since.pop(model_id, None)
+                continue
+            since = self._excess_since.setdefault(model_id, now)
+            if now - since > SHED_SETTLE_S:
+                self.problems.append(f"{model_id}: runtimes {holders} held it for over {SHED_SETTLE_S} s (max 1)")
+                self._excess_since[model_id] = now  # one problem per settle period, not per sample
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             try:
                 self._sample()
-            except (grpc.RpcError, OSError) as e:  # etcd or a runtime busy for a moment: sample again
+            except (grpc.RpcError, OSError, StoreError):  # etcd or a runtime busy for a moment: sample again
                 self._two_leaders_before = False
-                del e
+            except Exception as e:  # a broken observer must fail the test, not stop watching quietly
+                self.problems.append(f"observer failed: {e!r}")
+                return
 
     @contextmanager
     def running(self) -> Iterator[Observer]:
@@ -132,6 +159,7 @@ def test_frozen_instance_loses_traffic_and_leadership_then_rejoins_without_split
         finally:
             a.node.meshd.send_signal(signal.SIGCONT)
             observer.is_frozen = False
+        resumed_samples = observer.samples
         # Back: a re-registers (its instance record returns) and takes requests again.
         for node in (b, c):
             wait_until(answers(lambda node=node: "inst-a" in listed_instances(node)), WAIT_S, "a to come back")
@@ -142,5 +170,6 @@ def test_frozen_instance_loses_traffic_and_leadership_then_rejoins_without_split
         time.sleep(2.0)  # a few more samples, scaling and janitor rounds after the return
     assert not traffic.failures, traffic.failures[:5]
     assert observer.samples > 10
+    assert observer.samples > resumed_samples + 5  # it watched the return too
     assert not observer.problems, observer.problems[:5]
     assert sum(capped.id in n.runtime_loaded() for n in fault_mesh.clients) == 1
