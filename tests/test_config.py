@@ -139,6 +139,11 @@ def test_watch_trace_file(tmp_path: Path) -> None:
         load_config(None, {"MESHD_WATCH_TRACE": str(tmp_path / "no" / "trace.txt")})
     with pytest.raises(ConfigError, match=r"MESHD_WATCH_TRACE .*is a directory"):
         load_config(None, {"MESHD_WATCH_TRACE": str(tmp_path)})
+    # A file that cannot be opened for append (even by root) is a one-line start-up error,
+    # not a traceback when the mirror starts.
+    with pytest.raises(ConfigError, match=r"MESHD_WATCH_TRACE .*cannot write") as e:
+        load_config(None, {"MESHD_WATCH_TRACE": "/proc/version"})
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("value", ["1023", "99999999999", "2147483648", "8k"])
