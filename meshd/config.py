@@ -24,6 +24,7 @@ from meshd.placement.constraints import TypeConstraints
 from meshd.proxy.methods import DataplaneConfig
 
 T = TypeVar("T")
+MAX_GRPC_INT = 2**31 - 1  # grpc channel arguments are C ints: larger overflows at server creation
 
 
 class ConfigError(ValueError):
@@ -51,7 +52,7 @@ SETTINGS: tuple[Setting, ...] = (
         "MM_SVC_GRPC_MAX_HEADERS_SIZE",
         "--max-headers-size",
         "max bytes of a request's gRPC headers (larger: RESOURCE_EXHAUSTED)",
-        str(16 << 10),
+        str(8 << 10),
     ),
     Setting("runtime_port", "INTERNAL_GRPC_PORT", "--runtime-port", "runtime management port", "8085"),
     Setting("runtime_socket", "INTERNAL_GRPC_SOCKET_PATH", "--runtime-socket", "runtime management unix socket"),
@@ -263,7 +264,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log_each_invoke: bool = False
     log_format: str = "text"
-    max_headers_size: int = 16 << 10
+    max_headers_size: int = 8 << 10
     watch_trace: Path | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -395,7 +396,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         metrics=_parsed(name("metrics"), need("metrics"), MetricsConfig.parse),
         log_each_invoke=_bool(name("log_each_invoke"), need("log_each_invoke")),
         log_format=_parsed(name("log_format"), need("log_format"), parse_log_format),
-        max_headers_size=_int(name("max_headers_size"), need("max_headers_size"), 1024),
+        max_headers_size=_bounded(name("max_headers_size"), need("max_headers_size"), 1024, MAX_GRPC_INT),
         watch_trace=_writable_file(name("watch_trace"), raw["watch_trace"]),
     )
     if config.metrics.https and config.tls is None:
@@ -483,6 +484,8 @@ def _directory(what: str, text: str | None) -> Path | None:
 
 
 def _writable_file(what: str, text: str | None) -> Path | None:
+    """A file meshd appends to: opened for append now (and created), so a path it cannot
+    write is a start-up error, not a traceback later."""
     if not text:
         return None
     path = Path(text)
@@ -490,6 +493,11 @@ def _writable_file(what: str, text: str | None) -> Path | None:
         raise ConfigError(f"{what}: directory of {text!r} does not exist")
     if path.is_dir():
         raise ConfigError(f"{what}: {text!r} is a directory")
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot write {text!r}: {e.strerror or e}") from None
     return path
 
 

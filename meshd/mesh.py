@@ -55,7 +55,7 @@ from meshd.registry import Registry
 from meshd.repository import MeshRepository
 from meshd.router import Router
 from meshd.runtime.client import RuntimeClient, RuntimeNotReady
-from meshd.runtime.endpoints import open_channel, server_options
+from meshd.runtime.endpoints import internal_server_options, open_channel, server_options
 from meshd.runtime.health import RuntimeWatch
 from meshd.scaler import Scaler, ScalerConfig
 from meshd.tls import bind
@@ -275,7 +275,8 @@ class Instance:
         # With TLS on, the handshake admits certificates the mesh trusts; the interceptor then
         # admits only mesh instances among them (meshd.peer_auth), on every internal service.
         internal = grpc.aio.server(
-            options=server_options(cfg.max_msg_size, cfg.max_headers_size), interceptors=peer_interceptors(tls)
+            options=internal_server_options(cfg.max_msg_size, cfg.max_headers_size),
+            interceptors=peer_interceptors(tls),
         )
         self.peer_servicer = PeerServicer(cfg.instance_id, self.local, registry)
         add_servicer(internal, peer_pb2.DESCRIPTOR.services_by_name["MeshPeer"], self.peer_servicer)

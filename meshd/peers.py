@@ -1,10 +1,12 @@
 """Channels to peer instances' internal ports, one per live instance, made on first use.
 
-A channel is replaced when the instance's advertised location changes and closed when
-its record disappears (lease gone); calls still waiting on a gone instance are cancelled
-then, so they reroute instead of waiting out their deadline on a frozen process.
-Raw-bytes callables are cached per method. How a channel is opened (plaintext, or mTLS
-from meshd.tls) is the assembly's choice.
+A channel is replaced when the instance's advertised location changes and let go when its
+record disappears (lease gone). Calls in flight on a channel let go are not cancelled: a lost
+lease does not mean a stopped process (cut off from etcd only, starved past its TTL), and
+cancelling would run the request twice. The channel's keepalive (meshd.runtime.endpoints)
+fails them with UNAVAILABLE if the peer is truly frozen or unreachable; the channel closes
+once its last call ends. Raw-bytes callables are cached per method. How a channel is opened
+(plaintext, or mTLS from meshd.tls) is the assembly's choice.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from meshd.runtime.endpoints import channel_options
+from meshd.runtime.endpoints import peer_channel_options
 
 MAX_CACHED_METHODS = 1024
 
@@ -55,23 +57,27 @@ class RawCalls:
 
 class PeerChannel(RawCalls):
     def __init__(self, location: str, max_message_bytes: int, dial: Dial = dial_plaintext) -> None:
-        super().__init__(dial(location, channel_options(max_message_bytes)))
+        super().__init__(dial(location, peer_channel_options(max_message_bytes)))
         self.location = location
-        self.gone = False  # the instance left the mesh (its record went with its lease)
         self._calls: set[Any] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def track(self, call: Any) -> Any:
-        """Remember a call in flight, so `leave` can cancel it; returns the call."""
+        """Remember a call in flight, so the channel outlives it once let go; returns the call."""
         self._calls.add(call)
-        call.add_done_callback(self._calls.discard)
+        self._idle.clear()
+        call.add_done_callback(self._done)
         return call
 
-    def leave(self) -> None:
-        """The instance is gone: cancel the calls waiting on it (a frozen or cut-off peer
-        would hold them until their deadline) so callers reroute them now."""
-        self.gone = True
-        for call in list(self._calls):
-            call.cancel()
+    def _done(self, call: Any) -> None:
+        self._calls.discard(call)
+        if not self._calls:
+            self._idle.set()
+
+    async def close_when_idle(self) -> None:
+        await self._idle.wait()
+        await self.channel.close()
 
 
 class Peers:
@@ -79,29 +85,38 @@ class Peers:
         self.max_message_bytes = max_message_bytes
         self.dial = dial
         self._channels: dict[str, PeerChannel] = {}
+        self._let_go: set[PeerChannel] = set()  # still carrying calls
         self._closing: set[asyncio.Task[None]] = set()
 
     def get(self, instance_id: str, location: str) -> PeerChannel:
         peer = self._channels.get(instance_id)
         if peer is None or peer.location != location:
             if peer is not None:
-                self._close_later(peer)
+                self._let_go_of(peer)
             peer = self._channels[instance_id] = PeerChannel(location, self.max_message_bytes, self.dial)
         return peer
 
     def forget(self, instance_id: str) -> None:
         peer = self._channels.pop(instance_id, None)
         if peer is not None:
-            peer.leave()
-            self._close_later(peer)
+            self._let_go_of(peer)
 
-    def _close_later(self, peer: PeerChannel) -> None:
-        task = asyncio.get_running_loop().create_task(peer.channel.close(grace=5.0))
+    def _let_go_of(self, peer: PeerChannel) -> None:
+        """No new calls; the channel closes when its calls end (answered, failed by keepalive,
+        or past their deadline)."""
+        self._let_go.add(peer)
+        task = asyncio.get_running_loop().create_task(peer.close_when_idle())
         self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+
+        def closed(t: asyncio.Task[None]) -> None:
+            self._closing.discard(t)
+            self._let_go.discard(peer)
+
+        task.add_done_callback(closed)
 
     async def close(self) -> None:
-        for peer in self._channels.values():
+        """Shutting down: every channel closes now, cancelling what it still carries."""
+        for peer in [*self._channels.values(), *self._let_go]:
             with contextlib.suppress(Exception):
                 await peer.channel.close()
         self._channels.clear()

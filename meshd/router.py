@@ -554,7 +554,9 @@ class Router:
         raw = peer.unary(spec.path)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            return peer.track(raw(*args, **kwargs))  # cancelled if the peer leaves the mesh
+            # Kept to its end even if the peer leaves the mesh (it may still be running it);
+            # a frozen peer's keepalive fails it with UNAVAILABLE, rerouted below.
+            return peer.track(raw(*args, **kwargs))
 
         try:
             if self.tracing is not None:
@@ -563,16 +565,7 @@ class Router:
             response: bytes = await call(request, metadata=md, timeout=remaining_s)
             return response
         except grpc.aio.AioRpcError as e:
-            if peer.gone and e.code() == grpc.StatusCode.CANCELLED:
-                raise Refused(f"{target} left the mesh while serving the request") from None
             raise _peer_failure(e.code(), e.details(), e.trailing_metadata(), model_id) from None
-        except asyncio.CancelledError:
-            # grpc.aio raises CancelledError in the awaiting task when its call is cancelled;
-            # only a cancellation of this task itself (client gone) must propagate.
-            task = asyncio.current_task()
-            if peer.gone and task is not None and task.cancelling() == 0:
-                raise Refused(f"{target} left the mesh while serving the request") from None
-            raise
         finally:
             self.inflight[target] -= 1
 
@@ -595,7 +588,7 @@ class Router:
         if self.tracing is not None:
             md = self.tracing.inject(md)
         relay = Relay(first, requests, None, hold=True)
-        call = peer.stream(spec.path)(relay, metadata=md, timeout=remaining_s)
+        call = peer.track(peer.stream(spec.path)(relay, metadata=md, timeout=remaining_s))
         relay.call = call
         self.inflight[target] = self.inflight.get(target, 0) + 1
         try:

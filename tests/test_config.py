@@ -19,7 +19,7 @@ def parse(argv: list[str], env: dict[str, str]) -> object:
 def test_defaults_are_upstreams() -> None:
     cfg = load_config(None, {})
     assert (cfg.grpc_port, cfg.peer_port, cfg.max_msg_size) == (8033, 8080, 16 << 20)
-    assert cfg.max_headers_size == 16 << 10
+    assert cfg.max_headers_size == 8 << 10  # grpc's soft limit: what meshd takes, a default runtime takes
     assert cfg.kv_store is None  # embedded etcd
     assert cfg.runtime_endpoint == cfg.serving_endpoint == "8085"
     assert cfg.load_failure_expiry_ms == 900_000 and cfg.shutdown_timeout_ms == 30_000
@@ -152,3 +152,17 @@ def test_watch_trace_file(tmp_path: Path) -> None:
         load_config(None, {"MESHD_WATCH_TRACE": str(tmp_path / "no" / "trace.txt")})
     with pytest.raises(ConfigError, match=r"MESHD_WATCH_TRACE .*is a directory"):
         load_config(None, {"MESHD_WATCH_TRACE": str(tmp_path)})
+    # A file that cannot be opened for append (even by root) is a one-line start-up error,
+    # not a traceback when the mirror starts.
+    with pytest.raises(ConfigError, match=r"MESHD_WATCH_TRACE .*cannot write") as e:
+        load_config(None, {"MESHD_WATCH_TRACE": "/proc/version"})
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("value", ["1023", "99999999999", "2147483648", "8k"])
+def test_max_headers_size_is_bounded(value: str) -> None:
+    """grpc takes a C int: a larger value used to fail server creation with a traceback."""
+    with pytest.raises(ConfigError, match="MM_SVC_GRPC_MAX_HEADERS_SIZE") as e:
+        load_config(None, {"MM_SVC_GRPC_MAX_HEADERS_SIZE": value})
+    assert "\n" not in str(e.value)
+    assert load_config(None, {"MM_SVC_GRPC_MAX_HEADERS_SIZE": "2147483647"}).max_headers_size == 2**31 - 1

@@ -28,6 +28,26 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+# Peer channels ping the peer every few seconds, calls or not: a frozen or unreachable peer
+# then fails its calls with UNAVAILABLE ("ping timeout"; a forward retried elsewhere like any
+# unreachable peer's) instead of holding them to their deadline. grpc core answers pings on its
+# own threads, so a peer whose event loop is merely busy still answers. grpc 1.75 times the
+# ping out by `ping_timeout_ms` (default 1 min), not `keepalive_timeout_ms`: both are set.
+PEER_KEEPALIVE_MS = 3_000
+PEER_PING_TIMEOUT_MS = 3_000
+
+
+def peer_channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        *channel_options(max_message_bytes),
+        ("grpc.keepalive_time_ms", PEER_KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", PEER_PING_TIMEOUT_MS),
+        ("grpc.http2.ping_timeout_ms", PEER_PING_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),  # else pings stop during a long silent call
+    ]
+
+
 def server_options(max_message_bytes: int, max_headers_bytes: int) -> list[tuple[str, int]]:
     """Message and header limits for meshd's servers. grpc refuses headers between its soft
     and hard limit with a rising probability; one limit for both makes the answer the same
@@ -36,6 +56,21 @@ def server_options(max_message_bytes: int, max_headers_bytes: int) -> list[tuple
         *channel_options(max_message_bytes),
         ("grpc.max_metadata_size", max_headers_bytes),
         ("grpc.absolute_max_metadata_size", max_headers_bytes),
+    ]
+
+
+# What a forward adds to a request's headers (meshd-hop, meshd-mode, traceparent and the
+# like, well under this): a request the external port takes is never refused by a peer's.
+INTERNAL_HEADER_ROOM = 1024
+
+
+def internal_server_options(max_message_bytes: int, max_headers_bytes: int) -> list[tuple[str, int]]:
+    """The internal port's: room for the headers a forward adds, and peers' keepalive pings
+    accepted (grpc's defaults answer pings more often than every 5 minutes with a GOAWAY)."""
+    return [
+        *server_options(max_message_bytes, min(max_headers_bytes + INTERNAL_HEADER_ROOM, 2**31 - 1)),
+        ("grpc.http2.min_ping_interval_without_data_ms", PEER_KEEPALIVE_MS // 2),
+        ("grpc.keepalive_permit_without_calls", 1),
     ]
 
 

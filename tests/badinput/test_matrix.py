@@ -317,14 +317,17 @@ def _rows() -> list[tuple[str, Call, grpc.StatusCode, str]]:
             CODE.INVALID_ARGUMENT,
             "not valid utf-8",
         ),
-        # -- very long ids: meshd's id limit (1 KiB), then MM_SVC_GRPC_MAX_HEADERS_SIZE (16 KiB)
+        # -- very long ids: meshd's id limit (1 KiB), then MM_SVC_GRPC_MAX_HEADERS_SIZE (8 KiB; exact,
+        # so an id between 8 and 16 KiB is refused every time, not at random as grpc's default)
         (
             "header-id-2000-bytes",
             lambda m: m.infer((("mm-model-id", "h" * 2000),)),
             CODE.INVALID_ARGUMENT,
             "limit is 1024",
         ),
-        ("header-id-10kB", lambda m: m.infer((("mm-model-id", KB10),)), CODE.INVALID_ARGUMENT, "limit is 1024"),
+        ("header-id-7kB", lambda m: m.infer((("mm-model-id", "s" * 7000),)), CODE.INVALID_ARGUMENT, "limit is 1024"),
+        ("header-id-10kB", lambda m: m.infer((("mm-model-id", KB10),)), CODE.RESOURCE_EXHAUSTED, "metadata"),
+        ("header-id-12kB", lambda m: m.infer((("mm-model-id", "t" * 12_000),)), CODE.RESOURCE_EXHAUSTED, "metadata"),
         ("header-id-20kB", lambda m: m.infer((("mm-model-id", "k" * 20_000),)), CODE.RESOURCE_EXHAUSTED, "metadata"),
         ("header-id-1MB", lambda m: m.infer((("mm-model-id-bin", MB1.encode()),)), CODE.RESOURCE_EXHAUSTED, "metadata"),
         (

@@ -43,8 +43,14 @@ class FaultMesh:
     def prefix(self) -> str:
         return f"mm/{self.mesh.service}"
 
-    def add(self, instance_id: str, settings: dict[str, str | int] | None = None, capacity_models: int = 8) -> Client:
-        args = ["--capacity-bytes", str(capacity_models * MODEL_SIZE)]
+    def add(
+        self,
+        instance_id: str,
+        settings: dict[str, str | int] | None = None,
+        capacity_models: int = 8,
+        runtime_args: list[str] | None = None,
+    ) -> Client:
+        args = ["--capacity-bytes", str(capacity_models * MODEL_SIZE), *(runtime_args or [])]
         node = self.mesh.add_node(instance_id, runtime_args=args, settings=settings)
         client = Client(
             node, grpc.insecure_channel(node.target), grpc.insecure_channel(f"127.0.0.1:{node.runtime_port}")
