@@ -34,6 +34,12 @@ class Rig:
     async def register(self, model_id: str, last_used: int | None = None) -> ModelRecord:
         return await self.registry.register(model_id, ModelInfo("demo", f"/{model_id}"), last_used or self.now[0])
 
+    async def close(self) -> None:
+        await self.local.close(deregister=False)
+        await self.registry.models.stop()
+        await self.registry.vmodels.stop()
+        await self.store.close()
+
     def units_consistent(self) -> bool:
         return sum(e.units for e in self.local.cache.entries()) == self.local.cache.used_units
 
@@ -65,10 +71,7 @@ async def rig() -> AsyncIterator[Rig]:
     try:
         yield r
     finally:
-        await r.local.close(deregister=False)
-        await r.registry.models.stop()
-        await r.registry.vmodels.stop()
-        await r.store.close()
+        await r.close()
 
 
 async def settle() -> None:
@@ -161,8 +164,7 @@ async def test_a_background_load_dated_in_the_past_does_not_block_a_request() ->
         assert entry.state is State.LOADED and r.local.counters.evictions == 1
         assert r.units_consistent()
     finally:
-        await r.local.close(deregister=False)
-        await r.store.close()
+        await r.close()
 
 
 async def test_dropping_a_model_wakes_a_load_waiting_for_room() -> None:
@@ -184,8 +186,7 @@ async def test_dropping_a_model_wakes_a_load_waiting_for_room() -> None:
             await asyncio.wait_for(asyncio.shield(loading_a), 5)
         assert r.units_consistent()
     finally:
-        await r.local.close(deregister=False)
-        await r.store.close()
+        await r.close()
 
 
 async def test_evicting_a_failed_entry_is_not_counted_as_an_eviction() -> None:
@@ -199,8 +200,7 @@ async def test_evicting_a_failed_entry_is_not_counted_as_an_eviction() -> None:
         await r.local.ensure("good", await r.register("good"))
         assert r.local.counters.evictions == 0 and "bad" not in r.local.cache
     finally:
-        await r.local.close(deregister=False)
-        await r.store.close()
+        await r.close()
 
 
 async def test_a_loads_cost_is_the_runtimes_time_not_its_wait_for_a_loading_slot() -> None:
@@ -234,7 +234,4 @@ async def test_requests_that_join_a_load_count_as_uses() -> None:
         entry = r.local.cache.get("a")
         assert entry is not None and entry.uses == 4
     finally:
-        await r.local.close(deregister=False)
-        await r.registry.models.stop()
-        await r.registry.vmodels.stop()
-        await r.store.close()
+        await r.close()

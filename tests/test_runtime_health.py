@@ -50,10 +50,7 @@ async def rig() -> AsyncIterator[Rig]:
     try:
         yield r
     finally:
-        await r.local.close(deregister=False)
-        await r.registry.models.stop()
-        await r.registry.vmodels.stop()
-        await r.store.close()
+        await r.close()
 
 
 async def loaded(rig: Rig, *model_ids: str) -> None:
