@@ -89,10 +89,13 @@ def test_metrics_and_invoke_log_after_traffic(start_node: NodeFactory, models: l
     assert fails(lambda: via_a("no-such-model")) == grpc.StatusCode.NOT_FOUND
     assert fails(lambda: via_a(bad.id)) == grpc.StatusCode.UNAVAILABLE  # its loads fail on both
 
+    # A failed call is recorded just after its status goes out (context.abort sends it first),
+    # so the last failure may reach the exposition a moment after the client saw it.
+    api = "modelmesh_api_request_milliseconds_count"
+    wait_until(lambda: total(scrape(pa), api) == calls_to_a, 10, "every call to a to be recorded")
     ma, mb = scrape(pa), scrape(pb)
 
     # External requests at a, per model (per_model_metrics on a): ids and codes as sent.
-    api = "modelmesh_api_request_milliseconds_count"
     assert total(ma, api, method=INFER, code="OK", modelId=held_on_b.id, vModelId="") == 2
     assert total(ma, api, method=INFER, code="OK", modelId=held_on_b.id, vModelId="vm") == 1
     assert total(ma, api, method=INFER, code="OK", modelId=cold.id) == 1
