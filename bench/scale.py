@@ -40,7 +40,7 @@ import tempfile
 import time
 import tracemalloc
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -109,31 +109,36 @@ def start_timed(mesh: LocalMesh, node_id: str, runtime_port: int, trace: Path, l
     return Node(node_id, grpc_port, peer_port, runtime_port, child, child), elapsed
 
 
-async def register_all(node: Node, n: int, concurrency: int, log: Callable[[str], None]) -> tuple[float, list[float]]:
-    client = MeshClient.open(node)
+async def timed_pool(n: int, concurrency: int, op: Callable[[int], Awaitable[None]]) -> tuple[float, list[float]]:
+    """Run op(0..n-1) on `concurrency` workers: (wall seconds, latency ms of each op)."""
     latencies: list[float] = []
     next_i = 0
+
+    async def worker() -> None:
+        nonlocal next_i
+        while next_i < n:
+            i = next_i
+            next_i += 1
+            t = time.perf_counter()
+            await op(i)
+            latencies.append((time.perf_counter() - t) * 1e3)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - t0, latencies
+
+
+async def register_all(node: Node, n: int, concurrency: int, log: Callable[[str], None]) -> tuple[float, list[float]]:
+    client = MeshClient.open(node)
+
+    async def register(i: int) -> None:
+        info = mm.ModelInfo(type="demo", path=model_path(i))
+        await client.mm.registerModel(mm.RegisterModelRequest(modelId=model_id(i), modelInfo=info), timeout=60)
+        if (i + 1) % max(1, n // 5) == 0:
+            log(f"  registered {i + 1}/{n}")
+
     try:
-
-        async def worker() -> None:
-            nonlocal next_i
-            while next_i < n:
-                i = next_i
-                next_i += 1
-                t = time.perf_counter()
-                await client.mm.registerModel(
-                    mm.RegisterModelRequest(
-                        modelId=model_id(i), modelInfo=mm.ModelInfo(type="demo", path=model_path(i))
-                    ),
-                    timeout=60,
-                )
-                latencies.append((time.perf_counter() - t) * 1e3)
-                if (i + 1) % max(1, n // 5) == 0:
-                    log(f"  registered {i + 1}/{n}")
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return time.perf_counter() - t0, latencies
+        return await timed_pool(n, concurrency, register)
     finally:
         await client.close()
 
@@ -149,24 +154,14 @@ def record_bytes(i: int, seq: int | None = None) -> bytes:
 async def direct_writes(etcd_url: str, n: int, concurrency: int) -> tuple[float, list[float]]:
     store = EtcdStore.from_url(etcd_url)
     prefix = f"bench-direct/{uuid.uuid4().hex[:8]}/"
-    latencies: list[float] = []
-    next_i = 0
+
+    async def write(i: int) -> None:
+        result = await put_if(store, prefix + model_id(i), record_bytes(i), 0)
+        if not result.succeeded:
+            raise RuntimeError(f"direct write {i} lost its create-only CAS")
+
     try:
-
-        async def worker() -> None:
-            nonlocal next_i
-            while next_i < n:
-                i = next_i
-                next_i += 1
-                t = time.perf_counter()
-                result = await put_if(store, prefix + model_id(i), record_bytes(i), 0)
-                if not result.succeeded:
-                    raise RuntimeError(f"direct write {i} lost its create-only CAS")
-                latencies.append((time.perf_counter() - t) * 1e3)
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return time.perf_counter() - t0, latencies
+        return await timed_pool(n, concurrency, write)
     finally:
         await store.close()
 
