@@ -45,14 +45,25 @@ def _floats(text: str) -> list[float]:
     return values
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
+def _int_from(low: int | None) -> Callable[[str], int]:
+    """A whole number, at least `low` (None: any)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if low is not None and n < low:
+            bound = "0 or more" if low == 0 else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {n}")
+        return n
+
+    return parse
+
+
+_positive_int = _int_from(1)
+_non_negative_int = _int_from(0)
+_whole = _int_from(None)
 
 
 def _positive_float(text: str) -> float:
@@ -79,23 +90,6 @@ def _bounded(low: float, high: float, flag: str, include_low: bool = False) -> C
         return x
 
     return parse
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
-    return n
-
-
-def _whole(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
 def _non_negative_float(text: str) -> float:
