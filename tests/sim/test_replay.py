@@ -49,10 +49,3 @@ def test_the_same_replay_gives_the_same_result() -> None:
 def test_a_replay_naming_instances_the_fleet_lacks_is_refused(ingress: list[int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         simulate(tiny([0, 1], [0, 1]), Fleet(2, 2), UPSTREAM, ingress=ingress)
-
-
-def test_as_configured_is_what_meshd_serve_runs() -> None:
-    lru, gdsf = as_configured(Eviction.LRU), as_configured(Eviction.GDSF)
-    assert lru.eviction is Eviction.LRU and gdsf.eviction is Eviction.GDSF
-    assert lru.spread_recent_loads and gdsf.spread_recent_loads  # the router always spreads recent loads
-    assert not lru.random_placement and lru.copy_scaling
