@@ -22,7 +22,7 @@ from meshd.kv.table import KEEP, Keep
 from meshd.placement.scaling import global_lru_ms
 from meshd.placement.view import ClusterView
 from meshd.registry import Registry
-from meshd.status import failure_expired
+from meshd.status import recent_failures
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +73,7 @@ def preload_plan(
     for mid, rec in records.items():
         if any(view.live(i) for i in rec.instance_ids) or rec.last_used <= lru:
             continue
-        recent_failures = sum(
-            1 for ms in rec.failed_in.values() if not failure_expired(ms, view.now_ms, failure_expiry_ms)
-        )
-        if recent_failures >= PRELOAD_MAX_FAILURES:
+        if len(recent_failures(rec.failed_in, view.now_ms, failure_expiry_ms)) >= PRELOAD_MAX_FAILURES:
             continue
         wanted.append((rec.last_used, mid, model_units(rec)))
     plan: list[str] = []
@@ -101,7 +98,7 @@ def cluster_gauges(view: ClusterView, records: Mapping[str, ModelRecord], failur
     loaded = failed = 0
     for rec in records.values():
         loaded += any(view.live(i) for i in rec.instance_ids)
-        failed += any(not failure_expired(ms, view.now_ms, failure_expiry_ms) for ms in rec.failed_in.values())
+        failed += bool(recent_failures(rec.failed_in, view.now_ms, failure_expiry_ms))
     return ClusterGauges(len(records), loaded, failed)
 
 

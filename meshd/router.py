@@ -62,7 +62,7 @@ from meshd.proxy.methods import MethodSpec
 from meshd.proxy.streams import Relay, ResponseStream
 from meshd.proxy.wire import inject_id
 from meshd.registry import CopiesFull, Registry
-from meshd.status import failure_expired
+from meshd.status import recent_failures
 from meshd.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ class Router:
         view = self.cluster.view()
         holders = frozenset(i for i in record.instance_ids if i == self.self_id or view.live(i))
         expiry = self.failure_expiry_ms
-        failed = frozenset(i for i, ms in record.failed_in.items() if not failure_expired(ms, view.now_ms, expiry))
+        failed = frozenset(recent_failures(record.failed_in, view.now_ms, expiry))
         target = self._load_target(view, model_id, record, exclude | holders | failed, prefer_self=False)
         if target is None:
             return None
@@ -327,7 +327,7 @@ class Router:
                 if busy:  # every copy is saturated: a new load would not answer in time
                     raise ResourceExhausted(f"model {model_id!r}: every copy is at its concurrency limit")
                 expiry = self.failure_expiry_ms
-                recent = [i for i, ms in record.failed_in.items() if not failure_expired(ms, now, expiry)]
+                recent = recent_failures(record.failed_in, now, expiry)
                 if len(recent) >= MAX_RECENT_FAILURES:
                     raise Unavailable(self._given_up(model_id, record, recent))
                 target = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)

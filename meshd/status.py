@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -40,6 +41,11 @@ NOT_FOUND = StatusView(ModelStatus.NOT_FOUND)
 
 def failure_expired(failed_ms: int, now_ms: int, expiry_ms: int) -> bool:
     return now_ms - failed_ms >= expiry_ms
+
+
+def recent_failures(failed_in: Mapping[str, int], now_ms: int, expiry_ms: int) -> list[str]:
+    """Instances where the model failed to load within the last `expiry_ms`."""
+    return [i for i, ms in failed_in.items() if not failure_expired(ms, now_ms, expiry_ms)]
 
 
 def model_status(

@@ -34,7 +34,7 @@ from meshd.kv.store import StoreError
 from meshd.kv.table import KEEP, MAX_CAS_ATTEMPTS, Keep, Table
 from meshd.kv.txn import update_many
 from meshd.registry import Registry, default_last_used
-from meshd.status import failure_expired
+from meshd.status import recent_failures
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +365,7 @@ class VModels:
         if rec.instance_ids or self.loaded_copies(model_id) > 0:
             return False  # loaded or loading somewhere
         now = self.clock()
-        return any(not failure_expired(ms, now, self.failure_expiry_ms) for ms in rec.failed_in.values())
+        return bool(recent_failures(rec.failed_in, now, self.failure_expiry_ms))
 
     # ---- the transaction -----------------------------------------------------------------
     async def _peek(self, vmodel_id: str) -> VModelRecord | None:

@@ -30,3 +30,10 @@ def test_failures_count_until_they_expire() -> None:
     view = model_status(rec, None, "me", 2000, EXPIRY)
     assert view.status is ModelStatus.LOADING_FAILED and view.errors == ("me: boom",)
     assert model_status(rec, None, "me", 1000 + EXPIRY, EXPIRY).status is ModelStatus.NOT_LOADED
+
+
+def test_recent_failures_are_those_within_the_expiry() -> None:
+    from meshd.status import recent_failures
+
+    assert recent_failures({"a": 1000, "b": 500, "c": 900}, now_ms=1500, expiry_ms=600) == ["a"]  # c: exactly expired
+    assert recent_failures({}, 1500, 600) == []
