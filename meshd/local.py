@@ -483,7 +483,7 @@ class LocalModels:
         """Live instances not shutting down (None: no cluster view yet)."""
         if self.cluster_view is None:
             return None
-        return {iid for iid, inst in self.cluster_view().instances.items() if not inst.shutdown}
+        return {inst.instance_id for inst in self.cluster_view().serving}
 
     def _liveness(self, live: AbstractSet[str] | None) -> tuple[AbstractSet[str] | None, AbstractSet[str]]:
         """`live` as the cluster shows it now (this instance left out if the caller left it

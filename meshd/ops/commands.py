@@ -142,6 +142,9 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=_run(_instances_list, "instances list"))
 
 
+INT64_MAX = (1 << 63) - 1
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -149,6 +152,8 @@ def _non_negative(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    if value > INT64_MAX:  # protobuf's int64 fields refuse more (a traceback, not a usage error)
+        raise argparse.ArgumentTypeError(f"must be at most {INT64_MAX}: {text!r}")
     return value
 
 

@@ -68,6 +68,7 @@ def test_vmodel_set_arguments() -> None:
         (["models", "list", "--timeout", "soon"], "not a number of seconds"),
         (["models", "list", "--address", " "], "must not be empty"),
         (["models", "register", "m1", "--type", "t", "--last-used-ms", "-1"], "must not be negative"),
+        (["models", "register", "m1", "--type", "t", "--last-used-ms", str(1 << 63)], "must be at most 9223"),
         (["vmodels", "set", "vm"], "required: TARGET_MODEL_ID"),
         (["vmodels", "set", "vm", "m1", "--key", "k"], "give --type too"),
         (["instances", "show"], "invalid choice"),
