@@ -205,6 +205,7 @@ class Instance:
             labels=frozenset(cfg.labels),
             metrics=self.metrics,
             tracing=self.tracing,
+            note_served=self.metrics.enabled or cfg.log_each_invoke,  # what Invocations reads
         )
         self.copies = CopyCounter(registry, cluster, self.local, self.peers)
 

@@ -136,9 +136,13 @@ class Router:
         labels: frozenset[str] = frozenset(),
         metrics: Metrics = NO_METRICS,
         tracing: Tracing | None = None,
+        note_served: bool = True,
     ) -> None:
         self.metrics = metrics
         self.tracing = tracing  # None: tracing off (meshd.tracing)
+        # Who served a call, for the per-call metrics and log (meshd.invocations); with both
+        # off nothing reads it, so the request path skips the context-variable write.
+        self.note_served = note_served
         self.constraints = constraints or TypeConstraints()
         self.labels = labels
         self.local = local
@@ -465,7 +469,8 @@ class Router:
             request = inject_id(request, spec.inject, model_id)
         started = await self._enter(entry)
         self._count_served(entry)
-        SERVED.set((model_id, self.self_id))
+        if self.note_served:
+            SERVED.set((model_id, self.self_id))
         invoked = time.perf_counter()
         try:
             call = self.runtime_calls.unary(spec.path)
@@ -511,7 +516,8 @@ class Router:
         Each request message has the id spliced in (if the method asks) and counts as one
         request served. Once open, the runtime's answers go to the client as they are."""
         started = await self._enter(entry)
-        SERVED.set((model_id, self.self_id))
+        if self.note_served:
+            SERVED.set((model_id, self.self_id))
 
         def on_message(message: bytes) -> bytes:
             self._count_served(entry)
@@ -549,7 +555,8 @@ class Router:
     ) -> bytes:
         peer = self._peer(target)
         md = (*metadata, (HOP, self.self_id), (MODE, mode))
-        SERVED.set((model_id, target))
+        if self.note_served:
+            SERVED.set((model_id, target))
         self.inflight[target] = self.inflight.get(target, 0) + 1
         raw = peer.unary(spec.path)
 
@@ -584,7 +591,8 @@ class Router:
         (initial metadata `meshd-accepted`), so a refusal reroutes with nothing lost."""
         peer = self._peer(target)
         md = (*metadata, (HOP, self.self_id), (MODE, mode))
-        SERVED.set((model_id, target))
+        if self.note_served:
+            SERVED.set((model_id, target))
         if self.tracing is not None:
             md = self.tracing.inject(md)
         relay = Relay(first, requests, None, hold=True)
