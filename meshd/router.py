@@ -312,11 +312,8 @@ class Router:
             now = view.now_ms
             entry = self.local.cache.get(model_id)
             local_loaded = entry is not None and entry.state is State.LOADED and self.self_id not in excluded
-            copies = {
-                iid: start
-                for iid, start in {**known, **record.instance_ids}.items()
-                if iid not in excluded and (iid == self.self_id or view.live(iid))
-            }
+            # choose_copy itself ignores excluded and dead holders: no filtered copy here.
+            copies = {**known, **record.instance_ids} if known else record.instance_ids
             target = choose_copy(
                 view,
                 copies,
