@@ -62,9 +62,9 @@ from _shared import (  # noqa: E402 - bench/ is on sys.path
 )
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
+from meshd.core.records import ModelRecord  # noqa: E402
 from meshd.demo import percentile  # noqa: E402
 from meshd.kv.etcd import EtcdStore  # noqa: E402
-from meshd.kv.records import ModelRecord  # noqa: E402
 from meshd.kv.store import Event, KeyValue, put_if  # noqa: E402
 from meshd.kv.table import Table  # noqa: E402
 from meshd.kv.watch_trace import read_trace  # noqa: E402

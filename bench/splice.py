@@ -1,4 +1,4 @@
-"""What id injection and extraction (meshd/proxy/wire.py) cost per request.
+"""What id injection and extraction (meshd/serving/proxy/wire.py) cost per request.
 
     python bench/splice.py [--seconds S]
 
@@ -20,7 +20,7 @@ import timeit
 from collections.abc import Callable
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb
-from meshd.proxy.wire import extract_id, inject_id
+from meshd.serving.proxy.wire import extract_id, inject_id
 
 
 def _request(model: str, raw_bytes: int) -> bytes:

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
-from meshd.tracing import Metadata, Tracing
+from meshd.observability.tracing import Metadata, Tracing
 
 PATH = "/inference.GRPCInferenceService/ModelInfer"
 METADATA: Metadata = (

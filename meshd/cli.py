@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from meshd import __version__
 from meshd.config import ConfigError, add_serve_arguments, load_config
-from meshd.logs import setup_logging
+from meshd.observability.logs import setup_logging
 
 
 def _run(coro: object) -> None:

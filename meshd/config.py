@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
-from meshd import tls as meshtls
-from meshd.cache import Eviction
-from meshd.logs import parse_log_format
-from meshd.metrics import MetricsConfig
-from meshd.placement.constraints import TypeConstraints
-from meshd.proxy.methods import DataplaneConfig
+from meshd.decisions.cache import Eviction
+from meshd.decisions.placement.constraints import TypeConstraints
+from meshd.observability.logs import parse_log_format
+from meshd.observability.metrics import MetricsConfig
+from meshd.security import tls as meshtls
+from meshd.serving.proxy.methods import DataplaneConfig
 
 T = TypeVar("T")
 MAX_GRPC_INT = 2**31 - 1  # grpc channel arguments are C ints: larger overflows at server creation

@@ -21,47 +21,48 @@ from meshd.api.health import EXTERNAL_SERVICES, INTERNAL_SERVICES, Health
 from meshd.api.kserve import MeshKServe
 from meshd.api.kserve_core import KServeCore
 from meshd.api.kserve_http import HttpServer
+from meshd.api.management import Management
 from meshd.api.modelmesh import ModelMeshServicer
+from meshd.api.modelrepo import ModelDirectory
 from meshd.api.parsing import add_servicer
 from meshd.api.peer import PeerServicer
-from meshd.cache import State, to_units
-from meshd.clock import wall_ms
-from meshd.cluster import Cluster
+from meshd.api.repository import MeshRepository
 from meshd.config import Config
-from meshd.copies import CopyCounter
-from meshd.instances import Identity, InstancePublisher, RpmMeter, instance_record
-from meshd.inventory import Inventory
-from meshd.invocations import Invocations
+from meshd.core.clock import wall_ms
+from meshd.core.records import RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
+from meshd.decisions.cache import State, to_units
+from meshd.decisions.placement.serving import assume_loaded_ms
+from meshd.decisions.placement.view import ClusterView
+from meshd.decisions.publishing import Identity, RpmMeter, instance_record
 from meshd.kv.election import Election
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.kv.etcd import EtcdStore
-from meshd.kv.records import RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
 from meshd.kv.watch_trace import WatchTrace
-from meshd.leader import LeaderDuties, cluster_gauges
-from meshd.local import LocalModels
-from meshd.management import Management
-from meshd.metrics import ClusterStats, InstanceStats, Metrics, MetricsServer, build_metrics
-from meshd.modelrepo import ModelDirectory
-from meshd.peer_auth import interceptors as peer_interceptors
-from meshd.peers import Peers, dial_plaintext
-from meshd.placement.serving import assume_loaded_ms
-from meshd.placement.view import ClusterView
-from meshd.proxy.handler import InferenceHandler
-from meshd.proxy.methods import MethodTable
-from meshd.proxy.peer_handler import PeerInferenceHandler
-from meshd.registry import Registry
-from meshd.repository import MeshRepository
-from meshd.router import Router
+from meshd.loops.inventory import Inventory
+from meshd.loops.leader import LeaderDuties, cluster_gauges
+from meshd.loops.runtime_watch import RuntimeWatch
+from meshd.loops.scaler import Scaler, ScalerConfig
+from meshd.observability.metrics import ClusterStats, InstanceStats, Metrics, MetricsServer, build_metrics
+from meshd.observability.tracing import Tracing
+from meshd.observability.tracing import from_env as tracing_from_env
+from meshd.registry.instances import InstancePublisher
+from meshd.registry.models import Registry
+from meshd.registry.vmodels import VModels
 from meshd.runtime.client import RuntimeClient, RuntimeNotReady
 from meshd.runtime.endpoints import internal_server_options, open_channel, server_options
-from meshd.runtime.health import RuntimeWatch
-from meshd.scaler import Scaler, ScalerConfig
-from meshd.tls import bind
-from meshd.tracing import Tracing
-from meshd.tracing import from_env as tracing_from_env
-from meshd.vmodels import VModels
+from meshd.security.peer_auth import interceptors as peer_interceptors
+from meshd.security.tls import bind
+from meshd.serving.cluster import Cluster
+from meshd.serving.copies import CopyCounter
+from meshd.serving.invocations import Invocations
+from meshd.serving.local import LocalModels
+from meshd.serving.peers import Peers, dial_plaintext
+from meshd.serving.proxy.handler import InferenceHandler
+from meshd.serving.proxy.methods import MethodTable
+from meshd.serving.proxy.peer_handler import PeerInferenceHandler
+from meshd.serving.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ class Instance:
         self.health.append(Health(external, EXTERNAL_SERVICES))
 
         # With TLS on, the handshake admits certificates the mesh trusts; the interceptor then
-        # admits only mesh instances among them (meshd.peer_auth), on every internal service.
+        # admits only mesh instances among them (meshd.security.peer_auth), on every internal service.
         internal = grpc.aio.server(
             options=internal_server_options(cfg.max_msg_size, cfg.max_headers_size),
             interceptors=peer_interceptors(tls),

@@ -1,4 +1,4 @@
-"""The placement simulator: meshd's decision code (meshd.placement, meshd.cache) on a virtual clock.
+"""The placement simulator: meshd's decision code (meshd.decisions.placement, meshd.decisions.cache) on a virtual clock.
 
 Modules: `workloads` (catalogues, synthetic request streams, CSV trace replay), `policies`
 (upstream / meshd / random), `engine` (the discrete-event mesh), `single` (one cache: Che's

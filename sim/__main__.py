@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from meshd.cache import Eviction
+from meshd.decisions.cache import Eviction
 from sim import report, single
 from sim import workloads as w
 from sim.engine import Fleet, Result, simulate

@@ -55,11 +55,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from meshd.cache import CacheEntry, State, WeightedLRU
-from meshd.gate import Arrival, on_arrival, queue_bound
-from meshd.instances import PUBLISH_MIN_INTERVAL_MS, Identity, RpmMeter, instance_record, publish_due
-from meshd.kv.records import InstanceRecord
-from meshd.placement.rank import (
+from meshd.core.records import InstanceRecord
+from meshd.decisions.cache import CacheEntry, State, WeightedLRU
+from meshd.decisions.gate import Arrival, on_arrival, queue_bound
+from meshd.decisions.placement.rank import (
     DEFAULT_LOADING_TIMEOUT_MS,
     LoadRequest,
     RecentPlacements,
@@ -68,7 +67,7 @@ from meshd.placement.rank import (
     eligible,
     load_here_as_last_resort,
 )
-from meshd.placement.scaling import (
+from meshd.decisions.placement.scaling import (
     DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT,
     DEFAULT_POLICY,
     DEFAULT_SCALE_UP_RPM_THRESHOLD,
@@ -78,8 +77,9 @@ from meshd.placement.scaling import (
     decide_copies,
     gated_rate,
 )
-from meshd.placement.serving import MAX_ATTEMPTS, MAX_BUSY_RETRIES, assume_loaded_ms, choose_copy
-from meshd.placement.view import ClusterView, InstanceView
+from meshd.decisions.placement.serving import MAX_ATTEMPTS, MAX_BUSY_RETRIES, assume_loaded_ms, choose_copy
+from meshd.decisions.placement.view import ClusterView, InstanceView
+from meshd.decisions.publishing import PUBLISH_MIN_INTERVAL_MS, Identity, RpmMeter, instance_record, publish_due
 from sim.policies import Policy
 from sim.workloads import Workload
 
@@ -155,7 +155,7 @@ class Result:
 
 
 class _Gate:
-    """A copy's concurrency gate (meshd.gate.CopyGate on the virtual clock) and the sums the
+    """A copy's concurrency gate (meshd.decisions.gate.CopyGate on the virtual clock) and the sums the
     scaler samples. Requests hold a reference, so an evicted copy finishes its queue."""
 
     __slots__ = ("bound", "completed", "inst", "limit", "model", "queue", "queue_ms", "queued", "running", "service_ms")

@@ -2,7 +2,7 @@
 
 - `upstream`: ModelMesh's defaults: weighted LRU eviction, PLACEMENT_ORDER ranking with the
   near-best random pick (CacheMissForwardingLB), upstream's copy scaling.
-- `meshd`: meshd's own choices: GDSF eviction (size- and load-time-aware, `meshd.cache`),
+- `meshd`: meshd's own choices: GDSF eviction (size- and load-time-aware, `meshd.decisions.cache`),
   and the placement spread of recent loads (`RecentPlacements`) on top of upstream's ranking.
 - `random`: a load goes to a uniformly random instance that could hold it (LRU eviction):
   the floor any placement policy should beat.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshd.cache import Eviction
+from meshd.decisions.cache import Eviction
 
 
 @dataclass(frozen=True, slots=True)

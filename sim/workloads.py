@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshd.cache import to_units
+from meshd.decisions.cache import to_units
 
 MIB = 1 << 20
 DEFAULT_SIZE_BYTES = 64 * MIB

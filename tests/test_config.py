@@ -114,7 +114,7 @@ def test_data_plane_settings(tmp_path: object) -> None:
 
 
 def test_eviction_switch() -> None:
-    from meshd.cache import Eviction
+    from meshd.decisions.cache import Eviction
 
     assert load_config(None, {}).eviction is Eviction.LRU  # upstream's order stays the default
     assert load_config(None, {"MESHD_EVICTION": "GDSF"}).eviction is Eviction.GDSF

@@ -20,7 +20,7 @@ import yaml
 from meshd import cli
 from meshd.adapter import main as adapter_main
 from meshd.config import SETTINGS, load_config
-from meshd.metrics import ClusterStats, InstanceStats, MetricsConfig, build_metrics
+from meshd.observability.metrics import ClusterStats, InstanceStats, MetricsConfig, build_metrics
 from meshd.runtimes import demo as runtime_demo
 from meshd.runtimes import models as gen_models
 

@@ -27,7 +27,7 @@ from meshd.adapter import layout, sizing
 from meshd.adapter.layout import Layout, MLServerLayout, TritonLayout
 from meshd.adapter.server import Adapter, AdapterConfig, ModelServer
 from meshd.adapter.supervisor import Supervisor, SupervisorConfig
-from meshd.logs import parse_log_format, setup_logging
+from meshd.observability.logs import parse_log_format, setup_logging
 
 log = logging.getLogger("meshd.adapter")
 

@@ -32,8 +32,8 @@ from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
 from meshd.adapter import layout, sizing
 from meshd.adapter.layout import Layout, LayoutError, ModelSource
 from meshd.adapter.supervisor import Supervisor
-from meshd.errors import means_model_missing
-from meshd.placement.modelkey import key_object
+from meshd.core.errors import means_model_missing
+from meshd.decisions.placement.modelkey import key_object
 
 log = logging.getLogger(__name__)
 

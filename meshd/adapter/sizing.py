@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from meshd.placement.modelkey import policy_from_key
+from meshd.decisions.placement.modelkey import policy_from_key
 
 DEFAULT_MULTIPLIER = 1.25
 DEFAULT_OVERHEAD_BYTES = 256 << 20

@@ -8,11 +8,11 @@ from typing import Any
 from meshd._proto.meshd import admin_pb2 as pb
 from meshd._proto.meshd import admin_pb2_grpc as pb_grpc
 from meshd.api.grpc_errors import statuses
-from meshd.clock import Clock, wall_ms
-from meshd.ids import check_id
-from meshd.inventory import InstanceSummary, Inventory, ModelSummary, instance_summaries
-from meshd.kv.records import InstanceRecord
+from meshd.core.clock import Clock, wall_ms
+from meshd.core.records import InstanceRecord
+from meshd.decisions.ids import check_id
 from meshd.kv.table import Table
+from meshd.loops.inventory import InstanceSummary, Inventory, ModelSummary, instance_summaries
 
 
 def model_message(s: ModelSummary) -> Any:

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from meshd.errors import MeshError
+from meshd.core.errors import MeshError
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped, 
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as v2
 from meshd.api.kserve_core import KServeCore
-from meshd.errors import MeshError
-from meshd.proxy.headers import parse_request_headers
+from meshd.core.errors import MeshError
+from meshd.serving.proxy.headers import parse_request_headers
 
 SERVICE = "/inference.GRPCInferenceService/"
 RawUnary = Callable[[bytes, Any], Awaitable[bytes]]

@@ -21,8 +21,8 @@ from typing import Protocol
 import grpc
 
 import meshd
-from meshd.errors import InvalidArgument, MeshError, NotFound
-from meshd.status import ModelStatus, StatusView
+from meshd.core.errors import InvalidArgument, MeshError, NotFound
+from meshd.decisions.status import ModelStatus, StatusView
 
 SERVER_NAME = "meshd"
 REPOSITORY_EXTENSION = "model_repository"

@@ -29,8 +29,8 @@ import grpc
 from aiohttp import web
 
 from meshd.api.kserve_core import KServeCore
-from meshd.errors import MeshError
-from meshd.status import ModelStatus
+from meshd.core.errors import MeshError
+from meshd.decisions.status import ModelStatus
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from typing import Any
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.api.grpc_errors import statuses
-from meshd.ids import ModelInfo
-from meshd.management import Management
-from meshd.status import StatusView
-from meshd.vmodels import SetVModel, VModels, VModelStatusView
+from meshd.api.management import Management
+from meshd.decisions.ids import ModelInfo
+from meshd.decisions.status import StatusView
+from meshd.registry.vmodels import SetVModel, VModels, VModelStatusView
 
 
 def status_message(view: StatusView) -> Any:

@@ -10,13 +10,13 @@ from typing import Any
 from meshd._proto.meshd import peer_pb2 as pb
 from meshd._proto.meshd import peer_pb2_grpc as pb_grpc
 from meshd.api.grpc_errors import statuses
-from meshd.cache import UNIT_BYTES, State
-from meshd.errors import LoadFailed
-from meshd.ids import check_id
-from meshd.inventory import held_copies
-from meshd.leader import ClusterGauges
-from meshd.local import LocalModels
-from meshd.registry import Registry
+from meshd.core.errors import LoadFailed
+from meshd.decisions.cache import UNIT_BYTES, State
+from meshd.decisions.ids import check_id
+from meshd.loops.inventory import held_copies
+from meshd.loops.leader import ClusterGauges
+from meshd.registry.models import Registry
+from meshd.serving.local import LocalModels
 
 _STATES = {State.LOADING: pb.InternalOpResponse.LOADING, State.LOADED: pb.InternalOpResponse.LOADED}
 _COPY_STATES = {**_STATES, State.FAILED: pb.InternalOpResponse.FAILED}

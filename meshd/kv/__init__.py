@@ -1,4 +1,13 @@
-"""Key-value store seam (etcd and in-process), records and watch-fed mirrors."""
+"""kv: the seam to etcd, the one outside world where the mesh's state lives.
+
+Owns: `store` (the `KVStore` interface: revisions, compare-and-set transactions, leases,
+prefix watches), `etcd` (over aetcd) and `memory` (in-process, same semantics, for unit
+tests and the simulator), `embedded` (the private etcd child process), `lease`, `txn`,
+`table` (watch-fed mirrors of a key prefix), `election` (leader election),
+`watch_trace` (a trace file of applied revisions).
+
+May import: core.
+"""
 
 from meshd.kv.store import (
     Compacted,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from meshd.kv.records import RecordError
+from meshd.core.records import RecordError
 from meshd.kv.store import Compacted, Delete, KeyValue, KVStore, StoreError, StoreUnavailable, put_if
 from meshd.kv.store import Compare as _Compare
 

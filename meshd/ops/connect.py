@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from meshd.tls import TlsConfigError, read_client_credentials
+from meshd.security.tls import TlsConfigError, read_client_credentials
 
 ADDRESS_ENV = "MESHD_ADDRESS"
 DEFAULT_ADDRESS = "localhost:8033"  # upstream's external gRPC port (MM_SVC_GRPC_PORT)

@@ -1,1 +1,7 @@
-"""The ModelRuntime SPI client (meshd is the client) and its load queue."""
+"""runtime: the seam to the model runtime beside meshd (meshd is the SPI client).
+
+Owns: `client` (the `mmesh.ModelRuntime` calls), `endpoints` (channels to the runtime and
+peers, over TCP or a unix socket), `loader` (the load queue: loading threads and timeouts).
+
+May import: core, observability.
+"""

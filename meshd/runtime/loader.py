@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import grpc
 
-from meshd.errors import LoadFailed, Unavailable
-from meshd.metrics import NO_METRICS, Metrics
+from meshd.core.errors import LoadFailed, Unavailable
+from meshd.observability.metrics import NO_METRICS, Metrics
 from meshd.runtime.client import LoadedModel, RuntimeClient, RuntimeInfo
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,8 @@ from typing import Any
 
 import grpc
 
-from meshd.runtimes.demo_server import RuntimeConfig, RuntimeState, add_inference_service, add_runtime_servicer
+from meshd.runtimes.demo_server import InferenceService, RuntimeConfig, RuntimeState, add_runtime_servicer
+from meshd.runtimes.echo import EchoService
 
 log = logging.getLogger("meshd.runtimes.demo")
 
@@ -158,6 +159,11 @@ def _new_server(opts: Options) -> Any:
             ("grpc.so_reuseport", 0),
         ]
     )
+
+
+def add_inference_service(server: Any, state: RuntimeState) -> None:
+    """KServe V2 inference and the Echo test service, both answered from `state`."""
+    server.add_generic_rpc_handlers((InferenceService(state).handler(), EchoService(state).handler()))
 
 
 async def serve(opts: Options) -> int:

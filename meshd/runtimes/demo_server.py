@@ -31,7 +31,7 @@ import meshd
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
-from meshd.placement.modelkey import key_object
+from meshd.decisions.placement.modelkey import key_object
 from meshd.runtimes.models import DemoModel, decode_infer_request, make_infer_response
 
 log = logging.getLogger("meshd.runtimes.demo")
@@ -328,7 +328,7 @@ class ModelRuntimeServicer(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
 # KServe V2 inference
 
 
-def _header_model_id(context: _Context) -> str | None:
+def header_model_id(context: _Context) -> str | None:
     """The model id from mm-model-id-bin (UTF-8) or mm-model-id, the -bin form winning."""
     plain: str | None = None
     for key, value in context.invocation_metadata() or ():
@@ -343,7 +343,7 @@ def _header_model_id(context: _Context) -> str | None:
 
 
 def _model_id(context: _Context, body_name: str) -> str:
-    model_id = _header_model_id(context) or body_name
+    model_id = header_model_id(context) or body_name
     if not model_id:
         raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"no model named: set {MODEL_ID_HEADER} or the model name")
     return model_id
@@ -405,7 +405,7 @@ class InferenceService:
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         # Triton semantics: one response per request; a bad request is an error_message, not the end.
         try:
-            header_id = _header_model_id(context)
+            header_id = header_model_id(context)
         except RpcFailure as e:
             await context.abort(e.code, e.details)
             return
@@ -507,9 +507,3 @@ def _serialize(message: Message) -> bytes:
 
 def add_runtime_servicer(server: Any, state: RuntimeState) -> None:
     rt_grpc.add_ModelRuntimeServicer_to_server(ModelRuntimeServicer(state), server)
-
-
-def add_inference_service(server: Any, state: RuntimeState) -> None:
-    from meshd.runtimes.echo import EchoService  # echo builds on this module
-
-    server.add_generic_rpc_handlers((InferenceService(state).handler(), EchoService(state).handler()))

@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from meshd.runtimes.demo_server import RpcFailure, RuntimeState, _header_model_id
+from meshd.runtimes.demo_server import RpcFailure, RuntimeState, header_model_id
 
 SERVICE = "meshd.demo.Echo"
 STREAMING = ("ServerStream", "ClientStream", "Bidi")
@@ -45,7 +45,7 @@ class EchoService:
         """The loaded model the call names; aborts (INVALID_ARGUMENT, NOT_FOUND) otherwise."""
         self.last_trace = {k: v for k, v in context.invocation_metadata() if k in TRACE_HEADERS}
         try:
-            model_id = _header_model_id(context)
+            model_id = header_model_id(context)
             if not model_id:
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "no model named: set mm-model-id")
             self.state.get(model_id)  # NOT_FOUND unless loaded

@@ -193,7 +193,7 @@ class MeshClient:
         peer_credentials: grpc.ChannelCredentials | None = None,
         tls_name: str | None = None,
     ) -> MeshClient:
-        """Plaintext unless credentials are given (meshd.tls.client_credentials); the internal
+        """Plaintext unless credentials are given (meshd.security.tls.client_credentials); the internal
         port of a TLS mesh needs `peer_credentials` with a certificate the mesh trusts.
         `tls_name`: the name to check in the server certificate (MESHD_TLS_PEER_NAME)."""
         opts: list[tuple[str, Any]] = [

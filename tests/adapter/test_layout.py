@@ -174,7 +174,7 @@ def test_the_repository_is_shared_safely(tmp_path: Path, repo: Path) -> None:
 def test_what_counts_as_a_missing_model() -> None:
     import grpc
 
-    from meshd.errors import means_model_missing
+    from meshd.core.errors import means_model_missing
 
     code = grpc.StatusCode
     assert means_model_missing(code.NOT_FOUND, "Model m with version  not found")

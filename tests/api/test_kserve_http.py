@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from meshd.api.kserve_core import KServeCore
 from meshd.api.kserve_http import KServeHttp
-from meshd.errors import InvalidArgument, NotFound
-from meshd.status import NOT_FOUND, ModelStatus, StatusView
+from meshd.core.errors import InvalidArgument, NotFound
+from meshd.decisions.status import NOT_FOUND, ModelStatus, StatusView
 
 
 class FakeMesh:

@@ -1,7 +1,7 @@
 """Hypothesis fuzzing of what turns outside bytes into meshd's values (issue 8), in seconds:
 the id splicer on KServe requests, the etcd record decoders, and the watch mirror that
-applies stored values. Complements tests/proxy/test_wire.py (splicer vs protobuf parsing on
-a nested schema, arbitrary and mutated bytes) and tests/kv/test_records.py (arbitrary bytes,
+applies stored values. Complements tests/serving/proxy/test_wire.py (splicer vs protobuf parsing on
+a nested schema, arbitrary and mutated bytes) and tests/core/test_records.py (arbitrary bytes,
 model records from arbitrary JSON objects)."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshd._proto.inference.grpc_predict_v2_pb2 import ModelInferRequest
-from meshd.errors import InvalidArgument
+from meshd.core.errors import InvalidArgument
+from meshd.core.records import InstanceRecord, ModelRecord, RecordError, VModelRecord
 from meshd.kv.memory import MemoryStore
-from meshd.kv.records import InstanceRecord, ModelRecord, RecordError, VModelRecord
 from meshd.kv.table import Table
-from meshd.proxy.wire import extract_id, inject_id
+from meshd.serving.proxy.wire import extract_id, inject_id
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -28,9 +28,9 @@ from meshd._proto.meshd import admin_pb2 as admin
 from meshd._proto.meshd import admin_pb2_grpc as admin_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
+from meshd.core.records import InstanceRecord, RecordError
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.kv.etcd import EtcdStore
-from meshd.kv.records import InstanceRecord, RecordError
 from meshd.kv.store import Delete
 from meshd.runtimes.models import (
     DemoModel,

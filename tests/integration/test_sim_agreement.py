@@ -17,7 +17,7 @@ import pytest
 
 from meshd._proto.meshd import admin_pb2 as admin
 from meshd._proto.meshd import admin_pb2_grpc as admin_grpc
-from meshd.cache import Eviction, to_units
+from meshd.decisions.cache import Eviction, to_units
 from meshd.runtimes.echo import SERVICE as ECHO
 from meshd.runtimes.models import generate_models
 from meshd.testing.procs import wait_until

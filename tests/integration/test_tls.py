@@ -20,10 +20,10 @@ import pytest
 from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd.runtimes.models import GeneratedModel, make_infer_request
+from meshd.security.tls import client_credentials, read_client_credentials
 from meshd.testing.certs import Issued, TestCA, mesh_tls_settings
 from meshd.testing.cluster import LocalMesh, MeshClient, Node
 from meshd.testing.procs import free_port
-from meshd.tls import client_credentials, read_client_credentials
 
 from .conftest import MODEL_SIZE, Client, close_enough, expected
 

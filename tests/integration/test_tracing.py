@@ -29,11 +29,11 @@ from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.config import env_for, load_config
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.mesh import Instance
+from meshd.observability.tracing import Tracing
 from meshd.runtimes.echo import SERVICE, dataplane_streaming
 from meshd.runtimes.models import GeneratedModel, generate_models
 from meshd.testing.cluster import LocalMesh
 from meshd.testing.procs import free_port
-from meshd.tracing import Tracing
 
 from .conftest import NodeFactory
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from meshd.kv.records import ModelRecord, RecordError
+from meshd.core.records import ModelRecord, RecordError
 from meshd.kv.store import Delete, KVStore
 from meshd.kv.table import KEEP, Table
 from tests.lagging_store import LaggingStore

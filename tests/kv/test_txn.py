@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from meshd.core.records import ModelRecord, RecordError, VModelRecord
 from meshd.kv.memory import MemoryStore
-from meshd.kv.records import ModelRecord, RecordError, VModelRecord
 from meshd.kv.store import Compare, KVStore, Op, StoreUnavailable, TxnResult
 from meshd.kv.table import KEEP, MAX_CAS_ATTEMPTS, Table
 from meshd.kv.txn import update_many

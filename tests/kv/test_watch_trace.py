@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from meshd.core.records import ModelRecord
 from meshd.kv.memory import MemoryStore
-from meshd.kv.records import ModelRecord
 from meshd.kv.table import Table
 from meshd.kv.watch_trace import WatchTrace, read_trace
 

@@ -7,7 +7,7 @@ from array import array
 
 import pytest
 
-from meshd.cache import Eviction
+from meshd.decisions.cache import Eviction
 from sim.engine import Fleet, simulate
 from sim.policies import UPSTREAM, as_configured
 from sim.workloads import Catalogue, Workload

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from meshd.cache import Eviction
+from meshd.decisions.cache import Eviction
 from sim.single import belady_hit_ratio, libcachesim_hit_ratios, meshd_hit_ratio
 from sim.workloads import zipf_weights
 

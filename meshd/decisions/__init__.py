@@ -1,0 +1,14 @@
+"""decisions: every rule the daemon and the simulator (`sim/`) share. Pure and clock-injected.
+
+Each function reads plain data (a `placement.view.ClusterView` snapshot with its `now_ms`,
+record fields, counts) and returns a decision; randomness comes only from an injected
+`random.Random`. No I/O, no asyncio, no wall clock: the mechanisms act on the answers.
+
+Owns: `placement/` (where a model loads, which copy serves, how many copies: rank, serving,
+scaling, constraints, modelkey, view), `cache` (what to admit and evict: LRU or GDSF over
+8 KiB units), `gate` (the per-copy concurrency rules), `janitor` (what to repair between
+the cache and the registry), `status` (what getModelStatus reports), `ids` (what a valid
+model id and ModelInfo are).
+
+May import: core.
+"""

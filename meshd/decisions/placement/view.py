@@ -1,0 +1,78 @@
+"""The snapshot placement decisions read: instances as their records describe them.
+
+Built from the `instances/` mirror (and, for the instance itself, from live state) at
+decision time. Plain frozen data: the simulator builds the same objects from its
+virtual fleet.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from meshd.core.records import InstanceRecord
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    instance_id: str
+    location: str = ""  # host:port peers dial
+    capacity: int = 0  # 8 KiB units
+    used: int = 0  # 8 KiB units
+    count: int = 0  # models loaded
+    lru_time: int = 0  # ms; last use of the copy it evicts next (under LRU, the oldest)
+    loading_threads: int = 1
+    loading_in_progress: int = 0
+    rpm: int = 0  # requests per minute it served recently
+    shutdown: bool = False
+    start_time: int = 0
+    version: int = 0
+    zone: str = ""
+    labels: frozenset[str] = frozenset()
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.used
+
+    @classmethod
+    def from_record(cls, instance_id: str, r: InstanceRecord) -> InstanceView:
+        return cls(
+            instance_id=instance_id,
+            location=r.location,
+            capacity=r.capacity,
+            used=r.used,
+            count=r.count,
+            lru_time=r.lru_time,
+            loading_threads=max(1, r.loading_threads),
+            loading_in_progress=r.loading_in_progress,
+            rpm=r.rpm,
+            shutdown=r.shutdown,
+            start_time=r.start_time,
+            version=r.version,
+            zone=r.zone,
+            labels=frozenset(r.labels),
+        )
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Live instances (records present, i.e. leases alive) at `now_ms`, seen from `self_id`."""
+
+    self_id: str
+    now_ms: int
+    instances: Mapping[str, InstanceView] = field(default_factory=dict)
+
+    # No slots: cached_property needs an instance dict. A view is a snapshot, so what is
+    # derived from it is computed once, however many decisions read it (the scaler and the
+    # simulator ask once per copy).
+    @functools.cached_property
+    def serving(self) -> tuple[InstanceView, ...]:
+        """Live instances that are not shutting down."""
+        return tuple(i for i in self.instances.values() if not i.shutdown)
+
+    def live(self, instance_id: str) -> bool:
+        return instance_id in self.instances
+
+    def get(self, instance_id: str) -> InstanceView | None:
+        return self.instances.get(instance_id)

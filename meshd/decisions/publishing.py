@@ -1,0 +1,123 @@
+"""What this instance's record says and when it is published (SPEC §5, §6), pure.
+
+The record: cache fill, LRU time, loading threads, request rate, identity. Publication:
+when it changed materially, at most every 2 s, at least every 40 s while changed, and
+right after loads. `judge_stored` says what the mirror's copy of the own record means
+(lagging, ours, gone, changed, or another process's). `meshd.registry.instances` does the
+writing; the simulator publishes on the same rules.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from meshd import __version__
+from meshd.core.records import InstanceRecord
+from meshd.decisions.cache import State, WeightedLRU
+
+PUBLISH_MIN_INTERVAL_MS = 2_000  # upstream: >= 2 s apart
+PUBLISH_MAX_INTERVAL_MS = 40_000  # upstream: every 40 s when changed
+
+
+def numeric_version(version: str) -> int:
+    """`1.2.3` -> 10203, so newer versions compare greater (placement prefers them)."""
+    parts = [int(p) if p.isdigit() else 0 for p in version.split(".")[:3]]
+    parts += [0] * (3 - len(parts))
+    return parts[0] * 10_000 + parts[1] * 100 + parts[2]
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    instance_id: str
+    location: str  # host:peer_port
+    zone: str
+    labels: tuple[str, ...]
+    start_ms: int
+
+
+def instance_record(
+    me: Identity,
+    cache: WeightedLRU,
+    loading_threads: int,
+    loading_in_progress: int,
+    rpm: int,
+    shutdown: bool,
+    now_ms: int,
+) -> InstanceRecord:
+    loaded = [e for e in cache.entries() if e.state is State.LOADED]
+    return InstanceRecord(
+        lru_time=cache.lru_ms(now_ms),
+        count=len(loaded),
+        capacity=cache.capacity_units,
+        used=cache.used_units,
+        loading_threads=loading_threads,
+        loading_in_progress=loading_in_progress,
+        rpm=rpm,
+        shutdown=shutdown,
+        start_time=me.start_ms,
+        version=numeric_version(__version__),
+        location=me.location,
+        zone=me.zone,
+        labels=list(me.labels),
+    )
+
+
+class RpmMeter:
+    """Requests in the last minute, from samples of a running total (no per-request work).
+
+    Counted, not extrapolated: a burst of 3 requests in the first second of an instance's
+    life is 3 rpm, not 180 (an extrapolated rate made fresh instances look hot to placement).
+    """
+
+    def __init__(self, window_ms: int = 60_000) -> None:
+        self.window_ms = window_ms
+        self._samples: deque[tuple[int, int]] = deque()
+
+    def rpm(self, total: int, now_ms: int) -> int:
+        self._samples.append((now_ms, total))
+        # Keep the newest sample at least a window old as the baseline.
+        while len(self._samples) > 1 and now_ms - self._samples[1][0] >= self.window_ms:
+            self._samples.popleft()
+        return total - self._samples[0][1]
+
+
+def material(r: InstanceRecord) -> InstanceRecord:
+    """The record without the fields that drift with every request (LRU time, request rate)."""
+    return replace(r, lru_time=0, rpm=0)
+
+
+def publish_due(last: InstanceRecord | None, new: InstanceRecord, last_ms: int, now_ms: int, forced: bool) -> bool:
+    if last is None:
+        return True
+    if now_ms - last_ms < PUBLISH_MIN_INTERVAL_MS:
+        return False
+    if forced or material(last) != material(new):
+        return True
+    return new != last and now_ms - last_ms >= PUBLISH_MAX_INTERVAL_MS
+
+
+class Stored(Enum):
+    """What the instances mirror holds at the own key, against the last record published."""
+
+    LAGGING = "lagging"  # the mirror has not applied the last put yet: no judgement
+    OURS = "ours"
+    GONE = "gone"  # absent (or corrupt): write it back
+    CHANGED = "changed"  # this process's identity, other contents: write it back
+    FOREIGN = "foreign"  # another process with this instance id: report, do not fight
+
+
+def judge_stored(
+    last: InstanceRecord, put_revision: int, mirror_revision: int, stored: InstanceRecord | None
+) -> Stored:
+    if mirror_revision < put_revision:
+        return Stored.LAGGING
+    if stored is None:
+        return Stored.GONE
+    if stored == last:
+        return Stored.OURS
+    # start_time and location together tell processes apart (one port, one start).
+    if (stored.start_time, stored.location) != (last.start_time, last.location):
+        return Stored.FOREIGN
+    return Stored.CHANGED

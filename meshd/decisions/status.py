@@ -1,0 +1,97 @@
+"""What getModelStatus reports, decided from the record and this instance's view (pure)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+
+from meshd.core.records import ModelRecord
+from meshd.decisions.cache import CacheEntry, State
+
+
+class ModelStatus(enum.IntEnum):
+    """Values of mmesh ModelStatusInfo.ModelStatus (SPEC §2)."""
+
+    NOT_FOUND = 0
+    NOT_LOADED = 1
+    LOADING = 2
+    LOADED = 3
+    LOADING_FAILED = 4
+    UNKNOWN = 5
+
+
+@dataclass(frozen=True, slots=True)
+class CopyView:
+    location: str
+    status: ModelStatus
+    time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusView:
+    status: ModelStatus
+    errors: tuple[str, ...] = ()
+    copies: tuple[CopyView, ...] = field(default_factory=tuple)
+
+
+NOT_FOUND = StatusView(ModelStatus.NOT_FOUND)
+
+
+def failure_expired(failed_ms: int, now_ms: int, expiry_ms: int) -> bool:
+    return now_ms - failed_ms >= expiry_ms
+
+
+def recent_failures(failed_in: Mapping[str, int], now_ms: int, expiry_ms: int) -> list[str]:
+    """Instances where the model failed to load within the last `expiry_ms`."""
+    return [i for i, ms in failed_in.items() if not failure_expired(ms, now_ms, expiry_ms)]
+
+
+def model_status(
+    record: ModelRecord | None,
+    local: CacheEntry | None,
+    self_id: str,
+    now_ms: int,
+    failure_expiry_ms: int,
+    live: AbstractSet[str] | None = None,
+) -> StatusView:
+    """Status across the mesh as this instance sees it.
+
+    The local copy's state is known exactly; other instances' copies are taken as loaded
+    (their state is theirs to report) while the instance is live (`live`: ids with a
+    record, None: all). Unexpired failures count; newest copies first.
+    """
+    if record is None:
+        return NOT_FOUND
+    copies: list[CopyView] = []
+    for iid, start_ms in record.instance_ids.items():
+        if iid == self_id:
+            if local is None:
+                continue  # stale: this instance does not hold it (janitor repairs)
+            state = {State.LOADING: ModelStatus.LOADING, State.LOADED: ModelStatus.LOADED}.get(
+                local.state, ModelStatus.LOADING_FAILED
+            )
+            copies.append(CopyView(iid, state, start_ms))
+        elif live is None or iid in live:
+            copies.append(CopyView(iid, ModelStatus.LOADED, start_ms))
+    if local is not None and local.state is State.LOADING and self_id not in record.instance_ids:
+        copies.append(CopyView(self_id, ModelStatus.LOADING, local.since_ms))
+    errors: list[str] = []
+    for iid, failed_ms in record.failed_in.items():
+        if failure_expired(failed_ms, now_ms, failure_expiry_ms):
+            continue
+        copies.append(CopyView(iid, ModelStatus.LOADING_FAILED, failed_ms))
+        msg = record.fails.get(iid, {}).get("msg", "load failed")
+        errors.append(f"{iid}: {msg}")
+    copies.sort(key=lambda c: c.time_ms, reverse=True)
+    states = {c.status for c in copies}
+    if ModelStatus.LOADED in states:
+        status = ModelStatus.LOADED
+    elif ModelStatus.LOADING in states:
+        status = ModelStatus.LOADING
+    elif ModelStatus.LOADING_FAILED in states:
+        status = ModelStatus.LOADING_FAILED
+    else:
+        status = ModelStatus.NOT_LOADED
+    return StatusView(status, tuple(errors), tuple(copies))

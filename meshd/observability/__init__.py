@@ -1,0 +1,7 @@
+"""observability: what an operator sees of the daemon.
+
+Owns: `metrics` (Prometheus series with upstream's names, MM_METRICS), `tracing`
+(OpenTelemetry set-up and the spans the request path opens), `logs` (text or JSON logs).
+
+May import: core, decisions.
+"""

@@ -1,0 +1,9 @@
+"""registry: the mesh's shared state in etcd, as the daemon reads and changes it.
+
+Owns: `models` (model records: register, unregister, add and remove copies under
+compare-and-set, max copies enforced in the CAS), `vmodels` (vmodel records and their
+transitions), `instances` (this instance's record, its lease and when to publish it).
+The store seam under it is `meshd.kv`; leader election is `meshd.kv.election`.
+
+May import: core, decisions, kv.
+"""

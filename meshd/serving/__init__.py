@@ -1,0 +1,12 @@
+"""serving: the request path, from a received call to the copy that answers it.
+
+Owns: `router` (routing attempts: local copy, peer, load, reroute), `forwarding` (calls to
+and from peers over the internal port), `local` (this instance's copies: loads, evictions,
+the janitor's repairs, applied to the runtime and the registry), `gate` (a copy's
+concurrency limit on asyncio), `peers` (channels to peer instances), `cluster` (the live
+`ClusterView` snapshot and peer channels together), `copies` (loaded copies counted by
+asking their holders), `invocations` (per-call metrics and the invoke log), and `proxy/`
+(the raw-bytes gRPC handlers and the wire: headers, methods, id splicing, stream relays).
+
+May import: core, decisions, security, observability, kv, runtime, registry.
+"""

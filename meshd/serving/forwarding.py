@@ -1,0 +1,115 @@
+"""Calls to peers: a request forwarded, as its original method and bytes, to the instance the
+router chose, marked as a peer call (`meshd-hop`, `meshd-mode`) and counted in flight per peer
+(placement prefers less busy copies). A refusal comes back as `Refused`, to reroute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from meshd.observability.tracing import Tracing
+from meshd.serving.cluster import Cluster
+from meshd.serving.invocations import SERVED
+from meshd.serving.peer_protocol import ACCEPTED, HOP, MODE, Refused, peer_failure
+from meshd.serving.peers import PeerChannel, Peers
+from meshd.serving.proxy.headers import Metadata
+from meshd.serving.proxy.methods import MethodSpec
+from meshd.serving.proxy.streams import Relay, ResponseStream
+
+
+class Forwarder:
+    def __init__(
+        self, self_id: str, cluster: Cluster, peers: Peers, tracing: Tracing | None, note_served: bool
+    ) -> None:
+        self.self_id = self_id
+        self.cluster = cluster
+        self.peers = peers
+        self.tracing = tracing
+        self.note_served = note_served  # see Router.note_served
+        self.inflight: dict[str, int] = {}  # requests this instance has in flight per peer
+
+    async def unary(
+        self,
+        target: str,
+        spec: MethodSpec,
+        request: bytes,
+        model_id: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+        mode: str,
+    ) -> bytes:
+        peer = self.channel(target)
+        md = (*metadata, (HOP, self.self_id), (MODE, mode))
+        if self.note_served:
+            SERVED.set((model_id, target))
+        self.inflight[target] = self.inflight.get(target, 0) + 1
+        raw = peer.unary(spec.path)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            # Kept to its end even if the peer leaves the mesh (it may still be running it);
+            # a frozen peer's keepalive fails it with UNAVAILABLE, rerouted below.
+            return peer.track(raw(*args, **kwargs))
+
+        try:
+            if self.tracing is not None:
+                hop = {"meshd.hop": "peer", "meshd.peer": target, "meshd.mode": mode}
+                return await self.tracing.call_unary(call, spec.path, request, md, remaining_s, hop)
+            response: bytes = await call(request, metadata=md, timeout=remaining_s)
+            return response
+        except grpc.aio.AioRpcError as e:
+            raise peer_failure(e.code(), e.details(), e.trailing_metadata(), model_id) from None
+        finally:
+            self.inflight[target] -= 1
+
+    async def stream(
+        self,
+        target: str,
+        spec: MethodSpec,
+        first: bytes | None,
+        requests: AsyncIterator[bytes],
+        model_id: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+        mode: str,
+    ) -> ResponseStream:
+        """Open the stream on a peer. No request message leaves before the peer accepts
+        (initial metadata `meshd-accepted`), so a refusal reroutes with nothing lost."""
+        peer = self.channel(target)
+        md = (*metadata, (HOP, self.self_id), (MODE, mode))
+        if self.note_served:
+            SERVED.set((model_id, target))
+        if self.tracing is not None:
+            md = self.tracing.inject(md)
+        relay = Relay(first, requests, None, hold=True)
+        call = peer.track(peer.stream(spec.path)(relay, metadata=md, timeout=remaining_s))
+        relay.call = call
+        self.inflight[target] = self.inflight.get(target, 0) + 1
+        try:
+            accepted = any(k == ACCEPTED for k, _ in (await call.initial_metadata()) or ())
+            if not accepted:  # the call ended without the peer taking it
+                code = await call.code()
+                raise peer_failure(code, await call.details(), await call.trailing_metadata(), model_id)
+        except grpc.aio.AioRpcError as e:
+            self.inflight[target] -= 1
+            relay.close()
+            raise peer_failure(e.code(), e.details(), e.trailing_metadata(), model_id) from None
+        except BaseException:
+            self.inflight[target] -= 1
+            call.cancel()
+            relay.close()
+            raise
+        relay.release()
+
+        def closed() -> None:
+            self.inflight[target] -= 1
+
+        return ResponseStream(call, relay, closed)
+
+    def channel(self, target: str) -> PeerChannel:
+        inst = self.cluster.view().get(target)
+        if inst is None or not inst.location:
+            raise Refused(f"{target} is not live")
+        return self.peers.get(target, inst.location)

@@ -1,0 +1,533 @@
+"""This instance's copies: the cache decision applied to the runtime and the registry.
+
+`LocalModels.ensure` is the load-on-demand path: a hit touches the entry, a miss admits
+the model to the weighted LRU (evicting what the cache chooses), records the copy in the
+model record, loads it through the load queue and corrects its size.
+
+Invariants kept here:
+- every runtime unload of a model goes through one tracked task per model
+  (`_unload_later`), and a new load of that model waits for it, so the runtime never
+  sees an unload overtake a newer load;
+- evicted copies leave the model record first (nobody routes here), then wait for the
+  requests they are serving, then are unloaded;
+- the future a load publishes is always resolved, whatever fails (store errors included),
+  and callers only ever wait on it through `asyncio.shield`, so one caller's
+  cancellation never cancels the load for the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+
+from meshd.core.clock import Clock, wall_ms
+from meshd.core.errors import LoadFailed, MeshError, NotFound, Unavailable
+from meshd.core.records import ModelRecord
+from meshd.decisions.cache import CacheEntry, Eviction, State, WeightedLRU, to_units
+from meshd.decisions.gate import queue_bound
+from meshd.decisions.janitor import Repairs, plan_repairs
+from meshd.decisions.placement.modelkey import policy_from_key
+from meshd.decisions.placement.view import ClusterView
+from meshd.decisions.status import failure_expired
+from meshd.observability.metrics import NO_METRICS, Metrics
+from meshd.registry.models import CopiesFull, Registry
+from meshd.runtime.client import RuntimeClient, RuntimeInfo
+from meshd.runtime.loader import LoadQueue
+from meshd.serving.gate import CopyGate
+
+log = logging.getLogger(__name__)
+
+UNLOAD_INFLIGHT_WAIT_S = 120.0  # upstream waits ~2 min for in-flight requests before unloading
+INFLIGHT_POLL_S = 0.05
+RECORD_REMOVALS_AT_ONCE = 8  # a runtime gone with etcd down too: each removal may wait seconds
+
+
+class RuntimeGone(Unavailable):
+    """The runtime stopped answering while this load was under way: it must not land."""
+
+
+class NoRoom(Unavailable):
+    """The cache cannot take the model now (too big, or only newer models could make room)."""
+
+
+@dataclass(slots=True)
+class Counters:
+    requests: int = 0  # arrived here (external or from peers)
+    served: int = 0  # served by this instance's runtime (what its rpm reports)
+    hits: int = 0
+    misses: int = 0
+    loads: int = 0
+    load_failures: int = 0
+    evictions: int = 0
+
+
+class LocalModels:
+    def __init__(
+        self,
+        instance_id: str,
+        registry: Registry,
+        runtime: RuntimeClient,
+        info: RuntimeInfo,
+        *,
+        failure_expiry_ms: int,
+        max_queue_per_copy: int = 0,
+        clock: Clock = wall_ms,
+        eviction: Eviction = Eviction.LRU,
+        metrics: Metrics = NO_METRICS,
+    ) -> None:
+        """`max_queue_per_copy`: requests that may wait for a copy whose runtime limits its
+        concurrency (upstream MM_MAX_INFLIGHT_PER_MODEL_COPY: 0 auto, < 0 unbounded)."""
+        self.instance_id = instance_id
+        self.registry = registry
+        self.runtime = runtime
+        self.info = info
+        self.metrics = metrics
+        self.queue = LoadQueue(runtime, info, lambda model_id: self._unload_later(model_id), metrics)
+        self.cache = WeightedLRU(to_units(info.capacity_bytes), eviction)
+        self.failure_expiry_ms = failure_expiry_ms
+        self.max_queue_per_copy = max_queue_per_copy
+        self.clock = clock
+        self.counters = Counters()
+        self.on_change: Callable[[], None] = lambda: None  # copies loaded or evicted (publish soon)
+        # The cluster as the instances mirror shows it, for the max-copies rule (None: not
+        # known yet, e.g. the start-up reconcile; nothing is checked against max copies).
+        self.cluster_view: Callable[[], ClusterView] | None = None
+        self._loading: dict[str, asyncio.Future[CacheEntry]] = {}
+        self._wanted_last_used: dict[str, int] = {}  # newest use asked of a load not yet admitted
+        self._unloading: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._space = asyncio.Event()  # replaced and set whenever room may have appeared
+        self.runtime_up = True  # False while the runtime does not answer (meshd.loops.runtime_watch)
+        self.runtime_epoch = 0  # counts the runtime's outages: a load spanning one is void
+        self._removals = asyncio.Semaphore(RECORD_REMOVALS_AT_ONCE)
+
+    # ---- the request path ------------------------------------------------------------
+    async def ensure(self, model_id: str, record: ModelRecord, last_used_ms: int | None = None) -> CacheEntry:
+        """The loaded local copy, loading it first on a miss. Raises LoadFailed/Unavailable."""
+        now = self.clock()
+        used = now if last_used_ms is None else last_used_ms
+        entry = self.cache.get(model_id)
+        if entry is not None and entry.state is State.LOADED:
+            self.counters.hits += 1
+            self.cache.touch(model_id, used)
+            return entry
+        self.counters.misses += 1
+        missed = time.monotonic()
+        pending = self._loading.get(model_id)
+        if pending is not None:
+            self._want(model_id, used)
+            try:
+                loaded = await asyncio.shield(pending)
+                self.cache.touch(model_id, used)  # a use like any other: GDSF counts it
+                self.metrics.cache_miss((time.monotonic() - missed) * 1000, model_id)
+                return loaded
+            except NoRoom:
+                # That load was refused at an older last-used time (a background loadNow);
+                # this request is newer and may evict what that one could not.
+                if model_id in self._loading or model_id in self.cache:
+                    raise
+        elif entry is not None and not failure_expired(entry.since_ms, now, self.failure_expiry_ms):
+            raise LoadFailed(self._failure_message(model_id, record))
+        loaded = await asyncio.shield(self.start_load(model_id, record, used))
+        self.metrics.cache_miss((time.monotonic() - missed) * 1000, model_id)
+        return loaded
+
+    def start_load(self, model_id: str, record: ModelRecord, last_used_ms: int) -> asyncio.Future[CacheEntry]:
+        """Begin loading here (or join the load under way); never waits."""
+        pending = self._loading.get(model_id)
+        if pending is not None:
+            self._want(model_id, last_used_ms)
+            return pending
+        entry = self.cache.get(model_id)
+        fut: asyncio.Future[CacheEntry] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_consume_exception)
+        if entry is not None and entry.state is State.LOADED:
+            fut.set_result(entry)
+            return fut
+        if not self.runtime_up:
+            fut.set_exception(Unavailable(f"cannot load {model_id!r} here: the runtime is not answering"))
+            return fut
+        failed_ms = record.failed_in.get(self.instance_id)
+        if failed_ms is not None and not failure_expired(failed_ms, self.clock(), self.failure_expiry_ms):
+            fut.set_exception(LoadFailed(self._failure_message(model_id, record)))
+            return fut
+        if entry is not None:  # an expired failure
+            self._remove(model_id)
+        self._loading[model_id] = fut
+        self._wanted_last_used[model_id] = last_used_ms
+        self._spawn(self._load(model_id, record, fut))
+        return fut
+
+    def pending(self, model_id: str) -> asyncio.Future[CacheEntry] | None:
+        """The load under way here, if any (join it with asyncio.shield)."""
+        return self._loading.get(model_id)
+
+    def view(self, model_id: str) -> CacheEntry | None:
+        """The local copy as status sees it: a load still waiting for room counts as LOADING."""
+        entry = self.cache.get(model_id)
+        if entry is None and model_id in self._loading:
+            return CacheEntry(model_id, 0, 0, State.LOADING, self.clock())
+        return entry
+
+    def acquire(self, entry: CacheEntry) -> None:
+        entry.inflight += 1
+
+    def release(self, entry: CacheEntry) -> None:
+        entry.inflight -= 1
+
+    def check_lost(self, model_id: str, entry: CacheEntry) -> None:
+        """The runtime said it lacks a model we hold: confirm (modelSize) in the background
+        and drop the copy if so (a stream cannot wait for the answer)."""
+
+        async def check() -> None:
+            if await self.runtime.has_model(model_id) is False:
+                self.lost(model_id, entry)
+
+        self._spawn(check())
+
+    def lost(self, model_id: str, entry: CacheEntry) -> None:
+        """The runtime answered NOT_FOUND for a copy we hold: forget it so it reloads."""
+        if self.cache.get(model_id) is entry:
+            log.warning("runtime lost %s; dropping the copy", model_id)
+            self._remove(model_id)
+            self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
+            # Unload anyway (NOT_FOUND counts as done): a runtime that was about to bring the
+            # copy back (an adapter restoring after a crash) must not keep one nobody counts.
+            self._unload_later(model_id)
+            self.on_change()
+
+    def runtime_gone(self) -> None:
+        """The runtime stopped answering: refuse loads, forget every loaded or loading copy
+        and leave its record (in the background, a few at a time: etcd may be down too).
+        Loads under way fail when they end (`RuntimeGone`). Nothing is unloaded (nothing to
+        ask); a runtime coming back purges before READY."""
+        self.runtime_up = False
+        self.runtime_epoch += 1
+        for entry in self.cache.entries():
+            if entry.state is not State.FAILED:
+                self._remove(entry.model_id)
+                self._spawn(self._remove_copy_bounded(entry.model_id))
+        self.on_change()
+
+    def runtime_back(self) -> None:
+        """The runtime answered READY again, having purged its models: start from an empty
+        cache (a load admitted around the outage fails when it ends), then take loads."""
+        self.runtime_epoch += 1
+        for entry in self.cache.entries():
+            self._remove(entry.model_id)
+            if entry.state is not State.FAILED:
+                self._spawn(self._remove_copy_bounded(entry.model_id))
+        self.runtime_up = True
+        self.on_change()
+
+    async def _remove_copy_bounded(self, model_id: str) -> None:
+        async with self._removals:
+            await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
+
+    def shed(self, model_id: str) -> bool:
+        """Unload a loaded copy the scaler no longer wants (counted as an eviction)."""
+        entry = self.cache.get(model_id)
+        if entry is None or entry.state is not State.LOADED:
+            return False
+        self._remove(model_id)
+        self._evict_all([entry])
+        return True
+
+    async def unload_now(self, model_id: str) -> None:
+        """Unload the loaded copy and wait until it has left the record and the runtime
+        (KServe RepositoryModelUnload)."""
+        if self.shed(model_id):
+            task = self._unloading.get(model_id)
+            if task is not None:
+                await asyncio.shield(task)
+
+    def drop(self, model_id: str) -> None:
+        """Unload the local copy (model unregistered). A load under way unloads when it ends."""
+        entry = self._remove(model_id)
+        if entry is not None and entry.state is not State.LOADING:
+            self._unload_later(model_id, entry)
+            self.on_change()
+
+    # ---- loading -------------------------------------------------------------------
+    def _want(self, model_id: str, last_used_ms: int) -> None:
+        if model_id in self._wanted_last_used and last_used_ms > self._wanted_last_used[model_id]:
+            self._wanted_last_used[model_id] = last_used_ms
+            self._space_changed()  # re-evaluate a waiting admission with the newer time
+
+    def initial_units(self, record: ModelRecord) -> int:
+        """What a model is taken to weigh before the runtime says: its declared size
+        (`"meshd": {"size_bytes"}` or upstream's `disk_size_bytes` in the key), else the
+        runtime's default model size."""
+        try:
+            hint = policy_from_key(record.key).size_hint_bytes
+        except ValueError:
+            hint = None  # validated at registration; a record written by other tools may differ
+        return to_units(hint or self.info.default_model_size)
+
+    async def _admit(self, model_id: str, units: int) -> None:
+        """Reserve room, waiting (up to the load timeout) while loading entries fill it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.queue.timeout_s
+        while True:
+            last_used = self._wanted_last_used.get(model_id, self.clock())
+            admission = self.cache.admit(model_id, units, last_used, self.clock())
+            if admission.admitted:
+                self._evict_all(admission.evicted)
+                return
+            remaining = deadline - loop.time()
+            if not admission.retryable or remaining <= 0:
+                raise NoRoom(f"cannot load {model_id!r} here: {admission.reason}")
+            space = self._space
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):  # unlike wait_for, never swallows a cancel
+                    await space.wait()
+
+    def _space_changed(self) -> None:
+        event, self._space = self._space, asyncio.Event()
+        event.set()
+
+    async def _load(self, model_id: str, record: ModelRecord, fut: asyncio.Future[CacheEntry]) -> None:
+        admitted = False
+        epoch = self.runtime_epoch
+        try:
+            await self._admit(model_id, self.initial_units(record))
+            admitted = True
+            self._wanted_last_used.pop(model_id, None)
+            pending_unload = self._unloading.get(model_id)
+            if pending_unload is not None:
+                await asyncio.shield(pending_unload)
+            sizing = time.monotonic()
+            predicted = await self.runtime.predict_size(model_id, record.type, record.path, record.key)
+            self.metrics.model_sizing((time.monotonic() - sizing) * 1000, model_id)
+            if predicted and model_id in self.cache:
+                self._evict_all(self.cache.resize(model_id, to_units(predicted)))
+            self._check_runtime(model_id, epoch)
+            # Refused (CopiesFull) when the model's max copies are already on serving holders.
+            if not await self.registry.add_copy(model_id, self.instance_id, self.clock(), self._serving()):
+                raise NotFound(f"model {model_id!r} was unregistered")
+            try:
+                loaded = await self.queue.load(model_id, record.type, record.path, record.key)
+            except LoadFailed:
+                self._check_runtime(model_id, epoch)  # a runtime gone meanwhile is not the model's fault
+                raise
+            if self.runtime_epoch != epoch:
+                self._unload_later(model_id)  # it may have landed after the returning runtime's purge
+            self._check_runtime(model_id, epoch)
+            entry = self.cache.get(model_id)
+            if entry is None:  # unregistered (or dropped) while loading
+                self._unload_later(model_id)
+                raise NotFound(f"model {model_id!r} was unregistered while loading")
+            if loaded.size_bytes:
+                self.metrics.loaded_model_size(loaded.size_bytes, model_id)
+                self._evict_all(self.cache.resize(model_id, to_units(loaded.size_bytes)))
+            else:
+                self._spawn(self._size_later(model_id))
+            if self.info.limit_model_concurrency and loaded.max_concurrency > 0:
+                bound = queue_bound(loaded.max_concurrency, self.max_queue_per_copy)
+                entry.gate = CopyGate(model_id, loaded.max_concurrency, bound)
+            # GDSF's cost of a reload: the runtime's load time, not the wait for a slot (that
+            # measures the moment's contention, not the model), on a monotonic clock.
+            self.cache.set_state(model_id, State.LOADED, self.clock(), loaded.load_ms)
+            self.counters.loads += 1
+            _resolve(fut, entry)
+        except LoadFailed as e:
+            self.counters.load_failures += 1
+            self.metrics.load_failure()
+            self.cache.set_state(model_id, State.FAILED, self.clock())
+            log.warning("%s", e.message)
+            try:  # recorded before answering, so a status read right after shows it
+                await self._quiet(self.registry.record_failure(model_id, self.instance_id, e.message, self.clock()))
+            finally:
+                _resolve(fut, e)
+        except asyncio.CancelledError:
+            self._forget_failed_admission(model_id, admitted)
+            _resolve(fut, Unavailable(f"load of {model_id!r} was cancelled (instance stopping)"))
+            raise
+        except Exception as e:
+            self._forget_failed_admission(model_id, admitted)
+            if isinstance(e, RuntimeGone) and admitted:  # its entry went with the outage, maybe not its record
+                self._spawn(self._remove_copy_bounded(model_id))
+            if not isinstance(e, MeshError):
+                log.exception("load of %s failed unexpectedly", model_id)
+                e = Unavailable(f"load of {model_id!r} failed: {e}")
+            _resolve(fut, e)
+        finally:
+            self._loading.pop(model_id, None)
+            self._wanted_last_used.pop(model_id, None)
+            self._space_changed()  # the entry is now evictable, failed or gone
+            self.on_change()
+
+    def _check_runtime(self, model_id: str, epoch: int) -> None:
+        if self.runtime_epoch != epoch:
+            raise RuntimeGone(f"load of {model_id!r} abandoned: the runtime stopped answering meanwhile")
+
+    def _forget_failed_admission(self, model_id: str, admitted: bool) -> None:
+        if admitted and self.cache.get(model_id) is not None:
+            self._remove(model_id)
+            self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
+
+    async def _size_later(self, model_id: str) -> None:
+        sizing = time.monotonic()
+        size = await self.runtime.model_size(model_id)
+        self.metrics.model_sizing((time.monotonic() - sizing) * 1000, model_id)
+        if size:
+            self.metrics.loaded_model_size(size, model_id)
+        if size and self.cache.get(model_id) is not None:
+            self._evict_all(self.cache.resize(model_id, to_units(size)))
+
+    def _failure_message(self, model_id: str, record: ModelRecord) -> str:
+        msg = record.fails.get(self.instance_id, {}).get("msg")
+        return f"loading {model_id!r} failed recently here" + (f": {msg}" if msg else "")
+
+    # ---- eviction and unloading ------------------------------------------------------
+    def _remove(self, model_id: str) -> CacheEntry | None:
+        entry = self.cache.remove(model_id)
+        if entry is not None:
+            self._space_changed()
+        return entry
+
+    def _evict_all(self, victims: tuple[CacheEntry, ...] | list[CacheEntry]) -> None:
+        for victim in victims:
+            log.info("evicting %s (%d units)", victim.model_id, victim.units)
+            if victim.state is State.LOADED:
+                self.counters.evictions += 1
+                self.metrics.age_at_eviction(max(0, self.clock() - victim.last_used_ms), victim.model_id)
+            self._unload_later(victim.model_id, victim)
+        if victims:
+            self._space_changed()
+            self.on_change()
+
+    def _unload_later(self, model_id: str, entry: CacheEntry | None = None) -> None:
+        """Unload from the runtime after any earlier unload of the same model (tracked)."""
+        previous = self._unloading.get(model_id)
+        task = asyncio.get_running_loop().create_task(self._unload(model_id, entry, previous))
+        self._unloading[model_id] = task
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if self._unloading.get(model_id) is t:
+                del self._unloading[model_id]
+
+        task.add_done_callback(done)
+
+    async def _unload(self, model_id: str, entry: CacheEntry | None, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        if entry is not None:
+            await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
+            waited = 0.0
+            while entry.inflight > 0 and waited < UNLOAD_INFLIGHT_WAIT_S:
+                await asyncio.sleep(INFLIGHT_POLL_S)
+                waited += INFLIGHT_POLL_S
+        started = time.monotonic()
+        try:
+            await self.runtime.unload(model_id)
+            self.metrics.unload((time.monotonic() - started) * 1000, model_id)
+        except Exception as e:
+            self.metrics.unload_failure()
+            log.warning("unload of %s failed: %s", model_id, e)
+
+    async def _quiet(self, work: Awaitable[object]) -> None:
+        """Registry bookkeeping that must not break the caller (logged, repaired later)."""
+        try:
+            await work
+        except Exception as e:
+            log.warning("registry update failed: %s", e)
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- lifecycle -------------------------------------------------------------------
+    async def reconcile(self, live: AbstractSet[str] | None = None) -> Repairs:
+        """Repair drift between this cache and the registry (start-up and the janitor).
+
+        `live`: instances with a record, to drop copies beyond a model's max copies."""
+        table = self.registry.models
+        live, leaving = self._liveness(live)
+        entries = self.cache.entries()
+        repairs = plan_repairs(self.instance_id, dict(table.items()), entries, table.corrupt, live, leaving)
+        for mid in repairs.remove_from_records:
+            if mid not in self.cache:  # still true after the awaits before it
+                await self._quiet(self.registry.remove_copy(mid, self.instance_id))
+        for mid in repairs.add_to_records:
+            entry = self.cache.get(mid)
+            if entry is not None and entry.state is State.LOADED:
+                try:
+                    await self.registry.add_copy(mid, self.instance_id, entry.since_ms, self._serving())
+                except CopiesFull:
+                    pass  # filled up since the plan: the next round finds this copy surplus
+                except Exception as e:
+                    log.warning("registry update failed: %s", e)
+        for mid in repairs.unload:
+            if self.registry.get(mid) is None:
+                self.drop(mid)
+        for mid in repairs.surplus:
+            if not self._still_surplus(mid, live):  # holders may have left during the awaits
+                continue
+            log.info("unloading %s: its max copies are loaded elsewhere", mid)
+            # Out of the record before this returns: a rejoining instance must not count.
+            await self._quiet(self.registry.remove_copy(mid, self.instance_id))
+            self.shed(mid)
+        if repairs:
+            log.info("janitor repaired %s", repairs)
+        return repairs
+
+    def _serving(self) -> AbstractSet[str] | None:
+        """Live instances not shutting down (None: no cluster view yet)."""
+        if self.cluster_view is None:
+            return None
+        return {inst.instance_id for inst in self.cluster_view().serving}
+
+    def _liveness(self, live: AbstractSet[str] | None) -> tuple[AbstractSet[str] | None, AbstractSet[str]]:
+        """`live` as the cluster shows it now (this instance left out if the caller left it
+        out: it is rejoining), and the live instances that are leaving (shutdown flag)."""
+        if live is None or self.cluster_view is None:
+            return live, frozenset()
+        instances = self.cluster_view().instances
+        now_live = set(instances) if self.instance_id in live else set(instances) - {self.instance_id}
+        return now_live, {iid for iid, inst in instances.items() if inst.shutdown}
+
+    def _still_surplus(self, model_id: str, live: AbstractSet[str] | None) -> bool:
+        """The surplus verdict again, on the records and cluster as they are now."""
+        rec, entry = self.registry.get(model_id), self.cache.get(model_id)
+        if rec is None or entry is None:
+            return False
+        now_live, leaving = self._liveness(live)
+        return bool(plan_repairs(self.instance_id, {model_id: rec}, [entry], (), now_live, leaving).surplus)
+
+    async def deregister_copies(self) -> None:
+        """Remove this instance from the records of every copy it holds (copies stay loaded)."""
+        for entry in self.cache.entries():
+            await self._quiet(self.registry.remove_copy(entry.model_id, self.instance_id))
+
+    async def close(self, deregister: bool = True) -> None:
+        """Stop background work; with `deregister`, remove this instance's copies from records."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if deregister:
+            await self.deregister_copies()
+
+
+def _resolve(fut: asyncio.Future[CacheEntry], outcome: CacheEntry | BaseException) -> None:
+    """Settle the load's future unless it is already settled."""
+    if fut.done():
+        return
+    if isinstance(outcome, BaseException):
+        fut.set_exception(outcome)
+    else:
+        fut.set_result(outcome)
+
+
+def _consume_exception(fut: asyncio.Future[CacheEntry]) -> None:
+    # Async ensureLoaded leaves nobody awaiting; the failure is recorded elsewhere.
+    if not fut.cancelled():
+        fut.exception()

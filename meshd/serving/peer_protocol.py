@@ -1,0 +1,71 @@
+"""The internal port's protocol between peers: the metadata a forwarded call carries, the
+reasons a refusal gives, and what an answer from a peer means to the sender (reroute, not
+found, or the status as it is).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from meshd.core.errors import MeshError, NotFound, RuntimeStatusError
+
+# Internal metadata, only ever read on the internal port (the external one strips meshd-*).
+HOP = "meshd-hop"  # instance id of the forwarding peer
+MODE = "meshd-mode"  # "serve": only a loaded copy here; "load": load here first if needed
+REASON = "meshd-reason"  # trailing metadata on a refusal: why, so the sender reroutes
+NOT_HERE = "not-here"  # no loaded copy there (or it could not take the load): reroute
+LOAD_FAILED = "load-failed"  # the load failed there (recorded): reroute
+UNKNOWN_MODEL = "unknown-model"  # the model is not registered (any more)
+BUSY = "busy"  # the copy's queue is full (its concurrency limit): try another copy
+AT_MAX = "at-max"  # not loaded there: the model's max copies are on other instances
+PASSED_ON = "status"  # the runtime's (or meshd's) own answer: goes to the client as is
+ACCEPTED = "meshd-accepted"  # initial metadata: the peer took the stream, send the messages
+
+
+class Refused(Exception):
+    """An instance could not serve (gone, no copy, load failed): reroute.
+
+    `exclude`: do not try that instance again for this request (False when retrying
+    there may work, e.g. its runtime lost a copy and it can reload it).
+    """
+
+    def __init__(
+        self, message: str, exclude: bool = True, busy: bool = False, holders: dict[str, int] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.exclude = exclude
+        self.busy = busy  # the copy is saturated (its queue is full)
+        # Not None: the load was refused at the model's max copies; these hold it (empty:
+        # not known, read the record from etcd). The mirror may not show them yet.
+        self.holders = holders
+
+
+class PeerRefusal(MeshError):
+    """Answered to a peer: UNAVAILABLE with the reason in trailing metadata."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"meshd: {message}")
+        self.reason = reason
+
+
+def peer_failure(code: grpc.StatusCode, details: str | None, trailers: Any, model_id: str) -> Exception:
+    """What a peer's non-OK answer means here: reroute, not found, or the status as is."""
+    reason = None
+    for key, value in trailers or ():
+        if key == REASON:
+            reason = value if isinstance(value, str) else value.decode()
+    if reason in (NOT_HERE, LOAD_FAILED):
+        return Refused(f"{reason}: {details}")
+    if reason == BUSY:
+        return Refused(f"busy: {details}", busy=True)
+    if reason == AT_MAX:
+        return Refused(f"{reason}: {details}", exclude=False, holders={})
+    if reason == UNKNOWN_MODEL:
+        return NotFound(details or f"model {model_id!r} not found")
+    if reason is None and code == grpc.StatusCode.UNAVAILABLE:
+        return Refused(f"unreachable: {details}")  # gRPC's own: the peer is gone
+    return RuntimeStatusError(code, details or code.name)

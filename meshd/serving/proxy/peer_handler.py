@@ -1,0 +1,111 @@
+"""The internal port's generic handler: inference forwarded by peers, original method and bytes.
+
+Only requests marked by a peer (`meshd-hop`) are taken; the model id is the concrete one
+the peer resolved (`mm-model-id-bin`). Refusals carry `meshd-reason` so the peer reroutes;
+a stream is accepted (initial metadata `meshd-accepted`) before its messages are read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from meshd.core.errors import InvalidArgument, MeshError, NotFound
+from meshd.decisions.ids import check_id, decode_id
+from meshd.observability.tracing import Activate
+from meshd.serving.peer_protocol import ACCEPTED, HOP, MODE, PASSED_ON, REASON, UNKNOWN_MODEL, PeerRefusal
+from meshd.serving.proxy.handler import RawMethodHandler, StreamHandler, UnaryHandler, relay_responses
+from meshd.serving.proxy.headers import INTERNAL_PREFIX, MODEL_ID, MODEL_ID_BIN, Metadata
+from meshd.serving.proxy.methods import MethodSpec
+
+ACCEPTED_METADATA = ((ACCEPTED, "1"),)
+
+
+def parse_peer_metadata(metadata: Any, is_peer: Callable[[str], bool]) -> tuple[str, str, Metadata]:
+    """(model id, mode, headers for the runtime) of a forwarded call from a live peer."""
+    hop = mode = None
+    model_id: str | None = None
+    runtime_md: list[tuple[str, str | bytes]] = []
+    for key, value in metadata:
+        if key == HOP:
+            hop = value
+        elif key == MODE:
+            mode = value
+        elif key.startswith(INTERNAL_PREFIX) or key.startswith("grpc-") or key in ("content-type", "user-agent"):
+            continue
+        else:
+            if key == MODEL_ID_BIN:
+                model_id = decode_id(value if isinstance(value, bytes) else value.encode())
+            elif key == MODEL_ID and model_id is None:
+                model_id = check_id(value if isinstance(value, str) else value.decode())
+            runtime_md.append((key, value))
+    if hop is None or model_id is None or mode not in ("serve", "load") or not is_peer(str(hop)):
+        raise InvalidArgument("not a meshd peer call (the internal port serves live peers only)")
+    return model_id, mode, tuple(runtime_md)
+
+
+async def _refuse(context: Any, e: MeshError) -> None:
+    if isinstance(e, PeerRefusal):
+        reason = e.reason
+    else:
+        # Every answer of ours carries a reason, so the peer can tell it from gRPC's
+        # own UNAVAILABLE (this instance unreachable) whatever the details say.
+        reason = UNKNOWN_MODEL if isinstance(e, NotFound) else PASSED_ON
+    await context.abort(e.code, e.message, trailing_metadata=((REASON, reason),))
+
+
+class PeerInferenceHandler(RawMethodHandler):
+    """Internal port: calls forwarded by peers."""
+
+    def _unary(self, spec: MethodSpec) -> UnaryHandler:
+        router = self.router
+        tracing = router.tracing
+
+        async def traced(request: bytes, context: Any) -> bytes:
+            assert tracing is not None  # the sender's trace context is the parent
+            return await tracing.serve_unary(spec.path, context, handle(request, context))
+
+        async def handle(request: bytes, context: Any) -> bytes:
+            try:
+                model_id, mode, metadata = parse_peer_metadata(context.invocation_metadata(), router.is_peer)
+                return await router.serve_forwarded(spec, request, model_id, mode, metadata, context.time_remaining())
+            except MeshError as e:
+                await _refuse(context, e)
+                raise  # unreachable: abort raises
+
+        return handle if tracing is None else traced
+
+    def _stream(self, spec: MethodSpec) -> StreamHandler:
+        router = self.router
+        tracing = router.tracing
+
+        async def traced(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            assert tracing is not None
+            async for response in tracing.serve_stream(spec.path, context, lambda on: handle(requests, context, on)):
+                yield response
+
+        async def handle(
+            requests: AsyncIterator[bytes], context: Any, active: Activate = contextlib.nullcontext
+        ) -> AsyncIterator[bytes]:
+            try:
+                model_id, mode, metadata = parse_peer_metadata(context.invocation_metadata(), router.is_peer)
+                with active():
+                    stream = await router.open_forwarded_stream(
+                        spec, requests, model_id, mode, metadata, context.time_remaining()
+                    )
+            except MeshError as e:
+                await _refuse(context, e)
+                return
+            try:
+                await context.send_initial_metadata(ACCEPTED_METADATA)
+            except BaseException:
+                stream.close()
+                raise
+            try:
+                async for response in relay_responses(stream, context):
+                    yield response
+            except MeshError as e:  # a request message we refused (id injection)
+                await _refuse(context, e)
+
+        return handle if tracing is None else traced

@@ -1,0 +1,664 @@
+"""Routes one inference call to a copy of its model and forwards the raw bytes.
+
+External calls (`unary`): a loaded local copy serves at once (each peer hop costs as much
+as the first). Otherwise a live copy elsewhere serves, chosen by placement; with no copy
+anywhere, placement picks where to load, here or on a peer asked to load and serve.
+Failures reroute with the failing instance excluded, up to 8 attempts (upstream's
+iteration count): a peer that is gone, a copy that is not there, a load that failed.
+Exhausted attempts answer UNAVAILABLE naming the model and what was tried, never INTERNAL.
+
+Streams (`open_stream`) are routed the same way once, when they open, and stay on the
+copy chosen; a peer accepts a stream before any request message is sent to it, so a
+refusal reroutes with nothing lost. A copy whose runtime limits its concurrency lets that
+many requests run, queues a bounded number and refuses the rest ("busy"): the request
+tries other copies (twice more, as upstream) and then answers RESOURCE_EXHAUSTED.
+
+Forwarded calls (`serve_forwarded`, `open_forwarded_stream`) arrive on the internal port
+from a peer that chose this instance: serve the local copy, or load it first when asked to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol, TypeVar
+
+import grpc
+
+from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
+from meshd.core.errors import (
+    DataLoss,
+    InvalidArgument,
+    LoadFailed,
+    MeshError,
+    NotFound,
+    ResourceExhausted,
+    RuntimeStatusError,
+    Unavailable,
+    means_model_missing,
+)
+from meshd.core.records import ModelRecord, RecordError, VModelRecord
+from meshd.decisions.cache import CacheEntry, State
+from meshd.decisions.placement.constraints import TypeConstraints
+from meshd.decisions.placement.rank import (
+    LoadRequest,
+    RecentPlacements,
+    background_load_used_ms,
+    choose_load_target,
+    load_here_as_last_resort,
+)
+from meshd.decisions.placement.serving import MAX_ATTEMPTS, MAX_BUSY_RETRIES, choose_copy
+from meshd.decisions.placement.view import ClusterView
+from meshd.decisions.status import recent_failures
+from meshd.observability.metrics import NO_METRICS, Metrics
+from meshd.observability.tracing import Tracing
+from meshd.registry.models import CopiesFull, Registry
+from meshd.serving.cluster import Cluster
+from meshd.serving.forwarding import Forwarder
+from meshd.serving.invocations import SERVED
+from meshd.serving.local import LocalModels
+from meshd.serving.peer_protocol import (
+    AT_MAX,
+    BUSY,
+    LOAD_FAILED,
+    NOT_HERE,
+    PeerRefusal,
+    Refused,
+)
+from meshd.serving.peers import Peers, RawCalls
+from meshd.serving.proxy.headers import Metadata, RequestIds, runtime_metadata
+from meshd.serving.proxy.methods import MethodSpec
+from meshd.serving.proxy.streams import Relay, ResponseStream
+from meshd.serving.proxy.wire import inject_id
+
+log = logging.getLogger(__name__)
+
+MAX_RECENT_FAILURES = 3  # upstream gives up loading after 3 recent failures (SPEC §6)
+PLACE_TIMEOUT_S = 10.0
+
+GRPC_MASKED_STATUS = "Internal error from Core"  # grpc/grpc#36066, see open_entry_stream
+_RUNTIME_HOP = {"meshd.hop": "runtime"}  # the runtime call's span attribute
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Attempt(Protocol[T_co]):
+    """What one request does once a copy is chosen: serve from a loaded local copy, load
+    here and serve, or go to a peer. `retarget` is the same request for another model (a
+    vmodel that moved)."""
+
+    model_id: str
+
+    async def local(self, entry: CacheEntry) -> T_co: ...
+
+    async def here(self, record: ModelRecord) -> T_co: ...
+
+    async def peer(self, target: str, mode: str) -> T_co: ...
+
+    def retarget(self, model_id: str) -> Attempt[T_co]: ...
+
+
+class Router:
+    def __init__(
+        self,
+        local: LocalModels,
+        registry: Registry,
+        serving_channel: grpc.aio.Channel,
+        cluster: Cluster,
+        peers: Peers,
+        failure_expiry_ms: int,
+        rng: random.Random | None = None,
+        constraints: TypeConstraints | None = None,
+        labels: frozenset[str] = frozenset(),
+        metrics: Metrics = NO_METRICS,
+        tracing: Tracing | None = None,
+        note_served: bool = True,
+    ) -> None:
+        self.metrics = metrics
+        self.tracing = tracing  # None: tracing off (meshd.observability.tracing)
+        # Who served a call, for the per-call metrics and log (meshd.serving.invocations); with both
+        # off nothing reads it, so the request path skips the context-variable write.
+        self.note_served = note_served
+        self.constraints = constraints or TypeConstraints()
+        self.labels = labels
+        self.local = local
+        self.registry = registry
+        self.cluster = cluster
+        self.peers = peers
+        self.failure_expiry_ms = failure_expiry_ms
+        self.rng = rng or random.Random()
+        self.self_id = local.instance_id
+        self.runtime_calls = RawCalls(serving_channel)
+        self.forwarder = Forwarder(self.self_id, cluster, peers, tracing, note_served)
+        self.inflight = self.forwarder.inflight  # requests this instance has in flight per peer
+        self._placed = RecentPlacements()  # loads placed lately, per instance
+        self.forwarded = 0  # external requests served by a peer (share of peer hops)
+
+    # ---- lookups ---------------------------------------------------------------------
+    async def place(
+        self, model_id: str, exclude: frozenset[str] = frozenset(), last_used_ms: int | None = None
+    ) -> str | None:
+        """Start loading one more copy somewhere (placement's choice); never waits for it.
+
+        `last_used_ms` dates the new copy in its cache (default: the record's last use, so a
+        hand-over or preload does not push out models used more recently). Returns the
+        instance asked, or None when no instance could take it.
+        """
+        try:
+            record = await self.record(model_id)
+        except MeshError as e:
+            log.warning("cannot place %s: %s", model_id, e.message)
+            return None
+        view = self.cluster.view()
+        holders = frozenset(i for i in record.instance_ids if i == self.self_id or view.live(i))
+        expiry = self.failure_expiry_ms
+        failed = frozenset(recent_failures(record.failed_in, view.now_ms, expiry))
+        target = self._load_target(view, model_id, record, exclude | holders | failed, prefer_self=False)
+        if target is None:
+            return None
+        used = background_load_used_ms(last_used_ms, record.last_used, view.now_ms)
+        if target == self.self_id:
+            self.local.start_load(model_id, record, used)
+            return target
+        inst = view.get(target)
+        if inst is None:
+            return None
+        stub = peer_pb2_grpc.MeshPeerStub(self.peers.get(target, inst.location).channel)
+        req = peer_pb2.InternalOpRequest(modelId=model_id, load=True, lastUsed=used)
+        try:
+            resp = await stub.InternalOperation(req, timeout=PLACE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            log.warning("asking %s to load %s failed: %s", target, model_id, e.details())
+            return None
+        if resp.state == peer_pb2.InternalOpResponse.FAILED:
+            return None
+        return target
+
+    async def unload_copies(self, model_id: str) -> list[str]:
+        """Unload every copy of the model in the mesh (it stays registered); the holders asked."""
+        record = await self.record(model_id)
+        view = self.cluster.view()
+        asked: list[str] = []
+        for iid in sorted(record.instance_ids):
+            if iid == self.self_id:
+                await self.local.unload_now(model_id)
+            else:
+                inst = view.get(iid)
+                if inst is None or not inst.location:
+                    continue  # gone: its copy goes with it
+                stub = peer_pb2_grpc.MeshPeerStub(self.peers.get(iid, inst.location).channel)
+                try:
+                    await stub.InternalOperation(peer_pb2.InternalOpRequest(modelId=model_id, unload=True), timeout=10)
+                except grpc.aio.AioRpcError as e:
+                    log.warning("asking %s to unload %s failed: %s", iid, model_id, e.details())
+                    continue
+            asked.append(iid)
+        return asked
+
+    async def record(self, model_id: str) -> ModelRecord:
+        """The model's record; a strong read when the mirror has not seen it yet."""
+        rec = self.registry.get(model_id)
+        if rec is not None:
+            return rec
+        return await self.registry.fetch(model_id)
+
+    # ---- external calls ----------------------------------------------------------------
+    async def unary(
+        self, spec: MethodSpec, request: bytes, ids: RequestIds, forward: Metadata, remaining_s: float | None
+    ) -> bytes:
+        """Serve one external unary call; `remaining_s` is the client's deadline (None: none)."""
+        self.local.counters.requests += 1
+        model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
+        if self.tracing is not None:
+            self.tracing.note_model(model_id, ids.vmodel_id)
+        return await self._serve_ids(ids, _Unary(self, spec, request, model_id, forward, remaining_s))
+
+    async def open_stream(
+        self,
+        spec: MethodSpec,
+        first: bytes | None,
+        requests: AsyncIterator[bytes],
+        ids: RequestIds,
+        forward: Metadata,
+        remaining_s: float | None,
+    ) -> ResponseStream:
+        """Open one external stream on a copy of its model; the caller relays and closes it.
+
+        The copy is chosen once, when the stream opens (a peer accepts it before any request
+        message is sent, so refusals reroute); the stream then stays on that copy.
+        `first`: a request message already read (for id extraction), sent first.
+        """
+        self.local.counters.requests += 1
+        model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
+        if self.tracing is not None:
+            self.tracing.note_model(model_id, ids.vmodel_id)
+        return await self._serve_ids(ids, _Stream(self, spec, first, requests, model_id, forward, remaining_s))
+
+    async def _serve_ids(self, ids: RequestIds, attempt: Attempt[T]) -> T:
+        if ids.vmodel_id is None:
+            return await self._serve(attempt, ids.balanced)
+        try:
+            return await self._serve(attempt, ids.balanced)
+        except NotFound:
+            # The active model went away (an autoDelete switch) before this instance saw the
+            # vmodel move: read the vmodel from etcd and try its new active model once.
+            current = await self.resolve_vmodel(ids.vmodel_id, strong=True)
+            if current == attempt.model_id:
+                raise NotFound(
+                    f"model {attempt.model_id!r} (active model of vmodel {ids.vmodel_id!r}) not found"
+                ) from None
+            return await self._serve(attempt.retarget(current), ids.balanced)
+
+    async def resolve_vmodel(self, vmodel_id: str, strong: bool = False) -> str:
+        vrec = None if strong else self.registry.vmodels.get(vmodel_id)
+        if vrec is None:
+            kv = await self.registry.vmodels.store.get(self.registry.vmodels.key(vmodel_id))
+            if kv is None:
+                raise NotFound(f"vmodel {vmodel_id!r} not found")
+            try:
+                vrec = VModelRecord.decode(kv.value)
+            except RecordError as e:
+                raise DataLoss(f"stored record for vmodel {vmodel_id!r} is corrupt: {e}") from None
+        return vrec.active_model
+
+    async def _serve(self, attempt: Attempt[T], balanced: bool) -> T:
+        model_id = attempt.model_id
+        entry = self.local.cache.get(model_id)
+        if entry is not None and entry.state is State.LOADED:  # the common case, kept short
+            self.local.counters.hits += 1
+            self.local.cache.touch(model_id, self.local.clock())
+            try:
+                return await attempt.local(entry)
+            except Refused as e:
+                # e.g. its runtime is down: do not ask it again
+                excluded = {self.self_id} if e.exclude else set()
+                tried = [f"{self.self_id} (serve): {e}"]
+                return await self._route(model_id, balanced, excluded, int(e.busy), attempt, tried)
+        return await self._route(model_id, balanced, set(), 0, attempt, [])
+
+    async def _route(
+        self, model_id: str, balanced: bool, excluded: set[str], busy: int, attempt: Attempt[T], tried: list[str]
+    ) -> T:
+        """Try copies (or loads) until one serves; `busy`: refusals for a full queue so far,
+        `tried`: what was tried already (the local copy), for the final message."""
+        record = await self.record(model_id)
+        known: dict[str, int] = {}  # holders learnt from a load refused at max copies
+        for _ in range(MAX_ATTEMPTS):
+            record = self.registry.get(model_id) or record
+            view = self.cluster.view()
+            now = view.now_ms
+            entry = self.local.cache.get(model_id)
+            local_loaded = entry is not None and entry.state is State.LOADED and self.self_id not in excluded
+            # choose_copy itself ignores excluded and dead holders: no filtered copy here.
+            copies = {**known, **record.instance_ids} if known else record.instance_ids
+            target = choose_copy(
+                view,
+                copies,
+                self.inflight,
+                excluded,
+                self.cluster.assume_loaded_ms,
+                local_loaded,
+                balanced,
+            )
+            mode = "serve"
+            if target is None:
+                if busy:  # every copy is saturated: a new load would not answer in time
+                    raise ResourceExhausted(f"model {model_id!r}: every copy is at its concurrency limit")
+                expiry = self.failure_expiry_ms
+                recent = recent_failures(record.failed_in, now, expiry)
+                if len(recent) >= MAX_RECENT_FAILURES:
+                    raise Unavailable(self._given_up(model_id, record, recent))
+                target = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
+                mode = "load"
+                if target is None:
+                    if not load_here_as_last_resort(
+                        view, excluded, self.labels, self.constraints.for_type(record.type)[0]
+                    ):
+                        break
+                    target = self.self_id  # nothing better known (alone, or records not yet seen)
+            try:
+                if target == self.self_id:
+                    return await attempt.here(record)
+                self.forwarded += 1
+                return await attempt.peer(target, mode)
+            except Refused as e:
+                log.info("rerouting %s away from %s: %s", model_id, target, e)
+                tried.append(f"{target} ({mode}): {e}")
+                if e.exclude:
+                    excluded.add(target)
+                if e.holders is not None:
+                    # Another instance won the copy (its record write came first): serve
+                    # there, as the mirror may not show it yet.
+                    known.update(e.holders or await self._holders(model_id))
+                if e.busy:
+                    busy += 1
+                    if busy > MAX_BUSY_RETRIES:
+                        message = f"model {model_id!r}: copies at their concurrency limit ({e})"
+                        raise ResourceExhausted(message) from None
+        raise Unavailable(
+            f"model {model_id!r}: no instance could serve it after {len(tried)} attempts: "
+            + ("; ".join(tried) or "no live instance")
+        )
+
+    async def _holders(self, model_id: str) -> dict[str, int]:
+        """The model's holders as etcd has them now (a strong read; none if unreadable)."""
+        try:
+            return dict((await self.registry.fetch(model_id)).instance_ids)
+        except Unavailable:
+            return {}
+
+    def is_peer(self, instance_id: str) -> bool:
+        """A live instance of this mesh (forwarded calls are accepted only from those)."""
+        return instance_id != self.self_id and self.cluster.view().live(instance_id)
+
+    def _load_target(
+        self, view: ClusterView, model_id: str, record: ModelRecord, exclude: frozenset[str], prefer_self: bool
+    ) -> str | None:
+        """Where a copy should load (placement's pick), remembered for the next picks."""
+        required, preferred = self.constraints.for_type(record.type)
+        request = LoadRequest(
+            model_id=model_id,
+            model_type=record.type,
+            size_units=self.local.initial_units(record),
+            exclude=exclude,
+            required_labels=required,
+            preferred_labels=preferred,
+            prefer_self=prefer_self,
+            recent_placements=self._placed.counts(view.now_ms),
+        )
+        target = choose_load_target(view, request, self.rng)
+        if target is not None:
+            self._placed.add(view.now_ms, target)
+        return target
+
+    def _given_up(self, model_id: str, record: ModelRecord, recent: list[str]) -> str:
+        msgs = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)
+        return f"model {model_id!r} failed to load on {len(recent)} instances recently ({msgs})"
+
+    # ---- serving here ----------------------------------------------------------------
+    async def ensure_here(self, model_id: str, record: ModelRecord) -> CacheEntry:
+        """The local copy, loaded first if need be; a copy that cannot load here is Refused.
+
+        The entry serves even if a concurrent load evicts it meanwhile: requests count as
+        in flight, and the unload waits for them."""
+        try:
+            return await self._ensure(model_id, record)
+        except CopiesFull as e:  # not loaded here: the holders serve it
+            raise Refused(e.message, exclude=False, holders=e.holders) from None
+        except (LoadFailed, Unavailable) as e:  # incl. NoRoom, and a runtime down for now
+            raise Refused(e.message) from None
+
+    async def _ensure(self, model_id: str, record: ModelRecord) -> CacheEntry:
+        """`local.ensure`, in a `meshd.load` span when tracing and the copy is not loaded yet."""
+        entry = self.local.cache.get(model_id)
+        if self.tracing is None or (entry is not None and entry.state is State.LOADED):
+            return await self.local.ensure(model_id, record)
+        with self.tracing.span("meshd.load", {"meshd.model_id": model_id}):
+            return await self.local.ensure(model_id, record)
+
+    async def _enter(self, entry: CacheEntry) -> float:
+        """Take a slot on the copy (its concurrency limit, if any): the start time, for service time.
+
+        Counted in flight while queued too, so an eviction's unload waits for queued requests."""
+        self.local.acquire(entry)
+        gate = entry.gate
+        if gate is not None:
+            queued = time.perf_counter()
+            try:
+                if self.tracing is None:
+                    await gate.enter()
+                else:
+                    with self.tracing.span("meshd.queue", {"meshd.model_id": entry.model_id}):
+                        await gate.enter()
+                self.metrics.req_queue_delay((time.perf_counter() - queued) * 1000, entry.model_id)
+            except BaseException as e:
+                self.local.release(entry)
+                if isinstance(e, ResourceExhausted):
+                    raise Refused(e.message, busy=True) from None
+                raise
+        return time.monotonic() if gate is not None else 0.0
+
+    def _leave(self, entry: CacheEntry, started: float, timed: bool = True) -> None:
+        """Give the slot back; `timed`: feed the service time to copy scaling (unary only: a
+        stream's lifetime says nothing about how fast the copy serves)."""
+        self.local.release(entry)
+        if entry.gate is not None:
+            entry.gate.leave((time.monotonic() - started) * 1000 if timed else None)
+
+    def _count_served(self, entry: CacheEntry) -> None:
+        self.local.counters.served += 1
+        entry.served += 1
+
+    async def _serve_entry(
+        self,
+        entry: CacheEntry,
+        spec: MethodSpec,
+        request: bytes,
+        model_id: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+    ) -> bytes:
+        """Forward to the runtime through a loaded local copy."""
+        if spec.inject:
+            request = inject_id(request, spec.inject, model_id)
+        started = await self._enter(entry)
+        self._count_served(entry)
+        if self.note_served:
+            SERVED.set((model_id, self.self_id))
+        invoked = time.perf_counter()
+        try:
+            call = self.runtime_calls.unary(spec.path)
+            response: bytes
+            if self.tracing is None:
+                response = await call(request, metadata=metadata, timeout=remaining_s)
+            else:
+                response = await self.tracing.call_unary(call, spec.path, request, metadata, remaining_s, _RUNTIME_HOP)
+            self.metrics.invoke_model(spec.path, "OK", (time.perf_counter() - invoked) * 1000, model_id)
+            return response
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            self.metrics.invoke_model(spec.path, code.name, (time.perf_counter() - invoked) * 1000, model_id)
+            missing = means_model_missing(code, e.details() or "")
+            if missing and await self.local.runtime.has_model(model_id) is False:
+                # Confirmed lost (the runtime restarted): drop the copy and reroute; loading
+                # here again is allowed. Any other "not found" (an unknown version, say) is
+                # the runtime's own answer and goes to the client, the copy untouched.
+                self.local.lost(model_id, entry)
+                raise Refused(f"the runtime no longer has {model_id!r}", exclude=False) from None
+            if code == grpc.StatusCode.UNAVAILABLE:
+                # The runtime is down or overloaded: try another copy (SPEC: UNAVAILABLE ->
+                # another copy); if none can serve, the client gets UNAVAILABLE with the reasons.
+                raise Refused(f"the runtime is unavailable: {e.details()}") from None
+            if code == grpc.StatusCode.INTERNAL and "deserializ" in (e.details() or "").lower():
+                raise InvalidArgument(f"the runtime could not parse the request: {e.details()}") from None
+            raise RuntimeStatusError(code, e.details() or code.name) from None
+        finally:
+            self._leave(entry, started)
+
+    async def open_entry_stream(
+        self,
+        entry: CacheEntry,
+        spec: MethodSpec,
+        first: bytes | None,
+        requests: AsyncIterator[bytes],
+        model_id: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+    ) -> ResponseStream:
+        """A stream to the runtime through a loaded local copy; it holds one slot while open.
+
+        Each request message has the id spliced in (if the method asks) and counts as one
+        request served. Once open, the runtime's answers go to the client as they are."""
+        started = await self._enter(entry)
+        if self.note_served:
+            SERVED.set((model_id, self.self_id))
+
+        def on_message(message: bytes) -> bytes:
+            self._count_served(entry)
+            return inject_id(message, spec.inject, model_id) if spec.inject else message
+
+        relay = Relay(first, requests, on_message)
+        if self.tracing is not None:  # a stream's span is its server span: pass its context on
+            metadata = self.tracing.inject(metadata)
+        try:
+            call = self.runtime_calls.stream(spec.path)(relay, metadata=metadata, timeout=remaining_s)
+        except BaseException:
+            self._leave(entry, started, timed=False)
+            raise
+
+        def on_error(e: grpc.aio.AioRpcError) -> None:
+            # grpc.aio reports INTERNAL "Internal error from Core" instead of the runtime's own
+            # status when the runtime ended the stream while a message was on its way to it
+            # (grpc/grpc#36066): the status is lost, so check the copy then too.
+            masked = e.code() == grpc.StatusCode.INTERNAL and (e.details() or "") == GRPC_MASKED_STATUS
+            if masked or means_model_missing(e.code(), e.details() or ""):
+                self.local.check_lost(model_id, entry)  # confirmed in the background, then dropped
+
+        return ResponseStream(call, relay, lambda: self._leave(entry, started, timed=False), on_error)
+
+    # ---- calls forwarded by peers ------------------------------------------------------
+    async def forwarded_entry(self, model_id: str, mode: str) -> CacheEntry:
+        """The copy a peer's call is served from (loading it first in "load" mode).
+
+        Refusals carry `meshd-reason` in the trailing metadata so the peer reroutes."""
+        self.local.counters.requests += 1
+        if self.tracing is not None:
+            self.tracing.note_model(model_id, None)
+        if mode == "load":
+            record = await self.record(model_id)
+            try:
+                return await self._ensure(model_id, record)  # served even if evicted since
+            except LoadFailed as e:
+                raise PeerRefusal(LOAD_FAILED, e.message) from None
+            except CopiesFull as e:
+                raise PeerRefusal(AT_MAX, e.message) from None
+            except Unavailable as e:  # no room, or the runtime down for now
+                raise PeerRefusal(NOT_HERE, e.message) from None
+        entry = self.local.cache.get(model_id)
+        pending = self.local.pending(model_id)
+        if pending is not None:
+            # The sender picked a copy still loading: wait for it here rather than have
+            # the sender load yet another copy elsewhere.
+            try:
+                return await asyncio.shield(pending)
+            except LoadFailed as e:
+                raise PeerRefusal(LOAD_FAILED, e.message) from None
+            except CopiesFull as e:
+                raise PeerRefusal(AT_MAX, e.message) from None
+            except MeshError as e:
+                raise PeerRefusal(NOT_HERE, e.message) from None
+        if entry is None or entry.state is not State.LOADED:
+            raise PeerRefusal(NOT_HERE, f"no loaded copy of {model_id!r} on {self.self_id}")
+        self.local.counters.hits += 1
+        self.local.cache.touch(model_id, self.local.clock())
+        return entry
+
+    async def serve_forwarded(
+        self, spec: MethodSpec, request: bytes, model_id: str, mode: str, metadata: Metadata, remaining_s: float | None
+    ) -> bytes:
+        """A peer's unary call: serve from the local copy (loading first in "load" mode)."""
+        entry = await self.forwarded_entry(model_id, mode)
+        try:
+            return await self._serve_entry(entry, spec, request, model_id, metadata, remaining_s)
+        except Refused as e:
+            raise PeerRefusal(BUSY if e.busy else NOT_HERE, str(e)) from None
+
+    async def open_forwarded_stream(
+        self,
+        spec: MethodSpec,
+        requests: AsyncIterator[bytes],
+        model_id: str,
+        mode: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+    ) -> ResponseStream:
+        """A peer's stream, on the local copy; the caller accepts it, relays and closes it."""
+        entry = await self.forwarded_entry(model_id, mode)
+        try:
+            return await self.open_entry_stream(entry, spec, None, requests, model_id, metadata, remaining_s)
+        except Refused as e:
+            raise PeerRefusal(BUSY if e.busy else NOT_HERE, str(e)) from None
+
+
+class _Unary:
+    """One unary request's attempts: the local copy, here (loading first), or a peer."""
+
+    __slots__ = ("forward", "metadata", "model_id", "remaining_s", "request", "router", "spec")
+
+    def __init__(
+        self,
+        router: Router,
+        spec: MethodSpec,
+        request: bytes,
+        model_id: str,
+        forward: Metadata,
+        remaining_s: float | None,
+    ) -> None:
+        self.router = router
+        self.spec = spec
+        self.request = request
+        self.model_id = model_id
+        self.forward = forward
+        self.metadata = runtime_metadata(forward, model_id)
+        self.remaining_s = remaining_s
+
+    def retarget(self, model_id: str) -> _Unary:
+        return _Unary(self.router, self.spec, self.request, model_id, self.forward, self.remaining_s)
+
+    async def local(self, entry: CacheEntry) -> bytes:
+        return await self.router._serve_entry(
+            entry, self.spec, self.request, self.model_id, self.metadata, self.remaining_s
+        )
+
+    async def here(self, record: ModelRecord) -> bytes:
+        return await self.local(await self.router.ensure_here(self.model_id, record))
+
+    async def peer(self, target: str, mode: str) -> bytes:
+        forward = self.router.forwarder.unary
+        return await forward(target, self.spec, self.request, self.model_id, self.metadata, self.remaining_s, mode)
+
+
+class _Stream:
+    """One stream's attempts at opening: the local copy, here (loading first), or a peer."""
+
+    __slots__ = ("first", "forward", "metadata", "model_id", "remaining_s", "requests", "router", "spec")
+
+    def __init__(
+        self,
+        router: Router,
+        spec: MethodSpec,
+        first: bytes | None,
+        requests: AsyncIterator[bytes],
+        model_id: str,
+        forward: Metadata,
+        remaining_s: float | None,
+    ) -> None:
+        self.router = router
+        self.spec = spec
+        self.first = first
+        self.requests = requests
+        self.model_id = model_id
+        self.forward = forward
+        self.metadata = runtime_metadata(forward, model_id)
+        self.remaining_s = remaining_s
+
+    def retarget(self, model_id: str) -> _Stream:
+        return _Stream(self.router, self.spec, self.first, self.requests, model_id, self.forward, self.remaining_s)
+
+    async def local(self, entry: CacheEntry) -> ResponseStream:
+        return await self.router.open_entry_stream(
+            entry, self.spec, self.first, self.requests, self.model_id, self.metadata, self.remaining_s
+        )
+
+    async def here(self, record: ModelRecord) -> ResponseStream:
+        return await self.local(await self.router.ensure_here(self.model_id, record))
+
+    async def peer(self, target: str, mode: str) -> ResponseStream:
+        r = self.router
+        return await r.forwarder.stream(
+            target, self.spec, self.first, self.requests, self.model_id, self.metadata, self.remaining_s, mode
+        )

@@ -1,0 +1,118 @@
+"""The weighted LRU decision (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshd.decisions.cache import UNIT_BYTES, State, WeightedLRU, to_units
+
+
+def loaded(cache: WeightedLRU, model_id: str, units: int, last_used: int) -> None:
+    assert cache.admit(model_id, units, last_used, last_used).admitted
+    cache.set_state(model_id, State.LOADED, last_used)
+
+
+def test_units_round_up_and_never_zero() -> None:
+    assert to_units(0) == 1
+    assert to_units(1) == 1
+    assert to_units(UNIT_BYTES) == 1
+    assert to_units(UNIT_BYTES + 1) == 2
+
+
+def test_admit_evicts_least_recently_used_until_it_fits() -> None:
+    cache = WeightedLRU(10)
+    loaded(cache, "a", 4, 100)
+    loaded(cache, "b", 4, 200)
+    cache.touch("a", 300)  # b is now the LRU
+    adm = cache.admit("c", 4, 400, 400)
+    assert adm.admitted
+    assert [e.model_id for e in adm.evicted] == ["b"]
+    assert cache.used_units == 8
+    assert "b" not in cache
+
+
+def test_weight_matters_several_small_go_for_one_big() -> None:
+    cache = WeightedLRU(10)
+    for i, name in enumerate("abcde"):
+        loaded(cache, name, 2, 100 + i)
+    adm = cache.admit("big", 5, 500, 500)
+    assert [e.model_id for e in adm.evicted] == ["a", "b", "c"]
+    assert cache.used_units == 4 + 5
+
+
+def test_loading_entries_are_never_victims_and_refusal_changes_nothing() -> None:
+    cache = WeightedLRU(8)
+    assert cache.admit("a", 4, 100, 100).admitted
+    assert cache.admit("b", 4, 100, 100).admitted
+    adm = cache.admit("c", 4, 500, 500)
+    assert not adm.admitted and adm.retryable
+    assert cache.used_units == 8 and len(cache) == 2
+
+
+def test_too_big_for_the_whole_cache_is_refused_for_good() -> None:
+    cache = WeightedLRU(4)
+    adm = cache.admit("huge", 5, 0, 0)
+    assert not adm.admitted and not adm.retryable
+
+
+def test_an_older_newcomer_does_not_push_out_newer_models() -> None:
+    cache = WeightedLRU(4)
+    loaded(cache, "recent", 4, 1000)
+    assert not cache.admit("old", 4, 10, 2000).admitted
+    assert "recent" in cache
+
+
+def test_idle_copies_go_before_copies_serving_requests() -> None:
+    cache = WeightedLRU(8)
+    loaded(cache, "busy", 4, 100)
+    loaded(cache, "idle", 4, 200)
+    cache.get("busy").inflight = 1  # type: ignore[union-attr]
+    adm = cache.admit("new", 4, 300, 300)
+    assert [e.model_id for e in adm.evicted] == ["idle"]
+
+
+def test_resize_after_load_evicts_others_or_overcommits() -> None:
+    cache = WeightedLRU(10)
+    loaded(cache, "a", 3, 100)
+    assert cache.admit("b", 3, 200, 200).admitted
+    assert cache.resize("b", 7) == ()  # 3 + 7 still fits in 10
+    assert [e.model_id for e in cache.resize("b", 8)] == ["a"]
+    assert cache.used_units == 8
+    # Nothing left to evict: the loaded model stays, over capacity.
+    assert cache.resize("b", 12) == ()
+    assert cache.used_units == 12 and cache.free_units == -2
+
+
+def test_failed_entries_weigh_one_unit_and_are_evictable() -> None:
+    cache = WeightedLRU(4)
+    assert cache.admit("bad", 4, 100, 100).admitted
+    cache.set_state("bad", State.FAILED, 150)
+    assert cache.used_units == 1
+    adm = cache.admit("good", 4, 200, 200)
+    assert [e.model_id for e in adm.evicted] == ["bad"]
+
+
+def test_lru_time_is_the_oldest_loaded_use() -> None:
+    cache = WeightedLRU(10)
+    assert cache.lru_ms(999) == 999
+    loaded(cache, "a", 1, 300)
+    loaded(cache, "b", 1, 200)
+    assert cache.lru_ms(999) == 200
+
+
+def test_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        WeightedLRU(0)
+
+
+def test_gdsf_keeps_a_frequent_model_over_a_newer_one_and_reports_the_next_victim_as_lru() -> None:
+    from meshd.decisions.cache import Eviction
+
+    cache = WeightedLRU(2, Eviction.GDSF)
+    loaded(cache, "old", 1, 100)
+    for t in range(101, 105):
+        cache.touch("old", t)  # used often, long ago
+    loaded(cache, "once", 1, 200)
+    assert cache.lru_ms(300) == 200  # placement's cache age: the next victim's last use
+    adm = cache.admit("new", 1, 300, 300)
+    assert [e.model_id for e in adm.evicted] == ["once"]  # LRU would have evicted "old"

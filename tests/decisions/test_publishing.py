@@ -1,0 +1,74 @@
+"""Instance record contents, publish cadence, request-rate meter and lease re-grant."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshd.decisions.cache import State, WeightedLRU
+from meshd.decisions.publishing import (
+    Identity,
+    RpmMeter,
+    Stored,
+    instance_record,
+    judge_stored,
+    numeric_version,
+    publish_due,
+)
+
+ME = Identity("i1", "10.0.0.1:8080", "z1", ("mt:demo",), 5)
+
+
+def record(cache: WeightedLRU, rpm: int = 0, now: int = 1000) -> object:
+    return instance_record(ME, cache, 2, 0, rpm, False, now)
+
+
+def test_record_reflects_the_cache() -> None:
+    cache = WeightedLRU(100)
+    cache.admit("a", 10, 300, 300)
+    cache.set_state("a", State.LOADED, 300)
+    cache.admit("b", 5, 400, 400)  # still loading: counted in used, not in count
+    r = instance_record(ME, cache, 2, 1, 42, False, 1000)
+    assert (r.count, r.capacity, r.used, r.lru_time, r.loading_threads, r.loading_in_progress, r.rpm) == (
+        1,
+        100,
+        15,
+        300,
+        2,
+        1,
+        42,
+    )
+    assert (r.location, r.zone, r.labels, r.start_time) == ("10.0.0.1:8080", "z1", ["mt:demo"], 5)
+    assert numeric_version("1.2.3") > numeric_version("1.1.9") > numeric_version("0.9")
+
+
+def test_publish_cadence() -> None:
+    cache = WeightedLRU(100)
+    first = instance_record(ME, cache, 2, 0, 0, False, 1000)
+    assert publish_due(None, first, 0, 1000, False)
+    cache.admit("a", 10, 1000, 1000)
+    changed = instance_record(ME, cache, 2, 0, 0, False, 1500)
+    assert not publish_due(first, changed, 1000, 1500, True)  # never closer than 2 s
+    assert publish_due(first, changed, 1000, 3000, False)  # material change
+    drift = instance_record(ME, WeightedLRU(100), 2, 0, 50, False, 3000)  # only rpm moved
+    assert not publish_due(first, drift, 1000, 30_000, False)
+    assert publish_due(first, drift, 1000, 41_000, False)  # ... until 40 s have passed
+    assert publish_due(first, first, 1000, 3000, True)  # forced after a load
+
+
+def test_stored_record_is_judged_only_once_the_mirror_has_the_last_put() -> None:
+    mine = instance_record(ME, WeightedLRU(100), 2, 0, 0, False, 1000)
+    assert judge_stored(mine, 10, 9, None) is Stored.LAGGING
+    assert judge_stored(mine, 10, 10, mine) is Stored.OURS
+    assert judge_stored(mine, 10, 12, None) is Stored.GONE
+    assert judge_stored(mine, 10, 12, replace(mine, count=7)) is Stored.CHANGED
+    assert judge_stored(mine, 10, 12, replace(mine, start_time=6)) is Stored.FOREIGN
+    assert judge_stored(mine, 10, 12, replace(mine, location="10.0.0.2:8080")) is Stored.FOREIGN
+
+
+def test_rpm_meter_counts_the_last_minute_without_extrapolating() -> None:
+    m = RpmMeter()
+    assert m.rpm(0, 0) == 0
+    assert m.rpm(3, 1_000) == 3  # a burst right after start is not 180 rpm
+    assert m.rpm(100, 30_000) == 100
+    assert m.rpm(250, 61_000) == 247  # baseline moved to the sample a minute old (t=1 s)
+    assert m.rpm(250, 200_000) == 0  # nothing in the last minute

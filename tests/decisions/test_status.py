@@ -1,0 +1,39 @@
+"""getModelStatus decisions (pure)."""
+
+from __future__ import annotations
+
+from meshd.core.records import ModelRecord
+from meshd.decisions.cache import CacheEntry, State
+from meshd.decisions.status import ModelStatus, model_status
+
+EXPIRY = 900_000
+
+
+def test_not_found_and_not_loaded() -> None:
+    assert model_status(None, None, "me", 0, EXPIRY).status is ModelStatus.NOT_FOUND
+    assert model_status(ModelRecord(type="t"), None, "me", 0, EXPIRY).status is ModelStatus.NOT_LOADED
+
+
+def test_local_state_is_exact_and_copies_are_newest_first() -> None:
+    rec = ModelRecord(type="t", instance_ids={"me": 100, "peer": 200})
+    loading = CacheEntry("m", 1, 0, State.LOADING, 100)
+    view = model_status(rec, loading, "me", 300, EXPIRY)
+    assert view.status is ModelStatus.LOADED  # the peer's copy
+    assert [(c.location, c.status) for c in view.copies] == [("peer", ModelStatus.LOADED), ("me", ModelStatus.LOADING)]
+    # A record naming us for a copy we do not hold is stale and not reported.
+    view = model_status(ModelRecord(type="t", instance_ids={"me": 1}), None, "me", 300, EXPIRY)
+    assert view.status is ModelStatus.NOT_LOADED and view.copies == ()
+
+
+def test_failures_count_until_they_expire() -> None:
+    rec = ModelRecord(type="t", failed_in={"me": 1000}, fails={"me": {"msg": "boom"}})
+    view = model_status(rec, None, "me", 2000, EXPIRY)
+    assert view.status is ModelStatus.LOADING_FAILED and view.errors == ("me: boom",)
+    assert model_status(rec, None, "me", 1000 + EXPIRY, EXPIRY).status is ModelStatus.NOT_LOADED
+
+
+def test_recent_failures_are_those_within_the_expiry() -> None:
+    from meshd.decisions.status import recent_failures
+
+    assert recent_failures({"a": 1000, "b": 500, "c": 900}, now_ms=1500, expiry_ms=600) == ["a"]  # c: exactly expired
+    assert recent_failures({}, 1500, 600) == []
