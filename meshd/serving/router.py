@@ -1,4 +1,5 @@
-"""Routes one inference call to a copy of its model and forwards the raw bytes.
+"""Routes one inference call to a copy of its model: the routing attempts, and serving on a
+local copy. Calls to peers are `forwarding`'s; what peers say to each other, `peer_protocol`'s.
 
 External calls (`unary`): a loaded local copy serves at once (each peer hop costs as much
 as the first). Otherwise a live copy elsewhere serves, chosen by placement; with no copy
