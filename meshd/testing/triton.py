@@ -25,11 +25,14 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshd.runtimes.models import DemoModel
+from meshd.testing.cluster import LocalMesh, Node, StartFailed
+from meshd.testing.procs import free_port, port_open, wait_until
 from meshd.testing.venvs import ensure_venv
 
 PYTRITON = "nvidia-pytriton==0.7.0"
@@ -297,3 +300,45 @@ def rss_bytes(pid: int, proc: Path = Path("/proc")) -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+def start_triton_node(
+    mesh: LocalMesh,
+    instance_id: str,
+    install: TritonInstall,
+    backends: Path,
+    capacity_bytes: int,
+    overhead_bytes: int = 256 << 20,
+) -> tuple[Node, str]:
+    """One pod on `mesh`: tritonserver under `meshd adapter --server triton`, and a meshd using
+    them (management through the adapter, inference straight to Triton). Returns the node (its
+    runtime is the adapter) and the server's shared-memory prefix, for `remove_shm` after
+    `mesh.stop()`. The adapter stops tritonserver's process group when it stops."""
+    workdir = mesh.workdir / instance_id
+    repository = workdir / "repository"
+    triton_port, triton_http, adapter_port = free_port(), free_port(), free_port()
+    shm_prefix = f"meshd-{instance_id}-{uuid.uuid4().hex[:12]}-"
+    argv, env = triton_command(install, repository, backends, triton_port, triton_http, shm_prefix)
+    adapter_argv = [sys.executable, "-m", "meshd", "adapter", "--server", "triton"]
+    adapter_argv += ["--server-grpc", f"127.0.0.1:{triton_port}", "--repository", str(repository)]
+    adapter_argv += ["--port", str(adapter_port), "--memory-bytes", str(capacity_bytes + overhead_bytes)]
+    adapter_argv += ["--memory-overhead-bytes", str(overhead_bytes), "--gpu-capacity", "off"]
+    adapter_argv += ["--pid-file", str(workdir / "tritonserver.pid"), "--", *argv]
+    workdir.mkdir(parents=True, exist_ok=True)
+    adapter = mesh.children.start(f"{instance_id}-adapter", adapter_argv, env, cwd=workdir)
+
+    def up() -> bool:
+        if not adapter.alive():
+            raise StartFailed(f"meshd adapter exited with {adapter.proc.returncode}:\n{adapter.log_tail()}")
+        return port_open(adapter_port) and port_open(triton_port)
+
+    try:
+        wait_until(up, 60, f"{instance_id}'s adapter and tritonserver")
+    except TimeoutError as e:
+        raise StartFailed(f"{e}\n{adapter.log_tail()}") from None
+    grpc_port, peer_port, http_port = free_port(), free_port(), free_port()
+    settings: dict[str, str | int] = {"serving_port": triton_port}
+    meshd = mesh.start_meshd(instance_id, adapter_port, settings, grpc_port, peer_port, http_port=http_port)
+    node = Node(instance_id, grpc_port, peer_port, adapter_port, meshd, adapter, http_port)
+    mesh.nodes.append(node)
+    return node, shm_prefix

@@ -31,6 +31,7 @@ from meshd.runtimes.models import make_infer_request as make_request
 from meshd.testing.cluster import LocalMesh
 from meshd.testing.procs import Child, free_port, port_open, wait_until
 from meshd.testing.triton import (
+    TRITON_VERSION,
     TritonInstall,
     backend_directory,
     remove_shm,
@@ -342,3 +343,27 @@ def test_tritonserver_sigkilled_under_traffic(
         # The killed server's stubs are gone, not orphaned.
         wait_until(lambda: not set(stubs_before) & set(stub_pids(stack.shm_prefix)), 20, "old stubs to exit")
         assert stack.meshd.alive() and stack.adapter.alive()
+
+
+def test_demo_without_the_wheel_says_how_to_install_it() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshd", "demo", "--runtime", "triton", "--triton-python", sys.executable],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install --no-deps nvidia-pytriton==0.7.0 'numpy<2'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "etcd" not in proc.stdout  # nothing was started
+
+
+def test_demo_on_real_triton(triton: tuple[TritonInstall, Path]) -> None:
+    install, _ = triton
+    argv = [sys.executable, "-m", "meshd", "demo", "--runtime", "triton", "--triton-python", str(install.python)]
+    argv += ["--instances", "1", "--models", "3", "--cache-models", "2", "--requests", "30", "--concurrency", "2"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert "correct answers  30" in proc.stdout and "wrong answers    0" in proc.stdout, proc.stdout
+    assert f"Triton {TRITON_VERSION}" in proc.stdout
+    assert "stopped every process the demo started" in proc.stdout
