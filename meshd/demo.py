@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import shutil
 import sys
@@ -24,6 +25,16 @@ import grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.runtimes.models import DemoModel, decode_infer_response, generate_models, make_infer_request
 from meshd.testing.cluster import LocalMesh, MeshClient, StartFailed, sized_runtime_args
+from meshd.testing.triton import (
+    TRITON_VERSION,
+    TritonInstall,
+    TritonMissing,
+    backend_directory,
+    find_triton,
+    remove_shm,
+    start_triton_node,
+    write_python_model,
+)
 
 MODEL_SIZE_BYTES = 4 << 20
 
@@ -38,6 +49,19 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-delay-ms", type=int, default=150, help="simulated model load time (default 150)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--workdir", type=Path, help="keep files here (default: a temporary folder, removed after)")
+    p.add_argument(
+        "--runtime",
+        choices=["reference", "triton"],
+        default="reference",
+        help="reference: meshd's reference runtime; triton: a real tritonserver per instance, under "
+        "`meshd adapter`, serving the models as Python-backend models (needs the nvidia-pytriton wheel)",
+    )
+    p.add_argument(
+        "--triton-python",
+        type=Path,
+        help="with --runtime triton: a Python whose environment has the nvidia-pytriton wheel and numpy<2 "
+        "(default: this one)",
+    )
 
 
 @dataclass
@@ -60,15 +84,14 @@ def zipf_weights(n: int, s: float) -> list[float]:
     return [1.0 / (rank**s) for rank in range(1, n + 1)]
 
 
-async def drive(args: argparse.Namespace, mesh: LocalMesh, models: dict[str, DemoModel], paths: dict[str, Path]) -> int:
+async def drive(
+    args: argparse.Namespace, mesh: LocalMesh, models: dict[str, DemoModel], infos: dict[str, mm.ModelInfo]
+) -> int:
     clients = [MeshClient.open(node) for node in mesh.nodes]
     try:
-        for model_id, path in paths.items():
-            await clients[0].mm.registerModel(
-                mm.RegisterModelRequest(modelId=model_id, modelInfo=mm.ModelInfo(type="demo", path=str(path))),
-                timeout=30,
-            )
-        print(f"registered {len(paths)} models", flush=True)
+        for model_id, info in infos.items():
+            await clients[0].mm.registerModel(mm.RegisterModelRequest(modelId=model_id, modelInfo=info), timeout=30)
+        print(f"registered {len(infos)} models", flush=True)
 
         rng = random.Random(args.seed)
         ids = list(models)
@@ -151,21 +174,60 @@ async def drive(args: argparse.Namespace, mesh: LocalMesh, models: dict[str, Dem
             await c.close()
 
 
+def start_triton_mesh(
+    args: argparse.Namespace,
+    install: TritonInstall,
+    mesh: LocalMesh,
+    models: dict[str, DemoModel],
+    shm_prefixes: list[str],
+) -> dict[str, mm.ModelInfo]:
+    """One tritonserver (under `meshd adapter`) per instance, each with room for --cache-models;
+    the models become Python-backend models answering the same rule."""
+    backends = backend_directory(install, mesh.workdir / "triton-backends")
+    print(f"  triton      {install.server} (Triton {TRITON_VERSION}, Python backend {install.python_version})")
+    key = json.dumps({"meshd": {"size_bytes": MODEL_SIZE_BYTES}})  # what each model is taken to use
+    infos = {}
+    for model_id, model in models.items():
+        folder = write_python_model(mesh.workdir / "triton-models" / model_id, model)
+        infos[model_id] = mm.ModelInfo(type="python", path=str(folder), key=key)
+    for i in range(args.instances):
+        node, prefix = start_triton_node(mesh, f"demo-{i}", install, backends, args.cache_models * MODEL_SIZE_BYTES)
+        shm_prefixes.append(prefix)
+        print(
+            f"  instance    {node.instance_id}: meshd pid {node.meshd.pid} on :{node.grpc_port}, "
+            f"adapter pid {node.runtime.pid} on :{node.runtime_port} (tritonserver under it)"
+        )
+    return infos
+
+
 def run_demo(args: argparse.Namespace) -> int:
     if args.instances < 1 or args.models < 1 or args.cache_models < 1 or args.requests < 1 or args.concurrency < 1:
         print("meshd demo: --instances, --models, --cache-models, --requests and --concurrency must be >= 1")
         return 2
+    install = None
+    if args.runtime == "triton":
+        try:
+            install = find_triton(args.triton_python or sys.executable)
+        except TritonMissing as e:
+            print(f"meshd demo --runtime triton: {e}", file=sys.stderr)
+            print("  (or point --triton-python at a Python whose environment has it)", file=sys.stderr)
+            return 2
     own_dir = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="meshd-demo-")) if own_dir else args.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     mesh = LocalMesh(workdir, service="meshd-demo")
+    shm_prefixes: list[str] = []
     try:
         generated = generate_models(workdir / "models", args.models, size_bytes=MODEL_SIZE_BYTES)
-        paths = {g.id: g.path for g in generated}
         models = {g.id: DemoModel.load(g.path) for g in generated}
+        infos = {g.id: mm.ModelInfo(type="demo", path=str(g.path)) for g in generated}
         print(f"meshd demo: workdir {workdir}")
         mesh.start_etcd()
         print(f"  etcd        pid {mesh.etcd.pid if mesh.etcd else '?'} at {mesh.etcd_url}")
+        if args.runtime == "triton":
+            assert install is not None
+            infos = start_triton_mesh(args, install, mesh, models, shm_prefixes)
+            return asyncio.run(drive(args, mesh, models, infos))
         for i in range(args.instances):
             node = mesh.add_node(
                 f"demo-{i}",
@@ -175,7 +237,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 f"  instance    {node.instance_id}: meshd pid {node.meshd.pid} on :{node.grpc_port}, "
                 f"runtime pid {node.runtime.pid} on :{node.runtime_port}"
             )
-        return asyncio.run(drive(args, mesh, models, paths))
+        return asyncio.run(drive(args, mesh, models, infos))
     except StartFailed as e:
         print(f"meshd demo: could not start the mesh: {e}", file=sys.stderr)
         return 1
@@ -183,6 +245,8 @@ def run_demo(args: argparse.Namespace) -> int:
         return 130
     finally:
         mesh.stop()
+        for prefix in shm_prefixes:
+            remove_shm(prefix)
         print("stopped every process the demo started")
         if own_dir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
-from meshd.adapter import layout, sizing
+from meshd.adapter import gpu, layout, sizing
 from meshd.adapter.layout import Layout, MLServerLayout, TritonLayout
 from meshd.adapter.server import Adapter, AdapterConfig, ModelServer
 from meshd.adapter.supervisor import Supervisor, SupervisorConfig
@@ -33,6 +33,7 @@ log = logging.getLogger("meshd.adapter")
 
 LAYOUTS: dict[str, type[MLServerLayout] | type[TritonLayout]] = {"mlserver": MLServerLayout, "triton": TritonLayout}
 MAX_MESSAGE_BYTES = 64 << 20
+DEFAULT_MEMORY_BYTES = 1 << 30  # host memory when neither the flag nor the environment says
 
 
 def _env_int(env: Mapping[str, str], *names: str) -> int | None:
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="model server memory (env MODEL_SERVER_MEM_REQ_BYTES or CONTAINER_MEM_REQ_BYTES; default 1 GiB)",
     )
+    p.add_argument(
+        "--gpu-capacity",
+        choices=["auto", "off"],
+        help="triton: size the cache from the smallest visible GPU's memory when NVML finds one "
+        "(needs nvidia-ml-py; env MESHD_ADAPTER_GPU_CAPACITY; default auto)",
+    )
     p.add_argument("--memory-overhead-bytes", type=int, help="what the server needs itself (env MEM_BUFFER_BYTES)")
     p.add_argument("--default-model-size", type=int, help="size of a model of unknown size (env DEFAULT_MODELSIZE)")
     p.add_argument("--size-multiplier", type=float, help="loaded size / disk size (env MODELSIZE_MULTIPLIER)")
@@ -79,14 +86,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from(a: argparse.Namespace, env: Mapping[str, str]) -> AdapterConfig:
+def gpu_memory(a: argparse.Namespace, env: Mapping[str, str], nvml: object | None = None) -> int | None:
+    """The GPU memory to size the cache from: Triton only, unless turned off; None: no GPU."""
+    choice = a.gpu_capacity or env.get("MESHD_ADAPTER_GPU_CAPACITY") or "auto"
+    if choice not in ("auto", "off"):
+        raise SystemExit(f"meshd adapter: MESHD_ADAPTER_GPU_CAPACITY must be auto or off (got {choice!r})")
+    if a.server != "triton" or choice == "off":
+        return None
+    return gpu.memory_per_model_bytes(env, nvml)
+
+
+def config_from(a: argparse.Namespace, env: Mapping[str, str], gpu_bytes: int | None = None) -> AdapterConfig:
     def pick(flag: int | None, *names: str, default: int) -> int:
         if flag is not None:
             return flag
         value = _env_int(env, *names)
         return default if value is None else value
 
-    memory = pick(a.memory_bytes, "MODEL_SERVER_MEM_REQ_BYTES", "CONTAINER_MEM_REQ_BYTES", default=1 << 30)
+    memory = a.memory_bytes
+    if memory is None:
+        memory = _env_int(env, "MODEL_SERVER_MEM_REQ_BYTES", "CONTAINER_MEM_REQ_BYTES")
     overhead = pick(a.memory_overhead_bytes, "MEM_BUFFER_BYTES", default=sizing.DEFAULT_OVERHEAD_BYTES)
     multiplier = a.size_multiplier
     if multiplier is None:
@@ -96,7 +115,7 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str]) -> AdapterConfig:
     return AdapterConfig(
         repository=a.repository,
         model_root=a.model_root,
-        capacity_bytes=sizing.capacity(memory, overhead),
+        capacity_bytes=sizing.capacity_with_gpu(memory, gpu_bytes, overhead, DEFAULT_MEMORY_BYTES),
         default_model_size=pick(a.default_model_size, "DEFAULT_MODELSIZE", default=1 << 20),
         size_multiplier=multiplier,
         max_loading_concurrency=max(1, pick(a.loading_concurrency, "LOADING_CONCURRENCY", default=1)),
@@ -181,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"meshd adapter: MESHD_LOG_FORMAT (--log-format) {e}", file=sys.stderr)
         return 2
     setup_logging(a.log_level, log_format)
-    config = config_from(a, os.environ)
+    config = config_from(a, os.environ, gpu_memory(a, os.environ))
     problem = layout.overlap_problem(config.repository, config.model_root)
     if problem:
         print(f"meshd adapter: {problem}", file=sys.stderr)

@@ -38,6 +38,18 @@ def capacity(memory_bytes: int, overhead_bytes: int) -> int:
     return max(MIN_CAPACITY_BYTES, memory_bytes - overhead_bytes)
 
 
+def capacity_with_gpu(host_bytes: int | None, gpu_bytes: int | None, overhead_bytes: int, default_host: int) -> int:
+    """Capacity when the server may run models on a GPU (`gpu_bytes`: the smallest visible
+    device's memory, None without one). Without a GPU: host memory (`host_bytes` as configured,
+    else `default_host`). With one: the GPU's memory, or, when host memory was configured too,
+    whichever of the two leaves less room (a model must fit in both). The same overhead comes
+    off each (CUDA's context and the server's own buffers on the device)."""
+    if gpu_bytes is None:
+        return capacity(default_host if host_bytes is None else host_bytes, overhead_bytes)
+    on_gpu = capacity(gpu_bytes, overhead_bytes)
+    return on_gpu if host_bytes is None else min(on_gpu, capacity(host_bytes, overhead_bytes))
+
+
 def disk_usage(path: Path) -> int:
     """Bytes under `path` (a file or a directory tree), following no symlinked directories."""
     if path.is_file():

@@ -25,11 +25,16 @@ INSTALL_TIMEOUT_S = 900.0
 _ERROR_TAIL_LINES = 30
 
 
-def venv_dir(name: str, requirements: Sequence[str], root: Path = DEFAULT_ROOT) -> Path:
+def venv_dir(
+    name: str, requirements: Sequence[str], root: Path = DEFAULT_ROOT, pip_options: Sequence[str] = ()
+) -> Path:
     """Where the venv for `name` with `requirements` lives (whether built or not)."""
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"bad venv name {name!r}")
-    key = json.dumps({"python": list(sys.version_info[:2]), "requirements": list(requirements)})
+    spec: dict[str, object] = {"python": list(sys.version_info[:2]), "requirements": list(requirements)}
+    if pip_options:  # only when given, so the venvs built before this option keep their names
+        spec["pip_options"] = list(pip_options)
+    key = json.dumps(spec)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return root / f"{name}-{digest}"
 
@@ -44,13 +49,17 @@ def ensure_venv(
     *,
     root: Path = DEFAULT_ROOT,
     timeout_s: float = INSTALL_TIMEOUT_S,
+    pip_options: Sequence[str] = (),
 ) -> Path:
     """The python executable of a venv holding `requirements`, built first if needed.
+
+    `pip_options` go to `pip install` before the requirements (e.g. `--no-deps`, for a wheel
+    whose declared dependencies are not needed for what the venv is used for).
 
     RuntimeError (with the tail of pip's stderr) if the venv cannot be built; the half-built
     venv is left unmarked, so the next call starts again from scratch.
     """
-    directory = venv_dir(name, requirements, root)
+    directory = venv_dir(name, requirements, root, pip_options)
     python = venv_python(directory)
     if _complete(directory):
         return python
@@ -64,7 +73,7 @@ def ensure_venv(
         _run([sys.executable, "-m", "venv", str(directory)], "create the venv", directory, timeout_s)
         if requirements:
             pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
-            _run([*pip, *requirements], f"pip install {' '.join(requirements)}", directory, timeout_s)
+            _run([*pip, *pip_options, *requirements], f"pip install {' '.join(requirements)}", directory, timeout_s)
         (directory / MARKER).write_text(json.dumps({"requirements": list(requirements)}) + "\n", encoding="utf-8")
     return python
 

@@ -1,0 +1,139 @@
+"""GPU capacity for the Triton adapter: NVML through a fake (no GPU here), the capacity rule,
+and the whole process reading a fake `pynvml` module through its lazy import."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from meshd._proto.mmesh import model_runtime_pb2 as rt
+from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+from meshd.adapter import gpu, main, sizing
+from meshd.testing.nvml import FakeNVML, NVMLError
+from meshd.testing.procs import free_port
+
+GIB = 1 << 30
+H100, A10 = ("GPU-aaaa-1111", 80 * GIB), ("GPU-bbbb-2222", 24 * GIB)
+
+
+def test_the_smallest_visible_device_sizes_the_cache() -> None:
+    nvml = FakeNVML([H100, A10])
+    assert gpu.memory_per_model_bytes({}, nvml) == 24 * GIB
+    assert nvml.inits == nvml.shutdowns == 1
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        ("0", 80 * GIB),
+        ("1", 24 * GIB),
+        ("1,0", 24 * GIB),
+        ("GPU-aaaa", 80 * GIB),  # a UUID prefix, as CUDA takes it
+        ("0,7,1", 80 * GIB),  # CUDA stops at the first entry it cannot match
+        ("", None),
+        ("-1", None),
+        ("MIG-abc", None),
+    ],
+)
+def test_cuda_visible_devices_narrows_the_devices(visible: str, expected: int | None) -> None:
+    assert gpu.memory_per_model_bytes({"CUDA_VISIBLE_DEVICES": visible}, FakeNVML([H100, A10])) == expected
+
+
+def test_no_gpu_no_driver_no_binding() -> None:
+    assert gpu.memory_per_model_bytes({}, FakeNVML([])) is None
+    assert gpu.memory_per_model_bytes({}, FakeNVML([H100], init_error=NVMLError("Driver Not Loaded"))) is None
+
+
+def test_no_binding_installed_means_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu, "load_nvml", lambda: None)
+    assert gpu.memory_per_model_bytes({}) is None
+
+
+def test_a_failing_device_query_still_shuts_nvml_down() -> None:
+    class Broken(FakeNVML):
+        def nvmlDeviceGetMemoryInfo(self, handle: int) -> object:
+            raise NVMLError("GPU is lost")
+
+    nvml = Broken([H100])
+    assert gpu.memory_per_model_bytes({}, nvml) is None
+    assert nvml.inits == nvml.shutdowns == 1
+
+
+def test_uuids_as_bytes_from_older_bindings() -> None:
+    nvml = FakeNVML([H100, A10], uuid_as_bytes=True)
+    assert gpu.memory_per_model_bytes({"CUDA_VISIBLE_DEVICES": "GPU-bbbb"}, nvml) == 24 * GIB
+
+
+def test_capacity_rule() -> None:
+    overhead = 256 << 20
+    assert sizing.capacity_with_gpu(None, None, overhead, GIB) == GIB - overhead  # as before: host default
+    assert sizing.capacity_with_gpu(4 * GIB, None, overhead, GIB) == 4 * GIB - overhead
+    assert sizing.capacity_with_gpu(None, 24 * GIB, overhead, GIB) == 24 * GIB - overhead  # the GPU alone
+    assert sizing.capacity_with_gpu(16 * GIB, 24 * GIB, overhead, GIB) == 16 * GIB - overhead  # the tighter
+    assert sizing.capacity_with_gpu(64 * GIB, 24 * GIB, overhead, GIB) == 24 * GIB - overhead
+
+
+def args(*argv: str) -> argparse.Namespace:
+    return main.build_parser().parse_args(["--server-grpc", "x:1", "--repository", "/r", "--port", "1", *argv])
+
+
+def test_only_triton_and_only_unless_turned_off() -> None:
+    nvml = FakeNVML([A10])
+    assert main.gpu_memory(args("--server", "triton"), {}, nvml) == 24 * GIB
+    assert main.gpu_memory(args("--server", "mlserver"), {}, nvml) is None
+    assert main.gpu_memory(args("--server", "triton", "--gpu-capacity", "off"), {}, nvml) is None
+    assert main.gpu_memory(args("--server", "triton"), {"MESHD_ADAPTER_GPU_CAPACITY": "off"}, nvml) is None
+    with pytest.raises(SystemExit, match="auto or off"):
+        main.gpu_memory(args("--server", "triton"), {"MESHD_ADAPTER_GPU_CAPACITY": "yes"}, nvml)
+    a = args("--server", "triton", "--memory-overhead-bytes", str(GIB))
+    assert main.config_from(a, {}, 24 * GIB).capacity_bytes == 23 * GIB
+    assert main.config_from(a, {"CONTAINER_MEM_REQ_BYTES": str(8 * GIB)}, 24 * GIB).capacity_bytes == 7 * GIB
+    assert main.config_from(a, {}, None).capacity_bytes == sizing.MIN_CAPACITY_BYTES  # 1 GiB default - 1 GiB
+
+
+FAKE_PYNVML = """
+from meshd.testing.nvml import FakeNVML, NVMLError
+_fake = FakeNVML([("GPU-aaaa-1111", 80 << 30), ("GPU-bbbb-2222", 24 << 30)])
+nvmlInit, nvmlShutdown = _fake.nvmlInit, _fake.nvmlShutdown
+nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex = _fake.nvmlDeviceGetCount, _fake.nvmlDeviceGetHandleByIndex
+nvmlDeviceGetUUID, nvmlDeviceGetMemoryInfo = _fake.nvmlDeviceGetUUID, _fake.nvmlDeviceGetMemoryInfo
+"""
+
+
+@pytest.mark.parametrize(
+    ("server", "visible", "expected"), [("triton", None, 24), ("triton", "0", 80), ("mlserver", None, 1)]
+)
+def test_the_adapter_process_reports_gpu_capacity(
+    tmp_path: Path, server: str, visible: str | None, expected: int
+) -> None:
+    """`meshd adapter` imports `pynvml` lazily (here a fake on PYTHONPATH): runtimeStatus
+    carries the capacity even while the server is not up."""
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "pynvml.py").write_text(FAKE_PYNVML)
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "CONTAINER_MEM_REQ_BYTES")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "fake"), str(Path(__file__).resolve().parents[2])])
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    port = free_port()
+    argv = [sys.executable, "-m", "meshd", "adapter", "--server", server, "--server-grpc", "127.0.0.1:1"]
+    argv += ["--repository", str(tmp_path / "repo"), "--port", str(port), "--memory-overhead-bytes", "0"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            grpc.channel_ready_future(ch).result(timeout=30)
+            stub = rt_grpc.ModelRuntimeStub(ch)
+            resp = stub.runtimeStatus(rt.RuntimeStatusRequest(), timeout=max(1.0, deadline - time.monotonic()))
+        assert resp.capacityInBytes == expected * GIB
+    finally:
+        proc.kill()
+        proc.wait(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
