@@ -176,6 +176,14 @@ class WeightedLRU:
         self.used_units += units
         return Admission(True, tuple(victims))
 
+    def victims_for(self, model_id: str, units: int, last_used_ms: int) -> tuple[CacheEntry, ...] | None:
+        """What `admit` would evict for the model now ((): nothing; None: it would be refused).
+        Changes nothing: the load queue's pressure rule compares the model with these."""
+        if model_id in self._entries or units > self.capacity_units:
+            return None
+        victims = self._plan_eviction(units - self.free_units, exclude=model_id, newer_than=last_used_ms)
+        return None if victims is None else tuple(victims)
+
     def resize(self, model_id: str, units: int) -> tuple[CacheEntry, ...]:
         """Correct an entry's weight (after load or `modelSize`); returns what that evicts.
 
@@ -295,3 +303,28 @@ def _recost(entry: CacheEntry, old_cost: float) -> None:
 
 def _cost_per_unit(entry: CacheEntry) -> float:
     return entry.load_ms / entry.units if entry.load_ms > 0 else DEFAULT_LOAD_MS_PER_UNIT
+
+
+POPULARITY_WINDOW = 10_000  # uses counted before every count is halved (TinyLFU's reset)
+
+
+class Popularity:
+    """Recent use counts per model, aged by halving every `window` uses (TinyLFU's reset):
+    what the load queue's value and its admission under pressure read as "how hot"."""
+
+    def __init__(self, window: int = POPULARITY_WINDOW) -> None:
+        if window < 1:
+            raise ValueError("the popularity window must be at least one use")
+        self.window = window
+        self._counts: dict[str, float] = {}
+        self._since_reset = 0
+
+    def count(self, model_id: str) -> None:
+        self._counts[model_id] = self._counts.get(model_id, 0.0) + 1.0
+        self._since_reset += 1
+        if self._since_reset >= self.window:
+            self._since_reset = 0
+            self._counts = {k: v / 2 for k, v in self._counts.items() if v >= 1.0}
+
+    def of(self, model_id: str) -> float:
+        return self._counts.get(model_id, 0.0)

@@ -116,3 +116,26 @@ def test_gdsf_keeps_a_frequent_model_over_a_newer_one_and_reports_the_next_victi
     assert cache.lru_ms(300) == 200  # placement's cache age: the next victim's last use
     adm = cache.admit("new", 1, 300, 300)
     assert [e.model_id for e in adm.evicted] == ["once"]  # LRU would have evicted "old"
+
+
+def test_victims_for_plans_without_changing_anything() -> None:
+    cache = WeightedLRU(10)
+    loaded(cache, "a", 4, 100)
+    loaded(cache, "b", 4, 200)
+    victims = cache.victims_for("c", 4, 300)
+    assert victims is not None and [v.model_id for v in victims] == ["a"]
+    assert "a" in cache and cache.used_units == 8
+    assert cache.victims_for("c", 2, 300) == ()  # it fits
+    assert cache.victims_for("c", 4, 50) is None  # only newer models to evict
+    assert cache.victims_for("a", 1, 300) is None  # already held
+
+
+def test_popularity_counts_uses_and_halves_them_every_window() -> None:
+    from meshd.decisions.cache import Popularity
+
+    pop = Popularity(window=4)
+    for m in ("a", "a", "a"):
+        pop.count(m)
+    assert pop.of("a") == 3.0 and pop.of("b") == 0.0
+    pop.count("b")  # the fourth use: everything halves
+    assert pop.of("a") == 1.5 and pop.of("b") == 0.5

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
+from meshd.decisions.placement.loading import soonest_start
 from meshd.decisions.placement.serving import assume_loaded_ms
 from meshd.decisions.placement.view import ClusterView, InstanceView
 
@@ -180,6 +181,7 @@ class LoadRequest:
     scale_up: bool = False
     min_churn_age_ms: int = DEFAULT_MIN_CHURN_AGE_MS
     recent_placements: Mapping[str, int] = field(default_factory=dict)
+    start_soonest: bool = False  # keep only the near-best instances whose load queue is shortest
 
 
 def hot_factor(last_used_ago_ms: int, scale_up: bool) -> float | None:
@@ -343,6 +345,8 @@ def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) 
         return view.self_id
     last_used_ago = 0 if req.last_used_ms is None else view.now_ms - req.last_used_ms
     remaining = drop_hot(near, hot_factor(last_used_ago, req.scale_up))
+    if req.start_soonest:  # a load goes where it can start soonest (issue 24)
+        remaining = soonest_start(remaining)
     # Instance records lag loads by seconds, so a burst of cold misses sees one picture.
     # Among the near-best, favour those this instance has sent the fewest loads to lately
     # (its own placements, which it knows at once): each instance spreads its own burst,

@@ -1,0 +1,121 @@
+"""The load queue's rules: which waiting load starts next, when a miss is refused fast.
+
+Pure: plain numbers in, a decision out; no clock but the `now_ms` given. The daemon's load
+path (`meshd.serving.local`) and the simulator (`sim/`) both call these (issue 24, "no
+congestion collapse"). The rules, in the order a miss meets them:
+
+1. *Room is taken when a load starts, not while it waits.* A load waiting for a loading
+   thread holds no room, so copies that are serving are not evicted for a load that cannot
+   start yet. (Upstream admits, and evicts, when the load is queued.)
+2. *The queue is ordered by value* (`load_value`): requests waiting on the load, plus the
+   model's recent popularity, per unit of the room it will take. Not by arrival: a hot model
+   that misses does not wait behind a backlog of cold ones.
+3. *Admission under pressure* (`under_pressure`, `colder_than_victims`): once the queue
+   holds more than the loading threads can clear within `wait_limit_ms`, a miss for a model
+   colder than the copies it would evict (by the instance's `Popularity` counts) is refused
+   fast instead of queued; so is one whose load could not start within the wait limit
+   (`start_wait_ms`). The refusal is RESOURCE_EXHAUSTED, saying why and when to retry
+   (`exhausted_message`).
+4. *Placement weighs each instance's queue* (`queue_backlog`): among the near-best
+   instances, a load goes where it can start soonest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from meshd.decisions.placement.view import InstanceView
+
+DEFAULT_LOAD_WAIT_LIMIT_MS = 10_000  # a load that cannot start within this is refused (see docs/policies.md)
+ACCEPT_SHARE_OF_LIMIT = 0.5  # a load is queued only if it should start within half the limit (headroom
+# for hotter loads that overtake it and loads slower than the mean); past the limit it is refused
+DEFAULT_MEAN_LOAD_MS = 1_000.0  # the mean load time assumed before any load has finished
+LOAD_MS_EWMA_WEIGHT = 0.1  # weight of each finished load in the mean load time
+RETRY_AFTER_FLOOR_S = 1
+
+
+def load_value(waiting: int, popularity: float, units: int) -> float:
+    """A waiting load's claim on the next free loading thread: the requests waiting on it
+    plus the model's recent popularity, per unit of room it will take (a big model must be
+    worth more to go first). Higher starts sooner."""
+    return (waiting + popularity) / max(1, units)
+
+
+def next_load(values: Iterable[tuple[float, int, int]]) -> int | None:
+    """The model to start next among `(value, queued_at_ms, model)`: the highest value,
+    then the earliest queued (None when nothing waits)."""
+    best: tuple[float, int, int] | None = None
+    for value, queued_at, model in values:
+        if best is None or value > best[0] or (value == best[0] and queued_at < best[1]):
+            best = (value, queued_at, model)
+    return None if best is None else best[2]
+
+
+def least_valuable(values: Iterable[tuple[float, int, int]]) -> int | None:
+    """The waiting load a more valuable one displaces from a full queue, among
+    `(value, queued_at_ms, model)`: the lowest value, then the latest queued."""
+    worst: tuple[float, int, int] | None = None
+    for value, queued_at, model in values:
+        if worst is None or value < worst[0] or (value == worst[0] and queued_at > worst[1]):
+            worst = (value, queued_at, model)
+    return None if worst is None else worst[2]
+
+
+def update_mean_load_ms(mean_ms: float, took_ms: float) -> float:
+    """The running mean load time after a load that took `took_ms`."""
+    return mean_ms + LOAD_MS_EWMA_WEIGHT * (took_ms - mean_ms)
+
+
+def start_wait_ms(ahead: int, running: int, threads: int, mean_load_ms: float) -> float:
+    """How long until a load with `ahead` queued loads before it gets a thread, with
+    `running` loads under way on `threads` threads, each taking `mean_load_ms`."""
+    threads = max(1, threads)
+    busy = running + ahead
+    if busy < threads:
+        return 0.0
+    return (busy - threads + 1) / threads * mean_load_ms
+
+
+def accepts(wait_ms: float, wait_limit_ms: float) -> bool:
+    """Whether a load expected to start in `wait_ms` may join the queue."""
+    return wait_ms <= wait_limit_ms * ACCEPT_SHARE_OF_LIMIT
+
+
+def under_pressure(queued: int, threads: int, mean_load_ms: float, wait_limit_ms: float) -> bool:
+    """Whether the loads waiting cannot all start within `wait_limit_ms`."""
+    return queued * mean_load_ms / max(1, threads) > wait_limit_ms
+
+
+def colder_than_victims(popularity: float, waiting: int, victims: Sequence[float]) -> bool:
+    """Whether a model (its popularity count plus the requests waiting on it) is colder than
+    the copies its load would evict, taken together: under pressure, such a miss does not
+    evict them (TinyLFU's admission test, over the whole set of victims)."""
+    return bool(victims) and popularity + waiting <= sum(victims)
+
+
+def queue_backlog(inst: InstanceView) -> int:
+    """Loads on `inst` beyond its loading threads (its record's loads in progress include
+    those waiting for a thread): 0 means a new load starts at once."""
+    return max(0, inst.loading_in_progress - inst.loading_threads + 1)
+
+
+def soonest_start(candidates: Sequence[InstanceView]) -> list[InstanceView]:
+    """The candidates where a load starts soonest (the shortest queue)."""
+    if len(candidates) < 2:
+        return list(candidates)
+    least = min(queue_backlog(c) for c in candidates)
+    return [c for c in candidates if queue_backlog(c) == least]
+
+
+def retry_after_s(wait_ms: float) -> int:
+    """Seconds a refused client should wait before retrying: the queue's backlog, at least 1."""
+    return max(RETRY_AFTER_FLOOR_S, math.ceil(wait_ms / 1000))
+
+
+def exhausted_message(model_id: str, reason: str, wait_ms: float) -> str:
+    """The RESOURCE_EXHAUSTED message of a miss refused for load capacity."""
+    return (
+        f"cannot load {model_id!r} now: {reason}; the load queue needs about {wait_ms / 1000:.1f} s "
+        f"to clear, retry after {retry_after_s(wait_ms)} s"
+    )

@@ -1,0 +1,90 @@
+"""The load queue's rules (issue 24): value order, the wait limit, admission under pressure,
+placement by queue length, the refusal's message."""
+
+from __future__ import annotations
+
+import random
+
+from meshd.decisions.placement.loading import (
+    accepts,
+    colder_than_victims,
+    exhausted_message,
+    least_valuable,
+    load_value,
+    next_load,
+    queue_backlog,
+    retry_after_s,
+    soonest_start,
+    start_wait_ms,
+    under_pressure,
+    update_mean_load_ms,
+)
+from meshd.decisions.placement.rank import LoadRequest, choose_load_target
+from tests.decisions.placement.factories import inst, view
+
+
+def test_value_grows_with_waiting_requests_and_popularity_and_shrinks_with_size() -> None:
+    assert load_value(3, 0.0, 10) > load_value(1, 0.0, 10)
+    assert load_value(1, 5.0, 10) > load_value(1, 0.0, 10)
+    assert load_value(1, 5.0, 10) > load_value(1, 5.0, 20)
+    assert load_value(0, 0.0, 0) == 0.0  # a size of 0 counts as one unit
+
+
+def test_the_most_valuable_load_starts_next_not_the_first_queued() -> None:
+    assert next_load([(1.0, 100, 7), (5.0, 300, 8), (2.0, 200, 9)]) == 8
+    assert next_load([(2.0, 300, 7), (2.0, 100, 8)]) == 8  # equal value: the earlier queued
+    assert next_load([]) is None
+
+
+def test_a_full_queue_gives_up_its_least_valuable_latest_load() -> None:
+    assert least_valuable([(1.0, 100, 7), (5.0, 300, 8), (1.0, 200, 9)]) == 9
+    assert least_valuable([]) is None
+
+
+def test_start_wait_counts_loads_ahead_over_the_threads() -> None:
+    assert start_wait_ms(0, 1, 2, 1000.0) == 0.0  # a thread is free
+    assert start_wait_ms(0, 2, 2, 1000.0) == 500.0  # both busy: half a load on average
+    assert start_wait_ms(3, 2, 2, 1000.0) == 2000.0
+    assert start_wait_ms(0, 1, 0, 1000.0) == 1000.0  # no threads counts as one
+
+
+def test_a_load_joins_only_if_it_should_start_within_half_the_limit() -> None:
+    assert accepts(5_000.0, 10_000)
+    assert not accepts(5_001.0, 10_000)
+
+
+def test_pressure_is_a_queue_the_threads_cannot_clear_within_the_limit() -> None:
+    assert not under_pressure(20, 2, 1000.0, 10_000)  # 10 s of loads: exactly clearable
+    assert under_pressure(21, 2, 1000.0, 10_000)
+
+
+def test_a_model_colder_than_its_victims_together_does_not_evict_them() -> None:
+    assert colder_than_victims(2.0, 1, [2.0, 1.0])
+    assert not colder_than_victims(3.0, 1, [2.0, 1.0])
+    assert not colder_than_victims(0.0, 1, [])  # nothing to evict: nothing to protect
+
+
+def test_the_mean_load_time_follows_finished_loads() -> None:
+    mean = 1000.0
+    for _ in range(100):
+        mean = update_mean_load_ms(mean, 3000.0)
+    assert 2990.0 < mean <= 3000.0
+
+
+def test_placement_keeps_the_near_best_instances_with_the_shortest_queue() -> None:
+    a = inst("a", loading_threads=2, loading_in_progress=5)
+    b = inst("b", loading_threads=2, loading_in_progress=1)
+    c = inst("c", loading_threads=2, loading_in_progress=0)
+    assert [queue_backlog(i) for i in (a, b, c)] == [4, 0, 0]
+    assert {i.instance_id for i in soonest_start([a, b, c])} == {"b", "c"}
+    req = LoadRequest("m", "", 10, start_soonest=True)
+    picks = {choose_load_target(view(a, b, c), req, random.Random(s)) for s in range(40)}
+    assert picks == {"b", "c"}
+    upstream = LoadRequest("m", "", 10)
+    assert "a" in {choose_load_target(view(a, b, c), upstream, random.Random(s)) for s in range(40)}
+
+
+def test_the_refusal_says_why_and_when_to_retry() -> None:
+    msg = exhausted_message("m1", "12 loads are waiting", 4_200.0)
+    assert "'m1'" in msg and "12 loads are waiting" in msg and "retry after 5 s" in msg
+    assert retry_after_s(0.0) == 1
