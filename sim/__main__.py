@@ -5,6 +5,7 @@
     python -m sim --trace requests.csv --instances 3  # replay (format: sim/workloads.py)
     python -m sim --preset zipf --compare-libcachesim  # one cache: meshd vs libCacheSim's algorithms
     python -m sim --preset bursts --max-concurrency 4  # copies serve 4 at a time, the rest queue
+    python -m sim --preset zipf --alpha 0.9 --rates 10,20,40,80  # the knee: hit ratio, hot p99, failures by rate
 
 Prints markdown tables and writes them, with PNG plots (when matplotlib is installed), to
 --out (default results/). Bad arguments end with a one-line error and exit status 2.
@@ -42,6 +43,13 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
     if not values or any(not 0 < v <= 1 for v in values):
         raise argparse.ArgumentTypeError(f"capacities are shares of the catalogue in (0, 1], got {text!r}")
+    return values
+
+
+def _positive_floats(text: str) -> list[float]:
+    values = [_positive_float(x) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
     return values
 
 
@@ -108,13 +116,26 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--preset", choices=[*PRESETS, "all"], default="all", help="synthetic workload (default: all)")
     p.add_argument("--trace", type=Path, help="replay a CSV trace instead of a preset")
-    p.add_argument("--policies", default="upstream,meshd,random", help="comma-separated: upstream, meshd, random")
+    p.add_argument(
+        "--policies", default="upstream,meshd,random", help="comma-separated: upstream, meshd, meshd-fifo, random"
+    )
     p.add_argument("--capacities", type=_floats, default=[0.1, 0.2, 0.3], help="fleet capacity, share of catalogue")
     p.add_argument("--instances", type=_positive_int, default=10)
     p.add_argument("--loading-threads", type=_positive_int, default=2)
     p.add_argument("--models", type=_positive_int, default=2000)
     p.add_argument("--requests", type=_positive_int, default=50_000)
     p.add_argument("--rate", type=_positive_float, default=10.0, help="requests per second (virtual)")
+    p.add_argument(
+        "--rates",
+        type=_positive_floats,
+        help="a rate sweep: hit ratio, added p99 of the hottest 10 %% of models and failures at each rate",
+    )
+    p.add_argument(
+        "--load-mib-per-s",
+        type=_positive_float,
+        default=1000.0 / w.LOAD_MS_PER_MIB,
+        help="presets: load speed after the fixed 500 ms start-up (default 200 MiB/s)",
+    )
     p.add_argument(
         "--alpha", type=_bounded(0.0, 10.0, "--alpha"), default=1.0, help="Zipf exponent of popularity (0, 10]"
     )
@@ -168,7 +189,16 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
     else:
         cat = w.catalogue(args.models, random.Random(args.seed), size_sigma=args.size_sigma, service_ms=args.service_ms)
+        cat = w.with_load_speed(cat, args.load_mib_per_s)
         names = list(PRESETS) if args.preset == "all" else [args.preset]
+        if args.rates:
+            try:
+                args.out.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                p.error(f"cannot create {args.out}: {e}")
+            for name in names:
+                run_sweep(name, cat, args, policies)
+            return 0
         workloads = [PRESETS[n](cat, args.requests, args.alpha, args.rate, args.seed) for n in names]
     try:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -179,22 +209,47 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _fleet(args: argparse.Namespace, total_units: int, share: float) -> Fleet:
+    return Fleet(
+        args.instances,
+        max(1, int(total_units * share / args.instances)),
+        loading_threads=args.loading_threads,
+        seed=args.seed,
+        service_time=not args.no_service_time,
+        service_jitter=args.service_jitter,
+        max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue,
+    )
+
+
+def run_sweep(name: str, cat: w.Catalogue, args: argparse.Namespace, policies: list[Policy]) -> None:
+    """The knee: one preset at each of `args.rates`, each capacity and policy."""
+    rows: list[tuple[float, float, Result]] = []
+    started = time.perf_counter()
+    for share in args.capacities:
+        fleet = _fleet(args, cat.total_units, share)
+        for rate in args.rates:
+            wl = PRESETS[name](cat, args.requests, args.alpha, rate, args.seed)
+            warmup = int(len(wl) * args.warmup)
+            for policy in policies:
+                rows.append((share, rate, simulate(wl, fleet, policy, warmup)))
+    header = (
+        f"## {name}: rate sweep, {args.requests} requests over {len(cat)} models (alpha {args.alpha:g}), "
+        f"{args.instances} instances, {args.loading_threads} loading threads, loads at "
+        f"{args.load_mib_per_s:g} MiB/s ({time.perf_counter() - started:.0f} s)"
+    )
+    text = report.sweep_table(name, rows)
+    print(header, text, "", sep="\n")
+    (args.out / f"{name}-sweep.md").write_text("\n".join([header, "", text, ""]))
+
+
 def run_workload(wl: w.Workload, args: argparse.Namespace, policies: list[Policy]) -> None:
     total = wl.catalogue.total_units
     warmup = int(len(wl) * args.warmup)
     rows: list[tuple[str, float, Result]] = []
     started = time.perf_counter()
     for share in args.capacities:
-        fleet = Fleet(
-            args.instances,
-            max(1, int(total * share / args.instances)),
-            loading_threads=args.loading_threads,
-            seed=args.seed,
-            service_time=not args.no_service_time,
-            service_jitter=args.service_jitter,
-            max_concurrency=args.max_concurrency,
-            max_queue=args.max_queue,
-        )
+        fleet = _fleet(args, total, share)
         for policy in policies:
             rows.append((wl.name, share, simulate(wl, fleet, policy, warmup)))
     text = report.table(rows)

@@ -56,8 +56,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from meshd.core.records import InstanceRecord
-from meshd.decisions.cache import CacheEntry, State, WeightedLRU
+from meshd.decisions.cache import CacheEntry, Popularity, State, WeightedLRU
 from meshd.decisions.gate import Arrival, on_arrival, queue_bound
+from meshd.decisions.placement.loading import (
+    DEFAULT_LOAD_WAIT_LIMIT_MS,
+    DEFAULT_MEAN_LOAD_MS,
+    accepts,
+    colder_than_victims,
+    least_valuable,
+    load_value,
+    next_load,
+    start_wait_ms,
+    under_pressure,
+    update_mean_load_ms,
+)
 from meshd.decisions.placement.rank import (
     DEFAULT_LOADING_TIMEOUT_MS,
     LoadRequest,
@@ -84,6 +96,7 @@ from sim.policies import Policy
 from sim.workloads import Workload
 
 IDLE_GAP_MS = 3_600_000  # idle longer than this is crossed in one step
+FAST_REFUSAL_MS = 1_000  # a failure later than this after arrival counts as slow (`Result.failed_slow`)
 EPOCH_MS = 1_700_000_000_000  # virtual time starts here: records carry epoch ms
 
 
@@ -107,6 +120,7 @@ class Fleet:
     max_concurrency: int = 0  # per copy (the runtime's maxConcurrency); 0: unlimited, no gate
     max_queue: int = 0  # waiters per gated copy: MM_MAX_INFLIGHT_PER_MODEL_COPY (0 auto, < 0 unbounded)
     scaleup_bandwidth_pct: int = DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT
+    load_wait_limit_ms: int = DEFAULT_LOAD_WAIT_LIMIT_MS  # Policy.load_queue: longest a load may wait to start
 
     def __post_init__(self) -> None:
         if self.instances < 1:
@@ -143,6 +157,16 @@ class Result:
     total_p50_ms: float = 0.0  # added latency plus the service time
     total_p99_ms: float = 0.0
     total_mean_ms: float = 0.0
+    # The load queue and what it costs (issue 24): loads that waited for a loading thread,
+    # their wait, copies evicted while in use (a request in the last minute), and the
+    # added p99 of requests for the hottest 10 % of models (by requests in the trace).
+    loads_queued: int = 0
+    load_wait_mean_ms: float = 0.0
+    load_wait_p99_ms: float = 0.0
+    evicted_in_use: int = 0
+    hot_added_p99_ms: float = 0.0
+    refused_fast: int = 0  # Policy.load_queue: misses refused at once (RESOURCE_EXHAUSTED), counted in `failed`
+    failed_slow: int = 0  # failed after waiting more than FAST_REFUSAL_MS (the rest were refused at once)
 
     @property
     def hit_ratio(self) -> float:
@@ -195,7 +219,10 @@ class _Instance:
         "initiated",
         "instance_id",
         "loading",
+        "mean_load_ms",
+        "pending",
         "placed",
+        "popularity",
         "queue",
         "record",
         "record_ms",
@@ -211,6 +238,9 @@ class _Instance:
         self.identity = Identity(instance_id, f"{instance_id}:8080", "", (), start_ms)
         self.loading = 0  # loads running (<= loading threads)
         self.queue: deque[int] = deque()  # admitted models waiting for a loading thread
+        self.pending: dict[int, int] = {}  # Policy.load_queue: loads waiting for a thread, no room taken -> since
+        self.popularity = Popularity()  # Policy.load_queue: requests arriving here, per model
+        self.mean_load_ms = DEFAULT_MEAN_LOAD_MS
         self.blocked: dict[int, tuple[int, int]] = {}  # models waiting for room -> (last used, since)
         # model -> (arrival, origin instance, forwarded) per request waiting for the load
         self.waiters: dict[int, list[tuple[float, int, bool]]] = {}
@@ -281,6 +311,20 @@ class Simulation:
         self.zero_total = 0
         self.totals: array[float] = array("d")
         self.minute_loads: dict[int, int] = {}
+        self.exhausted = False  # the last _start_load was refused by the load queue's limits
+        self.wait_limit_ms = fleet.load_wait_limit_ms
+        self.load_waits: array[float] = array("d")
+        self.queued_at: dict[tuple[int, int], int] = {}  # (instance, model) -> queued for a thread at
+        counts = [0] * len(cat.ids)
+        for m in workload.models:
+            counts[m] += 1
+        hottest = sorted(range(len(counts)), key=lambda m: -counts[m])[: max(1, len(counts) // 10)]
+        self.hot = bytearray(len(cat.ids))
+        for m in hottest:
+            self.hot[m] = 1
+        self.zero_hot = 0
+        self.hot_latencies: array[float] = array("d")
+        self.current_model = -1  # the model of the request whose latency is recorded next
 
     # ---- the run -----------------------------------------------------------------------
     def run(self) -> Result:
@@ -333,6 +377,10 @@ class Simulation:
         r.duration_ms = max(0, end_ms - start_ms)
         r.added_p50_ms, r.added_p99_ms, r.added_mean_ms = _summary(self.zero_latency, self.latencies)
         r.total_p50_ms, r.total_p99_ms, r.total_mean_ms = _summary(self.zero_total, self.totals)
+        waits = self.load_waits
+        r.loads_queued = sum(1 for x in waits if x > 0)
+        _, r.load_wait_p99_ms, r.load_wait_mean_ms = _summary(0, waits) if waits else (0.0, 0.0, 0.0)
+        r.hot_added_p99_ms = _summary(self.zero_hot, self.hot_latencies)[1]
         if self.minute_loads:
             first, last = min(self.minute_loads), max(self.minute_loads)
             r.loads_per_minute = [self.minute_loads.get(m, 0) for m in range(first, last + 1)]
@@ -341,6 +389,8 @@ class Simulation:
     # ---- requests ----------------------------------------------------------------------
     def _request(self, t: int, m: int, inst: _Instance) -> None:
         self.last_used[m] = t
+        if self.policy.load_queue:
+            inst.popularity.count(self.ids[m])
         if self.counting:
             self.result.requests += 1
         entry = inst.cache.get(self.ids[m])
@@ -367,6 +417,7 @@ class Simulation:
         answers = inst.answers
         while answers and answers[0][0] <= t:  # answers that came back by now
             inflight[heapq.heappop(answers)[1]] -= 1
+        exhausted = 0
         for _ in range(MAX_ATTEMPTS):
             view = ClusterView(me, t, self.views)
             copies = self.copies[m]
@@ -410,6 +461,7 @@ class Simulation:
                 target = me
             holder = self.by_id[target]
             joining = m in holder.waiters
+            self.exhausted = False
             if self._start_load(holder, m, t, t):
                 forwarded = target != me
                 if not joining:
@@ -419,7 +471,11 @@ class Simulation:
                     inflight[target] = inflight.get(target, 0) + 1
                 return
             excluded.add(target)
-        self._failed(rejected=False)
+            if self.exhausted:  # the load queue there is past its limit: refused fast
+                exhausted += 1
+                if exhausted > MAX_BUSY_RETRIES:
+                    break
+        self._failed(rejected=exhausted > 0)
 
     def _failed(self, rejected: bool) -> None:
         """No answer: UNAVAILABLE, or RESOURCE_EXHAUSTED (`rejected`) when copies were busy."""
@@ -459,6 +515,11 @@ class Simulation:
         if self.counting:
             added = t - arrival + (self.fleet.hop_ms if fwd else 0.0)
             self._latency(added, added + ms)
+            if self.hot[m]:
+                if added <= 0:
+                    self.zero_hot += 1
+                else:
+                    self.hot_latencies.append(added)
         if ms > 0:
             if gate is not None:
                 self.seq += 1
@@ -505,6 +566,7 @@ class Simulation:
             exclude=exclude,
             default_model_units=self.default_units,
             recent_placements=inst.placed.counts(view.now_ms) if self.policy.spread_recent_loads else {},
+            start_soonest=self.policy.load_queue,
         )
         if self.policy.random_placement:
             candidates = eligible(view, req)
@@ -522,6 +584,8 @@ class Simulation:
         False when the cache refuses it for good (too big, or only newer models to evict)."""
         if m in inst.waiters:
             return True
+        if self.policy.load_queue and (inst.loading >= self.fleet.loading_threads or inst.pending):
+            return self._enqueue(inst, m, t, last_used)
         admission = inst.cache.admit(self.ids[m], self.units[m], last_used, t)
         if admission.admitted:
             inst.waiters[m] = []
@@ -533,6 +597,72 @@ class Simulation:
             return True
         return False
 
+    def _enqueue(self, inst: _Instance, m: int, t: int, last_used: int) -> bool:
+        """Policy.load_queue: wait for a loading thread without taking room, unless the load
+        could not start within the wait limit, or the queue is under pressure and the model is
+        colder than what it would evict (refused fast: `self.exhausted`)."""
+        mid, units, pop = self.ids[m], self.units[m], inst.popularity
+        threads, mean = self.fleet.loading_threads, inst.mean_load_ms
+        refuse = False
+        if not accepts(start_wait_ms(len(inst.pending), inst.loading, threads, mean), self.wait_limit_ms):
+            # The queue is at its bound: this load goes in only in place of a less valuable one.
+            value = load_value(1, pop.of(mid), units)
+            values = {p: load_value(len(inst.waiters[p]), pop.of(self.ids[p]), self.units[p]) for p in inst.pending}
+            coldest = least_valuable((v, since, p) for p, since in inst.pending.items() for v in (values[p],))
+            if coldest is not None and values[coldest] < value:
+                del inst.pending[coldest]
+                self._refuse_load(inst, coldest, t)
+            else:
+                refuse = True
+        if not refuse and under_pressure(len(inst.pending) + 1, threads, mean, self.wait_limit_ms):
+            victims = inst.cache.victims_for(mid, units, last_used)
+            refuse = victims is None or colder_than_victims(pop.of(mid), 1, [pop.of(v.model_id) for v in victims])
+        if refuse:
+            self.exhausted = True
+            if self.counting:
+                self.result.refused_fast += 1
+            return False
+        inst.waiters[m] = []
+        inst.pending[m] = t
+        self.copies[m][inst.instance_id] = t  # recorded now, so requests elsewhere join this load
+        return True
+
+    def _start_pending(self, inst: _Instance, t: int) -> None:
+        """Free loading threads take the most valuable waiting loads; room is taken now."""
+        pop = inst.popularity
+        for p, since in list(inst.pending.items()):  # waited past the limit: refused
+            if t - since > self.wait_limit_ms:
+                del inst.pending[p]
+                self._refuse_load(inst, p, t)
+        while inst.pending and inst.loading < self.fleet.loading_threads:
+            m = next_load(
+                (load_value(len(inst.waiters[p]), pop.of(self.ids[p]), self.units[p]), since, p)
+                for p, since in inst.pending.items()
+            )
+            assert m is not None
+            since = inst.pending.pop(m)
+            used = max(since, self.last_used[m])
+            admission = inst.cache.admit(self.ids[m], self.units[m], used, t)
+            if admission.admitted:
+                self.queued_at[(inst.index, m)] = since
+                self._admitted(inst, m, t, admission.evicted)
+            elif admission.retryable:
+                inst.blocked[m] = (used, t)
+            else:
+                self._refuse_load(inst, m, t)
+
+    def _refuse_load(self, inst: _Instance, m: int, t: int) -> None:
+        """A queued load that will not run: its waiters fail, its record goes."""
+        self.copies[m].pop(inst.instance_id, None)
+        refused = inst.waiters.pop(m, [])
+        inst.initiated.discard(m)
+        for arrived, origin, forwarded in refused:
+            self._answered(origin, inst, forwarded)
+            if self.counting and t - arrived > FAST_REFUSAL_MS:
+                self.result.failed_slow += 1
+        if self.counting:
+            self.result.failed += len(refused)
+
     def _admitted(self, inst: _Instance, m: int, t: int, evicted: tuple[CacheEntry, ...]) -> None:
         if evicted:
             inst.changed_since_publish = True  # LocalModels.on_change: evictions publish soon too
@@ -542,14 +672,20 @@ class Simulation:
             inst.gates.pop(v, None)  # it finishes what it holds, takes nothing new
             if self.counting:
                 self.result.evictions += 1
+                if victim.state is State.LOADED and t - victim.last_used_ms < 60_000:
+                    self.result.evicted_in_use += 1
         self.copies[m][inst.instance_id] = t
         if inst.loading < self.fleet.loading_threads:
             self._begin(inst, m, t)
         else:
             inst.queue.append(m)
+            self.queued_at[(inst.index, m)] = t
 
     def _begin(self, inst: _Instance, m: int, t: int) -> None:
         inst.loading += 1
+        queued = self.queued_at.pop((inst.index, m), t)
+        if self.counting:
+            self.load_waits.append(float(t - queued))
         mean = self.load_ms[m]
         ms = mean * self.rng.lognormvariate(0.0, self.fleet.load_jitter) if self.fleet.load_jitter else mean
         self.seq += 1
@@ -581,10 +717,13 @@ class Simulation:
         else:
             for _, origin, forwarded in waiters:
                 self._answered(origin, inst, forwarded)
+        inst.mean_load_ms = update_mean_load_ms(inst.mean_load_ms, ms)
         while inst.queue and inst.loading < self.fleet.loading_threads:
             nxt = inst.queue.popleft()
             if inst.cache.get(self.ids[nxt]) is not None:
                 self._begin(inst, nxt, t)
+        if inst.pending:
+            self._start_pending(inst, t)
         for b, (used, since) in list(inst.blocked.items()):  # room may have appeared (LocalModels._admit)
             admission = inst.cache.admit(self.ids[b], self.units[b], max(used, self.last_used[b]), t)
             if admission.admitted:
@@ -594,8 +733,10 @@ class Simulation:
                 del inst.blocked[b]  # refused for good, or waited the load timeout (NoRoom)
                 refused = inst.waiters.pop(b, [])
                 inst.initiated.discard(b)
-                for _, origin, forwarded in refused:
+                for arrived, origin, forwarded in refused:
                     self._answered(origin, inst, forwarded)
+                    if self.counting and t - arrived > FAST_REFUSAL_MS:
+                        self.result.failed_slow += 1
                 if self.counting:
                     self.result.failed += len(refused)
 
@@ -609,7 +750,8 @@ class Simulation:
         """InstancePublisher: each instance's record, on upstream's cadence."""
         for inst in self.insts:
             rpm = inst.rpm.rpm(inst.served, t)
-            record = instance_record(inst.identity, inst.cache, self.fleet.loading_threads, inst.loading, rpm, False, t)
+            loading = inst.loading + len(inst.pending) + len(inst.queue) if self.policy.load_queue else inst.loading
+            record = instance_record(inst.identity, inst.cache, self.fleet.loading_threads, loading, rpm, False, t)
             if force or publish_due(inst.record, record, inst.record_ms, t, inst.changed_since_publish):
                 inst.record, inst.record_ms, inst.changed_since_publish = record, t, False
                 self.views[inst.instance_id] = InstanceView.from_record(inst.instance_id, record)

@@ -22,13 +22,15 @@ class Policy:
     random_placement: bool = False
     spread_recent_loads: bool = False  # LoadRequest.recent_placements
     copy_scaling: bool = True
+    load_queue: bool = False  # meshd.decisions.placement.loading: value-ordered queue, room at start, fast refusal
 
 
 UPSTREAM = Policy("upstream")
-MESHD = Policy("meshd", eviction=Eviction.GDSF, spread_recent_loads=True)
+MESHD = Policy("meshd", eviction=Eviction.GDSF, spread_recent_loads=True, load_queue=True)
+MESHD_FIFO = Policy("meshd-fifo", eviction=Eviction.GDSF, spread_recent_loads=True)  # meshd before issue 24
 RANDOM = Policy("random", random_placement=True)
 
-POLICIES = {p.name: p for p in (UPSTREAM, MESHD, RANDOM)}
+POLICIES = {p.name: p for p in (UPSTREAM, MESHD, MESHD_FIFO, RANDOM)}
 
 
 def as_configured(eviction: Eviction) -> Policy:

@@ -25,6 +25,24 @@ def table(rows: Sequence[tuple[str, float, Result]]) -> str:
     return "\n".join(lines)
 
 
+def sweep_table(workload: str, rows: Sequence[tuple[float, float, Result]]) -> str:
+    """A markdown table of a rate sweep: one row per (capacity share, rate, result). Hot p99:
+    the added p99 of requests for the hottest 10 % of models; refused at once: misses the load
+    queue refused on arrival (RESOURCE_EXHAUSTED); after waiting: failures more than 1 s
+    after arrival (a displaced or timed-out load, or no room)."""
+    lines = [
+        "| workload | capacity | rate | policy | hit ratio | hot p99 ms | added p99 ms | failed "
+        "| refused at once | failed after waiting | loads |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for share, rate, r in rows:
+        lines.append(
+            f"| {workload} | {share:.0%} | {rate:g} | {r.policy} | {r.hit_ratio:.3f} | {r.hot_added_p99_ms:.0f} "
+            f"| {r.added_p99_ms:.0f} | {r.failed} | {r.failed - r.failed_slow} | {r.failed_slow} | {r.loads} |"
+        )
+    return "\n".join(lines)
+
+
 def single_table(capacities: Sequence[float], ratios: dict[str, list[float]]) -> str:
     """A markdown table of single-cache hit ratios: one row per algorithm, one column per capacity."""
     head = "| algorithm | " + " | ".join(f"{c:.0%}" for c in capacities) + " |"

@@ -31,10 +31,10 @@ import math
 import random
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from meshd.decisions.cache import to_units
+from meshd.decisions.cache import UNIT_BYTES, to_units
 
 MIB = 1 << 20
 DEFAULT_SIZE_BYTES = 64 * MIB
@@ -81,8 +81,14 @@ class Workload:
         return len(self.models)
 
 
-def load_ms_for(size_bytes: int) -> float:
-    return LOAD_FIXED_MS + LOAD_MS_PER_MIB * size_bytes / MIB
+def load_ms_for(size_bytes: int, mib_per_s: float = 1000.0 / LOAD_MS_PER_MIB) -> float:
+    """Mean load time: the fixed start-up plus the bytes at `mib_per_s` (default ~200 MiB/s)."""
+    return LOAD_FIXED_MS + 1000.0 * size_bytes / MIB / mib_per_s
+
+
+def with_load_speed(cat: Catalogue, mib_per_s: float) -> Catalogue:
+    """`cat` with every model's mean load time recomputed at `mib_per_s` from its size."""
+    return replace(cat, load_ms=tuple(load_ms_for(u * UNIT_BYTES, mib_per_s) for u in cat.units))
 
 
 def catalogue(
