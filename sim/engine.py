@@ -406,7 +406,15 @@ class Simulation:
         self._route(t, m, inst, t, set(), 0, True)
 
     def _route(
-        self, t: int, m: int, inst: _Instance, arrival: float, excluded: set[str], busy: int, fresh: bool
+        self,
+        t: int,
+        m: int,
+        inst: _Instance,
+        arrival: float,
+        excluded: set[str],
+        busy: int,
+        fresh: bool,
+        exhausted: int = 0,
     ) -> None:
         """Router._route: a copy serves, else placement picks where to load; refusals reroute.
         `busy`: refusals by full gates so far; `fresh`: the request has not waited yet (a
@@ -417,7 +425,6 @@ class Simulation:
         answers = inst.answers
         while answers and answers[0][0] <= t:  # answers that came back by now
             inflight[heapq.heappop(answers)[1]] -= 1
-        exhausted = 0
         for _ in range(MAX_ATTEMPTS):
             view = ClusterView(me, t, self.views)
             copies = self.copies[m]
@@ -441,7 +448,7 @@ class Simulation:
                     excluded.add(target)
                     busy += 1
                     if busy > MAX_BUSY_RETRIES:
-                        self._failed(rejected=True)
+                        self._failed(True, t - arrival)
                         return
                     continue
                 if m in holder.waiters:  # loading there: wait for it
@@ -452,7 +459,7 @@ class Simulation:
                 excluded.add(target)
                 continue
             if busy:  # every copy is saturated: a new load would not answer in time
-                self._failed(rejected=True)
+                self._failed(True, t - arrival)
                 return
             target = self._load_target(view, m, frozenset(excluded))
             if target is None:
@@ -475,13 +482,15 @@ class Simulation:
                 exhausted += 1
                 if exhausted > MAX_BUSY_RETRIES:
                     break
-        self._failed(rejected=exhausted > 0)
+        self._failed(exhausted > 0, t - arrival)
 
-    def _failed(self, rejected: bool) -> None:
-        """No answer: UNAVAILABLE, or RESOURCE_EXHAUSTED (`rejected`) when copies were busy."""
+    def _failed(self, rejected: bool, waited: float) -> None:
+        """No answer: UNAVAILABLE, or RESOURCE_EXHAUSTED (`rejected`) when copies were busy
+        or loads could not start in time; `waited`: since the request arrived."""
         if self.counting:
             self.result.failed += 1
             self.result.rejected += rejected
+            self.result.failed_slow += waited > FAST_REFUSAL_MS
 
     def _serve(
         self, t: float, holder: _Instance, m: int, entry: CacheEntry, arrival: float, origin: int, forwarded: bool
@@ -611,7 +620,7 @@ class Simulation:
             coldest = least_valuable((v, since, p) for p, since in inst.pending.items() for v in (values[p],))
             if coldest is not None and values[coldest] < value:
                 del inst.pending[coldest]
-                self._refuse_load(inst, coldest, t)
+                self._refuse_load(inst, coldest, t, reroute=True)
             else:
                 refuse = True
         if not refuse and under_pressure(len(inst.pending) + 1, threads, mean, self.wait_limit_ms):
@@ -633,7 +642,7 @@ class Simulation:
         for p, since in list(inst.pending.items()):  # waited past the limit: refused
             if t - since > self.wait_limit_ms:
                 del inst.pending[p]
-                self._refuse_load(inst, p, t)
+                self._refuse_load(inst, p, t, reroute=True)
         while inst.pending and inst.loading < self.fleet.loading_threads:
             m = next_load(
                 (load_value(len(inst.waiters[p]), pop.of(self.ids[p]), self.units[p]), since, p)
@@ -641,7 +650,8 @@ class Simulation:
             )
             assert m is not None
             since = inst.pending.pop(m)
-            used = max(since, self.last_used[m])
+            # Requests wait on it now: it is in use now (a background load keeps its older date).
+            used = t if inst.waiters[m] else max(since, self.last_used[m])
             admission = inst.cache.admit(self.ids[m], self.units[m], used, t)
             if admission.admitted:
                 self.queued_at[(inst.index, m)] = since
@@ -651,17 +661,21 @@ class Simulation:
             else:
                 self._refuse_load(inst, m, t)
 
-    def _refuse_load(self, inst: _Instance, m: int, t: int) -> None:
-        """A queued load that will not run: its waiters fail, its record goes."""
+    def _refuse_load(self, inst: _Instance, m: int, t: int, reroute: bool = False) -> None:
+        """A queued load that will not run: its record goes, its waiters fail, or with
+        `reroute` (refused for load capacity: ResourceExhausted, which the router takes as a
+        busy refusal) try elsewhere, as one more load-capacity refusal each."""
         self.copies[m].pop(inst.instance_id, None)
         refused = inst.waiters.pop(m, [])
         inst.initiated.discard(m)
         for arrived, origin, forwarded in refused:
             self._answered(origin, inst, forwarded)
-            if self.counting and t - arrived > FAST_REFUSAL_MS:
-                self.result.failed_slow += 1
-        if self.counting:
-            self.result.failed += len(refused)
+            if reroute:
+                self._route(t, m, self.insts[origin], arrived, {inst.instance_id}, 0, False, exhausted=1)
+                continue
+            if self.counting:
+                self.result.failed += 1
+                self.result.failed_slow += t - arrived > FAST_REFUSAL_MS
 
     def _admitted(self, inst: _Instance, m: int, t: int, evicted: tuple[CacheEntry, ...]) -> None:
         if evicted:

@@ -33,10 +33,11 @@ RANDOM = Policy("random", random_placement=True)
 POLICIES = {p.name: p for p in (UPSTREAM, MESHD, MESHD_FIFO, RANDOM)}
 
 
-def as_configured(eviction: Eviction) -> Policy:
-    """What `meshd serve` runs with `MESHD_EVICTION=<eviction>`: the router always spreads
-    recent loads, so this is `upstream` plus the spread (LRU) or `meshd` (GDSF)."""
-    return Policy(f"meshd serve ({eviction.value})", eviction=eviction, spread_recent_loads=True)
+def as_configured(eviction: Eviction, load_queue: bool = True) -> Policy:
+    """What `meshd serve` runs with `MESHD_EVICTION=<eviction>` (and `MESHD_LOAD_QUEUE=value`,
+    the default, or `fifo`): the router always spreads recent loads."""
+    name = f"meshd serve ({eviction.value}{'' if load_queue else ', fifo'})"
+    return Policy(name, eviction=eviction, spread_recent_loads=True, load_queue=load_queue)
 
 
 def parse_policies(text: str) -> list[Policy]:
