@@ -140,6 +140,20 @@ SETTINGS: tuple[Setting, ...] = (
         "cache eviction order: lru (upstream's) or gdsf (size- and load-time-aware, see README Simulator)",
         "lru",
     ),
+    Setting(
+        "load_queue",
+        "MESHD_LOAD_QUEUE",
+        "--load-queue",
+        "value: loads take room when they start, most valuable first, refused fast beyond capacity; fifo: upstream's",
+        "value",
+    ),
+    Setting(
+        "load_wait_limit_ms",
+        "MESHD_LOAD_WAIT_LIMIT_MS",
+        "--load-wait-limit-ms",
+        "load queue (value): longest a load may wait for a loading thread before misses are refused",
+        "10000",
+    ),
     Setting("default_vmodel_owner", "MM_DEFAULT_VMODEL_OWNER", "--default-vmodel-owner", "owner of new vmodels", ""),
     Setting(
         "instance_ttl_s",
@@ -257,6 +271,8 @@ class Config:
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
     eviction: Eviction = Eviction.LRU
+    load_queue: bool = True  # MESHD_LOAD_QUEUE=value; False: fifo (upstream's)
+    load_wait_limit_ms: int = 10_000
     tls: meshtls.MeshTls | None = None
     http_port: int | None = 8008  # None: no REST endpoints
     model_repository: Path | None = None
@@ -389,6 +405,8 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         ),
         request_timeout_ms=_int(name("request_timeout_ms"), need("request_timeout_ms"), 0),
         eviction=_eviction(name("eviction"), need("eviction")),
+        load_queue=_choice(name("load_queue"), need("load_queue"), ("value", "fifo")) == "value",
+        load_wait_limit_ms=_int(name("load_wait_limit_ms"), need("load_wait_limit_ms"), 100),
         tls=_tls(raw, advertise),
         http_port=_http_port(name("http_port"), need("http_port")),
         model_repository=_directory(name("model_repository"), raw["model_repository"]),
@@ -434,6 +452,13 @@ def _bool(what: str, text: str) -> bool:
     if value not in ("true", "false"):
         raise ConfigError(f"{what} must be true or false (got {text!r})")
     return value == "true"
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    lowered = value.strip().lower()
+    if lowered not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)} (got {value!r})")
+    return lowered
 
 
 def _eviction(name: str, value: str) -> Eviction:

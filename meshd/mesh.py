@@ -153,6 +153,8 @@ class Instance:
             max_queue_per_copy=cfg.max_inflight_per_copy,
             eviction=cfg.eviction,
             metrics=self.metrics,
+            load_queue=cfg.load_queue,
+            load_wait_limit_ms=cfg.load_wait_limit_ms,
         )
         # The runtime purged its models before READY: any copy records naming us are stale.
         await self.local.reconcile()
@@ -169,7 +171,8 @@ class Instance:
             q = local.queue
             # A runtime that does not answer takes no models: placement skips "shutting down" ones.
             stopping = self.shutting_down or not watch.up
-            record = instance_record(me, local.cache, q.threads, q.in_progress, rpm, stopping, now)
+            loading = q.busy + q.waiting if local.load_queue else q.in_progress  # waiting loads hold no room
+            record = instance_record(me, local.cache, q.threads, loading, rpm, stopping, now)
             if not watch.up:  # tells operators a dead runtime from a drain
                 record.extra[RUNTIME_DOWN] = True
             return record
@@ -356,7 +359,10 @@ class Instance:
             now = wall_ms()
             cache = local.cache
             loaded = sum(1 for e in cache.entries() if e.state is State.LOADED)
-            return InstanceStats(cache.lru_ms(now), now, cache.capacity_units, cache.used_units, loaded)
+            q = local.queue
+            return InstanceStats(
+                cache.lru_ms(now), now, cache.capacity_units, cache.used_units, loaded, q.waiting, q.in_progress
+            )
 
         def leader() -> ClusterStats | None:
             if not election.is_leader:

@@ -52,6 +52,7 @@ MESSAGE_SIZE_BUCKETS = tuple(128 * 4**i for i in range(8))  # 128 B x4
 # Counters keep upstream's exact names (no `_total`): see PrometheusMetrics.exposition.
 LOAD_FAILURE = "modelmesh_loadmodel_failure"
 UNLOAD_FAILURE = "modelmesh_unloadmodel_failure"
+LOAD_REFUSED = "modelmesh_loadmodel_refused"  # misses refused for load capacity (issue 24)
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # upstream exposes no `_created` series; they would double the output
 
@@ -127,6 +128,8 @@ class InstanceStats:
     capacity_units: int
     used_units: int
     models: int  # loaded copies
+    loads_waiting: int = 0  # loads waiting for a loading thread
+    loads_in_progress: int = 0  # loading threads taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,9 @@ class Metrics:
         """A successful runtime load."""
 
     def load_failure(self) -> None: ...
+
+    def load_refused(self) -> None:
+        """A miss refused at once because the load queue could not start it in time."""
 
     def unload(self, ms: float, model_id: str) -> None: ...
 
@@ -228,7 +234,7 @@ class PrometheusMetrics(Metrics):
         self._model_histograms = {
             key: histogram(name, _DOCS[name], buckets, model_labels) for key, (name, buckets) in per_model.items()
         }
-        self._counts = {LOAD_FAILURE: 0, UNLOAD_FAILURE: 0}
+        self._counts = {LOAD_FAILURE: 0, UNLOAD_FAILURE: 0, LOAD_REFUSED: 0}
         # Bound children: (method, code[, model, vmodel]) -> (time, request size, response size).
         self._api_children: dict[tuple[str, ...], tuple[Histogram, Histogram, Histogram]] = {}
         self._invoke_children: dict[tuple[str, ...], Histogram] = {}
@@ -300,6 +306,9 @@ class PrometheusMetrics(Metrics):
     def load_failure(self) -> None:
         self._counts[LOAD_FAILURE] += 1
 
+    def load_refused(self) -> None:
+        self._counts[LOAD_REFUSED] += 1
+
     def unload(self, ms: float, model_id: str) -> None:
         self._observe("unload", ms, model_id)
 
@@ -351,6 +360,8 @@ class _Gauges(Collector):
                 # basis points (hundredths of a percent), as upstream
                 "modelmesh_instance_used_bps": used * 10_000 // capacity if capacity else 0,
                 "modelmesh_instance_models_total": s.models,
+                "modelmesh_instance_loading_queue_size": s.loads_waiting,
+                "modelmesh_instance_loads_in_progress": s.loads_in_progress,
             }
             for name, value in values.items():
                 yield GaugeMetricFamily(name, _DOCS[name], value=value)
@@ -372,12 +383,15 @@ _DOCS = {
     "modelmesh_loaded_model_size_bytes": "Reported size of loaded model",
     LOAD_FAILURE: "Model load failures",
     UNLOAD_FAILURE: "Unload model failures",
+    LOAD_REFUSED: "Model loads refused for load capacity (RESOURCE_EXHAUSTED at once)",
     "modelmesh_instance_lru_seconds": "Last used time of least recently used model in pod (in secs since epoch)",
     "modelmesh_instance_lru_age_seconds": "Last used age of least recently used model in pod (secs ago)",
     "modelmesh_instance_capacity_bytes": "Effective model capacity of pod",
     "modelmesh_instance_used_bytes": "Amount of capacity currently in use by loaded models",
     "modelmesh_instance_used_bps": "Amount of capacity used in basis points (100ths of percent)",
     "modelmesh_instance_models_total": "Number of model copies loaded in pod",
+    "modelmesh_instance_loading_queue_size": "Number of model loads waiting for a loading thread in pod",
+    "modelmesh_instance_loads_in_progress": "Number of loading threads in use in pod",
     "loaded": "Total number of models with at least one loaded copy",
     "failed": "Total number of models with one or more recent load failures",
     "managed": "Total number of models managed",

@@ -3,5 +3,5 @@
 Owns: `client` (the `mmesh.ModelRuntime` calls), `endpoints` (channels to the runtime and
 peers, over TCP or a unix socket), `loader` (the load queue: loading threads and timeouts).
 
-May import: core, observability.
+May import: core, decisions, observability.
 """

@@ -1,6 +1,12 @@
 """The load queue: at most `maxLoadingConcurrency` loads at once, each under the runtime's
 `modelLoadingTimeoutMs` counted from load start (not from queueing).
 
+A free loading thread goes to the waiting load of highest value (`value`, read when the
+thread frees; the earliest queued among equals: first come, first served when every value is
+the same), the rule of `meshd.decisions.placement.loading.next_load`. A caller may hold a
+thread before it loads (`slot`, then `load(..., slot_held=True)`): meshd's load path takes
+its room in the cache only once a thread is its own (issue 24).
+
 Every cancelled, timed-out or failed load is followed by an `unloadModel` (the runtime
 expects it, SPEC §1). The queue does not send it itself: it calls `after_failure`, so the
 owner can order that unload with any later load of the same model.
@@ -13,14 +19,24 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 
 from meshd.core.errors import LoadFailed, Unavailable
+from meshd.decisions.placement.loading import DEFAULT_MEAN_LOAD_MS, next_load, update_mean_load_ms
 from meshd.observability.metrics import NO_METRICS, Metrics
 from meshd.runtime.client import LoadedModel, RuntimeClient, RuntimeInfo
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Waiter:
+    model_id: str
+    granted: asyncio.Future[None]
+    since: int  # arrival order
+    value: Callable[[], float]
 
 
 class LoadQueue:
@@ -36,25 +52,75 @@ class LoadQueue:
         self.timeout_s = info.loading_timeout_ms / 1000
         self.threads = info.max_loading_concurrency
         self.after_failure = after_failure
-        self._slots = asyncio.Semaphore(self.threads)
-        self.waiting = 0
+        self._free = self.threads
+        self._waiters: dict[int, _Waiter] = {}
+        self._order = 0
         self.in_progress = 0
+        self.mean_load_ms = DEFAULT_MEAN_LOAD_MS  # of the loads that finished here
 
-    async def load(self, model_id: str, model_type: str, path: str, key: str) -> LoadedModel:
-        """Load through the queue; raises LoadFailed with the runtime's reason."""
-        self.waiting += 1
+    @property
+    def waiting(self) -> int:
+        """Loads waiting for a loading thread."""
+        return len(self._waiters)
+
+    @property
+    def busy(self) -> int:
+        """Loading threads taken (loading, or held by a load about to start)."""
+        return self.threads - self._free
+
+    def waiting_models(self) -> list[str]:
+        return [w.model_id for w in self._waiters.values()]
+
+    def displace(self, model_id: str, error: BaseException) -> bool:
+        """Refuse a load still waiting for a thread (a more valuable one takes its place)."""
+        for order, w in list(self._waiters.items()):
+            if w.model_id == model_id and not w.granted.done():
+                del self._waiters[order]
+                w.granted.set_exception(error)
+                w.granted.exception()  # retrieved here: the waiter sees it through its await
+                return True
+        return False
+
+    async def slot(self, model_id: str, value: Callable[[], float] = lambda: 0.0) -> None:
+        """Wait for a loading thread (the most valuable waiter gets the next one); the caller
+        must then `load(..., slot_held=True)` or `release()`."""
         queued = time.monotonic()
-        try:
-            await self._slots.acquire()
-        finally:
-            self.waiting -= 1
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+        else:
+            self._order += 1
+            order = self._order
+            granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters[order] = _Waiter(model_id, granted, order, value)
+            try:
+                await granted
+            except asyncio.CancelledError:
+                self._waiters.pop(order, None)
+                if granted.done() and not granted.cancelled() and granted.exception() is None:
+                    self.release()  # the thread was handed over as this waiter was cancelled
+                raise
+        self.metrics.loading_queue_delay((time.monotonic() - queued) * 1000, model_id)
+
+    def release(self) -> None:
+        """Give a loading thread back: to the most valuable waiter, else to the pool."""
+        order = next_load((w.value(), w.since, k) for k, w in self._waiters.items())
+        if order is None:
+            self._free += 1
+            return
+        self._waiters.pop(order).granted.set_result(None)
+
+    async def load(self, model_id: str, model_type: str, path: str, key: str, slot_held: bool = False) -> LoadedModel:
+        """Load through the queue (`slot_held`: the caller already holds a thread from
+        `slot`); raises LoadFailed with the runtime's reason."""
+        if not slot_held:
+            await self.slot(model_id)
         self.in_progress += 1
         started = time.monotonic()
-        self.metrics.loading_queue_delay((started - queued) * 1000, model_id)
         try:
             loaded = await self.client.load(model_id, model_type, path, key, self.timeout_s)
             took_ms = (time.monotonic() - started) * 1000
             self.metrics.load(took_ms, model_id)
+            self.mean_load_ms = update_mean_load_ms(self.mean_load_ms, took_ms)
             return dataclasses.replace(loaded, load_ms=took_ms)
         except grpc.aio.AioRpcError as e:
             self.after_failure(model_id)
@@ -70,4 +136,4 @@ class LoadQueue:
             raise
         finally:
             self.in_progress -= 1
-            self._slots.release()
+            self.release()

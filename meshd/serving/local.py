@@ -26,11 +26,21 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from meshd.core.clock import Clock, wall_ms
-from meshd.core.errors import LoadFailed, MeshError, NotFound, Unavailable
+from meshd.core.errors import LoadFailed, MeshError, NotFound, ResourceExhausted, Unavailable
 from meshd.core.records import ModelRecord
-from meshd.decisions.cache import CacheEntry, Eviction, State, WeightedLRU, to_units
+from meshd.decisions.cache import CacheEntry, Eviction, Popularity, State, WeightedLRU, to_units
 from meshd.decisions.gate import queue_bound
 from meshd.decisions.janitor import Repairs, plan_repairs
+from meshd.decisions.placement.loading import (
+    DEFAULT_LOAD_WAIT_LIMIT_MS,
+    accepts,
+    colder_than_victims,
+    exhausted_message,
+    least_valuable,
+    load_value,
+    start_wait_ms,
+    under_pressure,
+)
 from meshd.decisions.placement.modelkey import policy_from_key
 from meshd.decisions.placement.view import ClusterView
 from meshd.decisions.status import failure_expired
@@ -79,9 +89,16 @@ class LocalModels:
         clock: Clock = wall_ms,
         eviction: Eviction = Eviction.LRU,
         metrics: Metrics = NO_METRICS,
+        load_queue: bool = False,
+        load_wait_limit_ms: int = DEFAULT_LOAD_WAIT_LIMIT_MS,
     ) -> None:
         """`max_queue_per_copy`: requests that may wait for a copy whose runtime limits its
-        concurrency (upstream MM_MAX_INFLIGHT_PER_MODEL_COPY: 0 auto, < 0 unbounded)."""
+        concurrency (upstream MM_MAX_INFLIGHT_PER_MODEL_COPY: 0 auto, < 0 unbounded).
+        `load_queue`: the rules of `meshd.decisions.placement.loading` (issue 24): a load takes
+        room only once it has a loading thread, the most valuable waiting load goes first,
+        and a miss is refused at once (RESOURCE_EXHAUSTED) when its load could not start
+        within `load_wait_limit_ms`, or when the queue is under pressure and the model is
+        colder than what it would evict. False: upstream's queue (admit, then wait in turn)."""
         self.instance_id = instance_id
         self.registry = registry
         self.runtime = runtime
@@ -105,6 +122,10 @@ class LocalModels:
         self.runtime_up = True  # False while the runtime does not answer (meshd.loops.runtime_watch)
         self.runtime_epoch = 0  # counts the runtime's outages: a load spanning one is void
         self._removals = asyncio.Semaphore(RECORD_REMOVALS_AT_ONCE)
+        self.load_queue = load_queue
+        self.load_wait_limit_ms = load_wait_limit_ms
+        self.popularity = Popularity()  # requests per model (counted by the router on arrival)
+        self._demand: dict[str, tuple[int, int]] = {}  # loads waiting for a thread -> (requests, units)
 
     # ---- the request path ------------------------------------------------------------
     async def ensure(self, model_id: str, record: ModelRecord, last_used_ms: int | None = None) -> CacheEntry:
@@ -156,12 +177,46 @@ class LocalModels:
         if failed_ms is not None and not failure_expired(failed_ms, self.clock(), self.failure_expiry_ms):
             fut.set_exception(LoadFailed(self._failure_message(model_id, record)))
             return fut
+        if self.load_queue:
+            refusal = self._refusal(model_id, record, last_used_ms)
+            if refusal is not None:
+                self.metrics.load_refused()
+                fut.set_exception(ResourceExhausted(refusal))
+                return fut
         if entry is not None:  # an expired failure
             self._remove(model_id)
         self._loading[model_id] = fut
         self._wanted_last_used[model_id] = last_used_ms
         self._spawn(self._load(model_id, record, fut))
         return fut
+
+    def _value(self, model_id: str) -> float:
+        requests, units = self._demand.get(model_id, (1, 1))
+        return load_value(requests, self.popularity.of(model_id), units)
+
+    def _refusal(self, model_id: str, record: ModelRecord, last_used_ms: int) -> str | None:
+        """Why a new load must be refused now (None: it may queue). A more valuable load may
+        take the place of the least valuable waiting one, which is refused instead."""
+        q = self.queue
+        threads, mean, limit = q.threads, q.mean_load_ms, self.load_wait_limit_ms
+        wait = start_wait_ms(q.waiting, q.busy, threads, mean)
+        units = self.initial_units(record)
+        if not accepts(wait, limit):
+            value = load_value(1, self.popularity.of(model_id), units)
+            waiting = q.waiting_models()
+            coldest = least_valuable((self._value(m), i, i) for i, m in enumerate(waiting))
+            if coldest is None or self._value(waiting[coldest]) >= value:
+                return exhausted_message(model_id, f"{q.waiting} loads wait for {threads} loading threads", wait)
+            why = f"{model_id!r} is wanted more than it"
+            q.displace(waiting[coldest], ResourceExhausted(exhausted_message(waiting[coldest], why, wait)))
+            self.metrics.load_refused()
+        if under_pressure(q.waiting + 1, threads, mean, limit):
+            victims = self.cache.victims_for(model_id, units, last_used_ms)
+            pops = [self.popularity.of(v.model_id) for v in victims or ()]
+            if victims is None or colder_than_victims(self.popularity.of(model_id), 1, pops):
+                why = "the load queue is under pressure and it is colder than the copies it would evict"
+                return exhausted_message(model_id, why, wait)
+        return None
 
     def pending(self, model_id: str) -> asyncio.Future[CacheEntry] | None:
         """The load under way here, if any (join it with asyncio.shield)."""
@@ -255,6 +310,9 @@ class LocalModels:
 
     # ---- loading -------------------------------------------------------------------
     def _want(self, model_id: str, last_used_ms: int) -> None:
+        demand = self._demand.get(model_id)
+        if demand is not None:
+            self._demand[model_id] = (demand[0] + 1, demand[1])
         if model_id in self._wanted_last_used and last_used_ms > self._wanted_last_used[model_id]:
             self._wanted_last_used[model_id] = last_used_ms
             self._space_changed()  # re-evaluate a waiting admission with the newer time
@@ -294,7 +352,11 @@ class LocalModels:
     async def _load(self, model_id: str, record: ModelRecord, fut: asyncio.Future[CacheEntry]) -> None:
         admitted = False
         epoch = self.runtime_epoch
+        slot_held = False
         try:
+            if self.load_queue:  # a thread first, then the room: a waiting load evicts nothing
+                await self._take_slot(model_id, record)
+                slot_held = True
             await self._admit(model_id, self.initial_units(record))
             admitted = True
             self._wanted_last_used.pop(model_id, None)
@@ -311,7 +373,8 @@ class LocalModels:
             if not await self.registry.add_copy(model_id, self.instance_id, self.clock(), self._serving()):
                 raise NotFound(f"model {model_id!r} was unregistered")
             try:
-                loaded = await self.queue.load(model_id, record.type, record.path, record.key)
+                slot_held, held = False, slot_held  # load() gives the thread back
+                loaded = await self.queue.load(model_id, record.type, record.path, record.key, slot_held=held)
             except LoadFailed:
                 self._check_runtime(model_id, epoch)  # a runtime gone meanwhile is not the model's fault
                 raise
@@ -357,10 +420,32 @@ class LocalModels:
                 e = Unavailable(f"load of {model_id!r} failed: {e}")
             _resolve(fut, e)
         finally:
+            if slot_held:
+                self.queue.release()
             self._loading.pop(model_id, None)
             self._wanted_last_used.pop(model_id, None)
             self._space_changed()  # the entry is now evictable, failed or gone
             self.on_change()
+
+    async def _take_slot(self, model_id: str, record: ModelRecord) -> None:
+        """Wait for a loading thread, at most the wait limit (then ResourceExhausted, which the
+        router takes as a busy refusal and tries elsewhere). A load that requests waited on
+        is in use now: its admission is dated now, not at its first request."""
+        queued = self.clock()
+        self._demand[model_id] = (1, self.initial_units(record))
+        try:
+            async with asyncio.timeout(self.load_wait_limit_ms / 1000):
+                await self.queue.slot(model_id, lambda: self._value(model_id))
+        except TimeoutError:
+            self.metrics.load_refused()
+            why = f"it waited {self.load_wait_limit_ms / 1000:g} s for a loading thread"
+            wait = self.queue.waiting * self.queue.mean_load_ms / max(1, self.queue.threads)
+            raise ResourceExhausted(exhausted_message(model_id, why, wait)) from None
+        finally:
+            self._demand.pop(model_id, None)
+        wanted = self._wanted_last_used.get(model_id)
+        if wanted is not None and wanted >= queued:
+            self._wanted_last_used[model_id] = self.clock()
 
     def _check_runtime(self, model_id: str, epoch: int) -> None:
         if self.runtime_epoch != epoch:

@@ -44,6 +44,7 @@ from meshd.core.errors import (
 from meshd.core.records import ModelRecord, RecordError, VModelRecord
 from meshd.decisions.cache import CacheEntry, State
 from meshd.decisions.placement.constraints import TypeConstraints
+from meshd.decisions.placement.loading import EXHAUSTED_PREFIX
 from meshd.decisions.placement.rank import (
     LoadRequest,
     RecentPlacements,
@@ -287,7 +288,10 @@ class Router:
         """Try copies (or loads) until one serves; `busy`: refusals for a full queue so far,
         `tried`: what was tried already (the local copy), for the final message."""
         record = await self.record(model_id)
+        if not tried:  # on arrival, not on a retry: what the load queue reads as popularity
+            self.local.popularity.count(model_id)
         known: dict[str, int] = {}  # holders learnt from a load refused at max copies
+        exhausted = 0  # loads refused for load capacity (the load queue's limits)
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
             view = self.cluster.view()
@@ -335,7 +339,11 @@ class Router:
                     # Another instance won the copy (its record write came first): serve
                     # there, as the mirror may not show it yet.
                     known.update(e.holders or await self._holders(model_id))
-                if e.busy:
+                if e.busy and EXHAUSTED_PREFIX in str(e):  # no loading thread in time there
+                    exhausted += 1
+                    if exhausted > MAX_BUSY_RETRIES:
+                        raise ResourceExhausted(f"model {model_id!r}: {_exhausted_reason(str(e))}") from None
+                elif e.busy:
                     busy += 1
                     if busy > MAX_BUSY_RETRIES:
                         message = f"model {model_id!r}: copies at their concurrency limit ({e})"
@@ -370,6 +378,7 @@ class Router:
             preferred_labels=preferred,
             prefer_self=prefer_self,
             recent_placements=self._placed.counts(view.now_ms),
+            start_soonest=self.local.load_queue,
         )
         target = choose_load_target(view, request, self.rng)
         if target is not None:
@@ -392,6 +401,8 @@ class Router:
             raise Refused(e.message, exclude=False, holders=e.holders) from None
         except (LoadFailed, Unavailable) as e:  # incl. NoRoom, and a runtime down for now
             raise Refused(e.message) from None
+        except ResourceExhausted as e:  # the load queue could not start it in time: try elsewhere
+            raise Refused(e.message, busy=True) from None
 
     async def _ensure(self, model_id: str, record: ModelRecord) -> CacheEntry:
         """`local.ensure`, in a `meshd.load` span when tracing and the copy is not loaded yet."""
@@ -663,3 +674,8 @@ class _Stream:
         return await r.forwarder.stream(
             target, self.spec, self.first, self.requests, self.model_id, self.metadata, self.remaining_s, mode
         )
+
+
+def _exhausted_reason(refusal: str) -> str:
+    """A load-capacity refusal's own text, without a peer's `busy: ` wrapping."""
+    return refusal[refusal.index(EXHAUSTED_PREFIX) :]

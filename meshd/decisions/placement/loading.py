@@ -33,6 +33,7 @@ ACCEPT_SHARE_OF_LIMIT = 0.5  # a load is queued only if it should start within h
 DEFAULT_MEAN_LOAD_MS = 1_000.0  # the mean load time assumed before any load has finished
 LOAD_MS_EWMA_WEIGHT = 0.1  # weight of each finished load in the mean load time
 RETRY_AFTER_FLOOR_S = 1
+EXHAUSTED_PREFIX = "load capacity exhausted"  # how a refusal for load capacity starts
 
 
 def load_value(waiting: int, popularity: float, units: int) -> float:
@@ -116,6 +117,6 @@ def retry_after_s(wait_ms: float) -> int:
 def exhausted_message(model_id: str, reason: str, wait_ms: float) -> str:
     """The RESOURCE_EXHAUSTED message of a miss refused for load capacity."""
     return (
-        f"cannot load {model_id!r} now: {reason}; the load queue needs about {wait_ms / 1000:.1f} s "
-        f"to clear, retry after {retry_after_s(wait_ms)} s"
+        f"{EXHAUSTED_PREFIX}: cannot load {model_id!r} now: {reason}; the load queue needs about "
+        f"{wait_ms / 1000:.1f} s to clear, retry after {retry_after_s(wait_ms)} s"
     )

@@ -1,0 +1,137 @@
+"""The daemon's load queue under MESHD_LOAD_QUEUE=value (issue 24): the most valuable load
+gets the next thread, a waiting load takes no room, a load that cannot start in time is
+refused at once with RESOURCE_EXHAUSTED."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+
+import pytest
+
+from meshd.core.errors import ResourceExhausted
+from meshd.core.records import ModelRecord, VModelRecord
+from meshd.decisions.cache import State
+from meshd.decisions.ids import ModelInfo
+from meshd.kv.memory import MemoryStore
+from meshd.kv.table import Table
+from meshd.registry.models import Registry
+from meshd.runtime.loader import LoadQueue
+from meshd.serving.local import LocalModels
+from meshd.testing.fake_runtime import FakeRuntime, runtime_info
+
+
+async def settle() -> None:
+    for _ in range(30):
+        await asyncio.sleep(0)
+
+
+async def test_a_freed_thread_goes_to_the_most_valuable_waiting_load() -> None:
+    runtime = FakeRuntime()
+    info = dataclasses.replace(runtime_info(), max_loading_concurrency=1)
+    queue = LoadQueue(runtime, info, lambda model_id: None)  # type: ignore[arg-type]
+    gate = runtime.hold("first")
+    first = asyncio.create_task(queue.load("first", "demo", "/first", ""))
+    await settle()
+    order: list[str] = []
+
+    async def wait(model_id: str, value: float) -> None:
+        await queue.slot(model_id, lambda: value)
+        order.append(model_id)
+        queue.release()
+
+    cold = asyncio.create_task(wait("cold", 1.0))  # queued first
+    await settle()
+    hot = asyncio.create_task(wait("hot", 5.0))
+    await settle()
+    assert queue.waiting == 2 and queue.busy == 1
+    gate.set()
+    await asyncio.gather(first, cold, hot)
+    assert order == ["hot", "cold"]
+    assert queue.waiting == 0 and queue.busy == 0
+
+
+async def test_a_displaced_waiting_load_is_refused() -> None:
+    runtime = FakeRuntime()
+    info = dataclasses.replace(runtime_info(), max_loading_concurrency=1)
+    queue = LoadQueue(runtime, info, lambda model_id: None)  # type: ignore[arg-type]
+    gate = runtime.hold("first")
+    first = asyncio.create_task(queue.load("first", "demo", "/first", ""))
+    await settle()
+    waiting = asyncio.create_task(queue.slot("cold"))
+    await settle()
+    assert queue.displace("cold", ResourceExhausted("a hotter load took its place"))
+    with pytest.raises(ResourceExhausted):
+        await waiting
+    gate.set()
+    await first
+    assert queue.busy == 0
+
+
+@pytest.fixture
+async def local() -> AsyncIterator[tuple[LocalModels, FakeRuntime, Registry]]:
+    store = MemoryStore()
+    models = Table(store, "/t/registry/", ModelRecord.decode, ModelRecord.encode)
+    vmodels = Table(store, "/t/vmodels/", VModelRecord.decode, VModelRecord.encode)
+    await models.start()
+    await vmodels.start()
+    registry = Registry(models, vmodels)
+    runtime = FakeRuntime()
+    info = dataclasses.replace(runtime_info(2), max_loading_concurrency=1)
+    now = [10_000_000]
+    lm = LocalModels(
+        "me",
+        registry,
+        runtime,  # type: ignore[arg-type]
+        info,
+        failure_expiry_ms=900_000,
+        clock=lambda: now[0],
+        load_queue=True,
+        load_wait_limit_ms=10_000,
+    )
+    try:
+        yield lm, runtime, registry
+    finally:
+        await lm.close(deregister=False)
+        await models.stop()
+        await vmodels.stop()
+        await store.close()
+
+
+async def test_a_waiting_load_takes_no_room_so_the_serving_copy_stays(
+    local: tuple[LocalModels, FakeRuntime, Registry],
+) -> None:
+    lm, runtime, registry = local
+    recs = {m: await registry.register(m, ModelInfo("demo", f"/{m}"), 1) for m in ("hot", "c1", "c2")}
+    await lm.ensure("hot", recs["hot"], 100)
+    gate = runtime.hold("c1")
+    c1 = asyncio.create_task(lm.ensure("c1", recs["c1"], 200))  # takes the free half and the thread
+    await settle()
+    c2 = asyncio.create_task(lm.ensure("c2", recs["c2"], 300))  # waits for the thread
+    await settle()
+    assert lm.queue.waiting == 1
+    hot = lm.cache.get("hot")
+    assert hot is not None and hot.state is State.LOADED  # upstream's queue would have evicted it
+    assert "c2" not in lm.cache
+    gate.set()
+    await asyncio.gather(c1, c2)
+    assert "c2" in lm.cache  # room taken once its load started (evicting the LRU then)
+
+
+async def test_a_load_that_cannot_start_within_the_limit_is_refused_at_once(
+    local: tuple[LocalModels, FakeRuntime, Registry],
+) -> None:
+    lm, runtime, registry = local
+    lm.load_wait_limit_ms = 1_000  # one 1 s load running: a new one would wait past half of it
+    recs = {m: await registry.register(m, ModelInfo("demo", f"/{m}"), 1) for m in ("c1", "c2")}
+    gate = runtime.hold("c1")
+    c1 = asyncio.create_task(lm.ensure("c1", recs["c1"], 200))
+    await settle()
+    with pytest.raises(ResourceExhausted) as refused:
+        await asyncio.wait_for(lm.ensure("c2", recs["c2"], 300), timeout=5)
+    msg = refused.value.message
+    assert "load capacity exhausted" in msg and "'c2'" in msg and "retry after" in msg
+    assert "c2" not in lm.cache and lm.queue.waiting == 0
+    gate.set()
+    await c1
