@@ -30,6 +30,15 @@ block shows how requests, loads and evictions spread over the mesh.
 
 Every child process is stopped by PID on exit, including on failure and Ctrl-C. Exit status
 0 only when both scenarios ran without errors or wrong answers.
+
+Open loop (`--rates 5,10,20,40`, issue 24): instead of C clients in a closed loop, requests
+arrive as a Poisson process at each rate, each sent when it is due whatever is still in
+flight, to a fresh 3-instance mesh per rate and per `--load-queue` setting (value: meshd's
+default; fifo: upstream's queue). Per rate: hit ratio (hits summed over instances / requests),
+p99 latency of the hottest 10 % of models and of all requests, RESOURCE_EXHAUSTED refusals
+(with their p99 time to answer) and other failures, loads. The same sweep as `python -m sim
+--rates`, on real processes with the reference runtime's load delay. Exit status 0 when no
+request failed other than RESOURCE_EXHAUSTED and no answer was wrong.
 """
 
 from __future__ import annotations
@@ -360,6 +369,148 @@ def run_scenario(
         stop_uninterrupted(mesh)
 
 
+# ---- open loop (issue 24) ----------------------------------------------------------------------
+@dataclass
+class OpenLoopRow:
+    load_queue: str
+    rate: float
+    requests: int
+    hits: int
+    loads: int
+    hot_ms: list[float]
+    all_ms: list[float]
+    exhausted_ms: list[float]  # time to a RESOURCE_EXHAUSTED answer
+    other_errors: dict[str, int]
+    wrong: int
+    first_errors: list[str]
+
+
+async def send_open_loop(
+    planned: list[Planned], channels: list[grpc.aio.Channel], rate: float, hot: set[str], seed: int
+) -> tuple[list[tuple[str, float, bool]], int]:
+    """Send `planned` as Poisson arrivals at `rate`/s (request i to instance i % n); each
+    outcome is (status code name, ms, hot). Returns the outcomes and the wrong answers."""
+    calls = [ch.unary_unary(INFER) for ch in channels]
+    rng = random.Random(seed)
+    outcomes: list[tuple[str, float, bool]] = []
+    wrong = 0
+
+    async def one(i: int, p: Planned) -> None:
+        nonlocal wrong
+        t0 = time.perf_counter()
+        try:
+            raw = await calls[i % len(calls)](p.request, metadata=(("mm-model-id", p.model_id),), timeout=RPC_TIMEOUT_S)
+            got = decode_infer_response(pb.ModelInferResponse.FromString(raw))
+            wrong += not (len(got) == 1 and answer_ok(got[0], p.expected))
+            code = "OK"
+        except grpc.aio.AioRpcError as e:
+            code = e.code().name
+            if code != "RESOURCE_EXHAUSTED":
+                log(f"    request {i} ({p.model_id}): {code}: {e.details()}")
+        outcomes.append((code, (time.perf_counter() - t0) * 1e3, p.model_id in hot))
+
+    tasks: list[asyncio.Task[None]] = []
+    due = time.perf_counter()
+    for i, p in enumerate(planned):
+        due += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(i, p)))
+    await asyncio.gather(*tasks)
+    return outcomes, wrong
+
+
+async def open_loop_traffic(
+    nodes: list[Node], workload: Workload, rate: float, hot: set[str], seed: int
+) -> OpenLoopRow:
+    clients = [MeshClient.open(n) for n in nodes]
+    channels = [c.channel for c in clients]
+    try:
+        for model_id, path in workload.paths.items():
+            await clients[0].mm.registerModel(
+                mm.RegisterModelRequest(modelId=model_id, modelInfo=mm.ModelInfo(type="demo", path=str(path))),
+                timeout=30,
+            )
+        await send_open_loop(workload.warmup, channels, rate, hot, seed)  # fills the caches
+        before = [await c.stats() for c in clients]
+        outcomes, wrong = await send_open_loop(workload.measured, channels, rate, hot, seed + 1)
+        after = [await c.stats() for c in clients]
+    finally:
+        for c in clients:
+            await c.close()
+    hits = sum(a.hits - b.hits for a, b in zip(after, before, strict=True))
+    loads = sum(a.loads - b.loads for a, b in zip(after, before, strict=True))
+    others: dict[str, int] = {}
+    for code, _, _ in outcomes:
+        if code not in ("OK", "RESOURCE_EXHAUSTED"):
+            others[code] = others.get(code, 0) + 1
+    return OpenLoopRow(
+        load_queue="",
+        rate=rate,
+        requests=len(outcomes),
+        hits=hits,
+        loads=loads,
+        hot_ms=[ms for code, ms, h in outcomes if h and code == "OK"],
+        all_ms=[ms for code, ms, _ in outcomes if code == "OK"],
+        exhausted_ms=[ms for code, ms, _ in outcomes if code == "RESOURCE_EXHAUSTED"],
+        other_errors=others,
+        wrong=wrong,
+        first_errors=[],
+    )
+
+
+def run_open_loop(args: argparse.Namespace, workdir: Path) -> list[OpenLoopRow]:
+    rows: list[OpenLoopRow] = []
+    for load_queue in args.load_queue_list:
+        for rate in args.rate_list:
+            n = max(100, int(rate * args.seconds))
+            workload = build_workload(workdir / "models", args.models, n // 2, n, args.zipf, args.seed)
+            counts: dict[str, int] = {}
+            for p in workload.measured:
+                counts[p.model_id] = counts.get(p.model_id, 0) + 1
+            hot = set(sorted(counts, key=lambda m: -counts[m])[: max(1, args.models // 10)])
+            name = f"{load_queue}-{rate:g}"
+            mesh = LocalMesh(workdir / name, service=f"bench-{name}-{uuid.uuid4().hex[:8]}")
+            try:
+                mesh.start_etcd()
+                runtime_args = sized_runtime_args(args.cache_models, MODEL_SIZE_BYTES, args.load_delay_ms)
+                settings: dict[str, str | int] = {"load_queue": load_queue}
+                nodes = [
+                    mesh.add_node(f"{name}-{i}", runtime_args=runtime_args, settings=settings)
+                    for i in range(MESH_INSTANCES)
+                ]
+                row = asyncio_run(open_loop_traffic(nodes, workload, rate, hot, args.seed))
+            except BaseException:
+                dump_logs(mesh, log)
+                raise
+            finally:
+                stop_uninterrupted(mesh)
+            row.load_queue = load_queue
+            log(f"  [{name}] {row.requests} requests: {len(row.exhausted_ms)} refused, {row.other_errors} other errors")
+            rows.append(row)
+    return rows
+
+
+def open_loop_report(rows: list[OpenLoopRow], args: argparse.Namespace, command: str) -> list[str]:
+    out = [
+        "",
+        f"command: {command}",
+        f"{MESH_INSTANCES} instances, {args.models} models x {MODEL_SIZE_BYTES >> 20} MiB, cache {args.cache_models} "
+        f"per instance, zipf {args.zipf:g}, load delay {args.load_delay_ms} ms, Poisson arrivals, "
+        f"{args.seconds:g} s measured per rate after half as many warm-up requests",
+        "",
+        "| load queue | rate/s | requests | hit ratio | hot 10 % p99 ms | p99 ms (served) | RESOURCE_EXHAUSTED "
+        "| its p99 ms | other failures | loads |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for r in rows:
+        p99 = [fmt(percentile(v, 99) if v else float("nan"), ".0f") for v in (r.hot_ms, r.all_ms, r.exhausted_ms)]
+        out.append(
+            f"| {r.load_queue} | {r.rate:g} | {r.requests} | {r.hits / r.requests:.3f} | {p99[0]} | {p99[1]} "
+            f"| {len(r.exhausted_ms)} | {p99[2]} | {sum(r.other_errors.values())} {r.other_errors or ''} | {r.loads} |"
+        )
+    return out
+
+
 # ---- report ----------------------------------------------------------------------------------
 def fmt(v: float, spec: str) -> str:
     return "-" if v != v else format(v, spec)
@@ -454,7 +605,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--scenarios", default="mesh,single", help="comma-separated subset of mesh,single (default both)")
     p.add_argument("--quick", action="store_true", help="a short run (~30 s) for smoke testing")
     p.add_argument("--keep-workdir", action="store_true", help="keep the temp dir (logs) after the run")
+    p.add_argument("--rates", help="open loop: Poisson arrivals at each of these rates/s (e.g. 5,10,20,40)")
+    p.add_argument("--seconds", type=float, default=30.0, help="open loop: measured seconds per rate (default 30)")
+    p.add_argument("--load-queue", default="value,fifo", help="open loop: MESHD_LOAD_QUEUE settings to compare")
     a = p.parse_args(argv)
+    try:
+        a.rate_list = [float(x) for x in (a.rates or "").split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--rates takes comma-separated numbers, got {a.rates!r}")
+    if any(r <= 0 for r in a.rate_list) or a.seconds <= 0:
+        p.error("--rates and --seconds must be positive")
+    a.load_queue_list = [x.strip() for x in a.load_queue.split(",") if x.strip()]
+    if not a.load_queue_list or any(x not in ("value", "fifo") for x in a.load_queue_list):
+        p.error("--load-queue takes value, fifo or both")
     quick = a.quick
     defaults = {
         "models": 24 if quick else 60,
@@ -483,6 +646,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="meshd-cluster-bench-")
     workdir = Path(tmp.name)
     results: list[ScenarioResult] = []
+    if args.rate_list:
+        try:
+            rows = run_open_loop(args, workdir)
+        except KeyboardInterrupt:
+            log("interrupted; stopped every child")
+            return 130
+        except StartFailed as e:
+            log(f"could not start the mesh: {e}")
+            return 1
+        finally:
+            if not args.keep_workdir:
+                tmp.cleanup()
+        for line in open_loop_report(rows, args, command):
+            print(line)
+        return 1 if any(r.other_errors or r.wrong for r in rows) else 0
     try:
         workload = build_workload(workdir / "models", args.models, args.warmup, args.requests, args.zipf, args.seed)
         log(
