@@ -623,7 +623,10 @@ class Simulation:
                 self._refuse_load(inst, coldest, t, reroute=True)
             else:
                 refuse = True
-        if not refuse and under_pressure(len(inst.pending) + 1, threads, mean, self.wait_limit_ms):
+        pressure = self.policy.pressure_admission and under_pressure(
+            len(inst.pending) + 1, threads, mean, self.wait_limit_ms
+        )
+        if not refuse and pressure:
             victims = inst.cache.victims_for(mid, units, last_used)
             refuse = victims is None or colder_than_victims(pop.of(mid), 1, [pop.of(v.model_id) for v in victims])
         if refuse:
@@ -640,9 +643,9 @@ class Simulation:
         """Free loading threads take the most valuable waiting loads; room is taken now."""
         pop = inst.popularity
         for p, since in list(inst.pending.items()):  # waited past the limit: refused
-            if t - since > self.wait_limit_ms:
+            if t - since > self.wait_limit_ms:  # LoadWaitExpired: answered, not rerouted
                 del inst.pending[p]
-                self._refuse_load(inst, p, t, reroute=True)
+                self._refuse_load(inst, p, t)
         while inst.pending and inst.loading < self.fleet.loading_threads:
             m = next_load(
                 (load_value(len(inst.waiters[p]), pop.of(self.ids[p]), self.units[p]), since, p)

@@ -23,6 +23,7 @@ class Policy:
     spread_recent_loads: bool = False  # LoadRequest.recent_placements
     copy_scaling: bool = True
     load_queue: bool = False  # meshd.decisions.placement.loading: value-ordered queue, room at start, fast refusal
+    pressure_admission: bool = True  # with load_queue: under pressure, a colder miss evicts nothing (refused)
 
 
 UPSTREAM = Policy("upstream")

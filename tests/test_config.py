@@ -64,6 +64,8 @@ def test_kv_store_forms() -> None:
         {"INTERNAL_GRPC_PORT": "x"},
         {"KV_STORE": "redis:x"},
         {"MESHD_EVICTION": "fifo"},
+        {"MESHD_LOAD_QUEUE": "lifo"},
+        {"MESHD_LOAD_WAIT_LIMIT_MS": "10"},
     ],
 )
 def test_bad_values_name_the_setting(env: dict[str, str]) -> None:
@@ -118,6 +120,13 @@ def test_eviction_switch() -> None:
 
     assert load_config(None, {}).eviction is Eviction.LRU  # upstream's order stays the default
     assert load_config(None, {"MESHD_EVICTION": "GDSF"}).eviction is Eviction.GDSF
+
+
+def test_load_queue_switch() -> None:
+    cfg = load_config(None, {})
+    assert cfg.load_queue and cfg.load_wait_limit_ms == 10_000  # meshd's value-ordered queue by default
+    cfg = load_config(None, {"MESHD_LOAD_QUEUE": "FIFO", "MESHD_LOAD_WAIT_LIMIT_MS": "30000"})
+    assert not cfg.load_queue and cfg.load_wait_limit_ms == 30_000  # upstream's queue, one setting away
 
 
 def test_http_port_and_model_repository(tmp_path: object) -> None:

@@ -65,6 +65,11 @@ class NoRoom(Unavailable):
     """The cache cannot take the model now (too big, or only newer models could make room)."""
 
 
+class LoadWaitExpired(ResourceExhausted):
+    """A load waited the wait limit for a loading thread: its requests have waited long
+    enough and are answered (not rerouted to wait again elsewhere)."""
+
+
 @dataclass(slots=True)
 class Counters:
     requests: int = 0  # arrived here (external or from peers)
@@ -440,7 +445,7 @@ class LocalModels:
             self.metrics.load_refused()
             why = f"it waited {self.load_wait_limit_ms / 1000:g} s for a loading thread"
             wait = self.queue.waiting * self.queue.mean_load_ms / max(1, self.queue.threads)
-            raise ResourceExhausted(exhausted_message(model_id, why, wait)) from None
+            raise LoadWaitExpired(exhausted_message(model_id, why, wait)) from None
         finally:
             self._demand.pop(model_id, None)
         wanted = self._wanted_last_used.get(model_id)

@@ -61,7 +61,7 @@ from meshd.registry.models import CopiesFull, Registry
 from meshd.serving.cluster import Cluster
 from meshd.serving.forwarding import Forwarder
 from meshd.serving.invocations import SERVED
-from meshd.serving.local import LocalModels
+from meshd.serving.local import LoadWaitExpired, LocalModels
 from meshd.serving.peer_protocol import (
     AT_MAX,
     BUSY,
@@ -401,7 +401,9 @@ class Router:
             raise Refused(e.message, exclude=False, holders=e.holders) from None
         except (LoadFailed, Unavailable) as e:  # incl. NoRoom, and a runtime down for now
             raise Refused(e.message) from None
-        except ResourceExhausted as e:  # the load queue could not start it in time: try elsewhere
+        except LoadWaitExpired:  # waited the load queue's limit here: answered, not rerouted
+            raise
+        except ResourceExhausted as e:  # the load queue could not take it: try elsewhere
             raise Refused(e.message, busy=True) from None
 
     async def _ensure(self, model_id: str, record: ModelRecord) -> CacheEntry:

@@ -1,0 +1,56 @@
+"""Which admission rule under load pressure (issue 24): the simulator on Zipf(0.9) traffic,
+meshd's value-ordered load queue with and without the pressure admission test, under GDSF
+(FaasCache's Greedy-Dual keep-alive is GDSF with the cold-start cost) and LRU eviction,
+beside the first-come queue (today's meshd and upstream's rules).
+
+    python bench/sim_admission.py [--requests N] [--rates 10,80] [--capacities 0.05,0.1]
+
+Prints one markdown table: hit ratio, added p99 of the hottest 10 % of models, added p99,
+failures (and how many came after waiting more than 1 s) per rule, capacity and rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import replace
+
+from meshd.decisions.cache import Eviction
+from sim import workloads as w
+from sim.engine import Fleet, simulate
+from sim.policies import MESHD, MESHD_FIFO, UPSTREAM, Policy
+
+RULES: list[tuple[str, Policy]] = [
+    ("upstream (LRU, first-come queue)", UPSTREAM),
+    ("meshd-fifo (GDSF, first-come queue)", MESHD_FIFO),
+    ("value queue + wait limit, LRU", replace(MESHD, eviction=Eviction.LRU, pressure_admission=False)),
+    ("value queue + wait limit + pressure admission, LRU", replace(MESHD, eviction=Eviction.LRU)),
+    ("value queue + wait limit, GDSF", replace(MESHD, pressure_admission=False)),
+    ("value queue + wait limit + pressure admission, GDSF (meshd)", MESHD),
+]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=20_000)
+    p.add_argument("--rates", default="10,80")
+    p.add_argument("--capacities", default="0.05,0.1")
+    args = p.parse_args()
+    cat = w.catalogue(2000, random.Random(1), size_sigma=0.5)
+    print("| rule | capacity | rate | hit ratio | hot p99 ms | added p99 ms | failed (after waiting) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for share in (float(x) for x in args.capacities.split(",")):
+        fleet = Fleet(10, max(1, int(cat.total_units * share / 10)), loading_threads=2, seed=1)
+        for rate in (float(x) for x in args.rates.split(",")):
+            wl = w.zipf(cat, args.requests, 0.9, rate, seed=1)
+            for name, policy in RULES:
+                r = simulate(wl, fleet, policy, args.requests // 5)
+                print(
+                    f"| {name} | {share:.0%} | {rate:g} | {r.hit_ratio:.3f} | {r.hot_added_p99_ms:.0f} "
+                    f"| {r.added_p99_ms:.0f} | {r.failed} ({r.failed_slow}) |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
