@@ -215,7 +215,7 @@ class LocalModels:
             why = f"{model_id!r} is wanted more than it"
             q.displace(waiting[coldest], ResourceExhausted(exhausted_message(waiting[coldest], why, wait)))
             self.metrics.load_refused()
-        if under_pressure(q.waiting + 1, threads, mean, limit):
+        if wait > 0 and under_pressure(q.waiting + 1, threads, mean, limit):
             victims = self.cache.victims_for(model_id, units, last_used_ms)
             pops = [self.popularity.of(v.model_id) for v in victims or ()]
             if victims is None or colder_than_victims(self.popularity.of(model_id), 1, pops):
