@@ -4,6 +4,9 @@
   near-best random pick (CacheMissForwardingLB), upstream's copy scaling.
 - `meshd`: meshd's own choices: GDSF eviction (size- and load-time-aware, `meshd.decisions.cache`),
   and the placement spread of recent loads (`RecentPlacements`) on top of upstream's ranking.
+  And the load queue of `meshd.decisions.placement.loading` (issue 24): room taken when a load
+  starts, the most valuable load first, misses beyond load capacity refused at once.
+- `meshd-fifo`: `meshd` with upstream's first-come load queue (meshd before issue 24).
 - `random`: a load goes to a uniformly random instance that could hold it (LRU eviction):
   the floor any placement policy should beat.
 """

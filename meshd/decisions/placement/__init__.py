@@ -22,4 +22,7 @@ exactly this code. Public names, by module:
 - `constraints`: `TypeConstraints.parse(text)`, `TypeConstraints.for_type(model_type) ->
   (required, preferred)`, `parse_labels` (MM_LABELS).
 - `modelkey`: `policy_from_key(key) -> ModelPolicy` (the `"meshd"` object in ModelInfo.key).
+- `loading`: the load queue's rules (issue 24, docs/policies.md): `load_value`, `next_load`,
+  `least_valuable`, `start_wait_ms`, `accepts`, `under_pressure`, `colder_than_victims`,
+  `soonest_start`, `exhausted_message`.
 """
