@@ -66,6 +66,13 @@ SETTINGS: tuple[Setting, ...] = (
         "900000",
     ),
     Setting("shutdown_timeout_ms", "SHUTDOWN_TIMEOUT_MS", "--shutdown-timeout-ms", "graceful stop budget", "30000"),
+    Setting(
+        "drain_grace_ms",
+        "MESHD_DRAIN_GRACE_MS",
+        "--drain-grace-ms",
+        "after SIGTERM, how long the ports keep accepting and serving once health says NOT_SERVING",
+        "10000",
+    ),
     Setting("instance_id", "MESHD_INSTANCE_ID", "--instance-id", "instance id (default: from the host name)"),
     Setting("peer_port", "MESHD_PEER_PORT", "--peer-port", "internal peer gRPC port", "8080"),
     Setting("advertise_host", "MESHD_ADVERTISE_HOST", "--advertise-host", "address peers dial (default: pod IP)"),
@@ -243,6 +250,7 @@ class Config:
     runtime_ready_timeout_s: float
     zone: str = ""
     instance_ttl_s: int = 20
+    drain_grace_ms: int = 10_000
     default_vmodel_owner: str = ""
     type_constraints: TypeConstraints = field(default_factory=TypeConstraints)
     scaleup_rpm_threshold: int = 2000
@@ -382,6 +390,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         dead_instance_prune_ms=_int(name("dead_instance_prune_ms"), need("dead_instance_prune_ms"), 0),
         copy_idle_ms=_int(name("copy_idle_ms"), raw["copy_idle_ms"], 0) if raw["copy_idle_ms"] else None,
         instance_ttl_s=_int(name("instance_ttl_s"), need("instance_ttl_s"), 2),
+        drain_grace_ms=_int(name("drain_grace_ms"), need("drain_grace_ms"), 0),
         dataplane=_dataplane(raw["dataplane_config"], raw["dataplane_config_path"]),
         max_inflight_per_copy=_int(name("max_inflight_per_copy"), need("max_inflight_per_copy"), -(1 << 31)),
         conc_scaleup_bandwidth_pct=_bounded(

@@ -31,6 +31,7 @@ from meshd.config import Config
 from meshd.core.clock import wall_ms
 from meshd.core.records import RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.decisions.cache import State, to_units
+from meshd.decisions.placement.liveness import departed_for_ms
 from meshd.decisions.placement.serving import assume_loaded_ms
 from meshd.decisions.placement.view import ClusterView
 from meshd.decisions.publishing import Identity, RpmMeter, instance_record
@@ -193,6 +194,7 @@ class Instance:
             self.peers,
             assume_loaded_ms(info.loading_timeout_ms),
             to_units(info.default_model_size),
+            departed_ms=departed_for_ms(cfg.instance_ttl_s * 1000),
         )
         local.cluster_view = cluster.view  # the max-copies rule counts serving holders only
         router = Router(
@@ -503,6 +505,11 @@ class Instance:
     async def stop(self, drain: bool = True) -> None:
         """Stop; with `drain` (SIGTERM) hand held models to other instances first."""
         grace = self.config.shutdown_timeout_ms / 1000
+        loop = asyncio.get_running_loop()
+        # After NOT_SERVING the ports keep accepting and serving for the drain grace: a load
+        # balancer or a kubelet probing every few seconds acts only that much later, and a
+        # port closed before then refuses its clients (issue 15). Within the stop budget.
+        accept_until = loop.time() + min(self.config.drain_grace_ms / 1000, grace) if drain and self.servers else 0.0
         self.shutting_down = True
         for h in self.health:
             await h.set_serving(False)  # probes and balancers stop sending new work now
@@ -518,6 +525,9 @@ class Instance:
             # flight finish, then disappear.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.local.deregister_copies(), DRAIN_RESERVE_S)
+        # Still serving: held copies locally (they stay loaded), the rest through peers.
+        await asyncio.sleep(max(0.0, accept_until - loop.time()))
+        # No new calls from here on; those in flight finish (up to 5 s of the budget).
         await asyncio.gather(*(server.stop(min(grace, 5.0)) for server in self.servers))
         if self.http is not None:
             with contextlib.suppress(Exception):

@@ -1,7 +1,10 @@
 """The cluster as this instance sees it: a `ClusterView` snapshot from the instances mirror.
 
 The per-instance views are rebuilt only when the mirror's revision changes; each call
-gets a fresh `now`. Peer channels of instances whose records disappear are closed.
+gets a fresh `now`. Peer channels of instances whose records disappear are closed. Beside
+the records it keeps what the records lag behind (`decisions.placement.liveness`): the
+instances whose record went moments ago (`departed`) and those the data path has just
+found unreachable (`note_unreachable`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,12 @@ from collections.abc import Mapping
 
 from meshd.core.clock import Clock, wall_ms
 from meshd.core.records import InstanceRecord
+from meshd.decisions.placement.liveness import (
+    DEPARTED_MIN_MS,
+    UNREACHABLE_MS,
+    Expiring,
+    recently_departed,
+)
 from meshd.decisions.placement.view import ClusterView, InstanceView
 from meshd.kv.table import Table
 from meshd.serving.peers import Peers
@@ -24,6 +33,7 @@ class Cluster:
         assume_loaded_ms: int,
         default_units: int,
         clock: Clock = wall_ms,
+        departed_ms: int = DEPARTED_MIN_MS,
     ) -> None:
         self.self_id = self_id
         self.instances = instances
@@ -31,16 +41,38 @@ class Cluster:
         self.assume_loaded_ms = assume_loaded_ms
         self.default_units = default_units
         self.clock = clock
+        self.departed_ms = departed_ms
         self._views: Mapping[str, InstanceView] = {}
         self._revision = -1
+        self._departures: dict[str, tuple[int, InstanceView]] = {}  # id -> (when its record went, last view)
+        self._unreachable = Expiring()
         instances.listeners.append(self._on_change)
 
     def _on_change(self, instance_id: str, old: InstanceRecord | None, new: InstanceRecord | None) -> None:
         if new is None:
             self.peers.forget(instance_id)
+            if old is not None and instance_id != self.self_id:
+                self._departures[instance_id] = (self.clock(), InstanceView.from_record(instance_id, old))
+        else:
+            self._departures.pop(instance_id, None)
+
+    def note_unreachable(self, instance_id: str, for_ms: int = UNREACHABLE_MS) -> None:
+        """The data path found `instance_id` unreachable (refused, keepalive failed): its
+        record is not trusted for a while (placement.liveness)."""
+        if instance_id != self.self_id:
+            self._unreachable.note(instance_id, self.clock(), for_ms)
 
     def view(self) -> ClusterView:
         if self._revision != self.instances.revision:
             self._views = {iid: InstanceView.from_record(iid, rec) for iid, rec in self.instances.items()}
             self._revision = self.instances.revision
-        return ClusterView(self.self_id, self.clock(), self._views)
+        now = self.clock()
+        if not self._departures:
+            unreachable = self._unreachable.current(now)
+            if not unreachable:
+                return ClusterView(self.self_id, now, self._views)
+            return ClusterView(self.self_id, now, self._views, unreachable=unreachable)
+        departed = recently_departed(self._departures, self._views, now, self.departed_ms)
+        if len(departed) < len(self._departures):
+            self._departures = {iid: d for iid, d in self._departures.items() if iid in departed}
+        return ClusterView(self.self_id, now, self._views, departed, self._unreachable.current(now))

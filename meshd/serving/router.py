@@ -44,6 +44,7 @@ from meshd.core.errors import (
 from meshd.core.records import ModelRecord, RecordError, VModelRecord
 from meshd.decisions.cache import CacheEntry, State
 from meshd.decisions.placement.constraints import TypeConstraints
+from meshd.decisions.placement.liveness import trusted_peer
 from meshd.decisions.placement.rank import (
     LoadRequest,
     RecentPlacements,
@@ -331,10 +332,19 @@ class Router:
                 tried.append(f"{target} ({mode}): {e}")
                 if e.exclude:
                     excluded.add(target)
+                if e.unreachable:
+                    # Direct evidence its record is stale (killed, frozen): its copies are not
+                    # tried, nor counted toward max copies, for a while (placement.liveness).
+                    self.cluster.note_unreachable(target)
                 if e.holders is not None:
                     # Another instance won the copy (its record write came first): serve
                     # there, as the mirror may not show it yet.
-                    known.update(e.holders or await self._holders(model_id))
+                    holders = e.holders or await self._holders(model_id)
+                    known.update(holders)
+                    if target != self.self_id and holders and set(holders) <= self.cluster.view().unreachable:
+                        # That peer counts a holder this instance found dead: do not ask it to
+                        # load again; load where the evidence is (here, as a last resort).
+                        excluded.add(target)
                 if e.busy:
                     busy += 1
                     if busy > MAX_BUSY_RETRIES:
@@ -353,8 +363,9 @@ class Router:
             return {}
 
     def is_peer(self, instance_id: str) -> bool:
-        """A live instance of this mesh (forwarded calls are accepted only from those)."""
-        return instance_id != self.self_id and self.cluster.view().live(instance_id)
+        """An instance of this mesh, live or departed moments ago (forwarded calls are
+        accepted only from those; placement.liveness)."""
+        return trusted_peer(self.cluster.view(), instance_id)
 
     def _load_target(
         self, view: ClusterView, model_id: str, record: ModelRecord, exclude: frozenset[str], prefer_self: bool

@@ -116,6 +116,7 @@ class LocalMesh:
                 "runtime_port": runtime_port,
                 "data_dir": str(self.workdir / instance_id),
                 "metrics": "disabled",  # several instances on one host: no two on port 2112
+                "drain_grace_ms": 0,  # a test's SIGTERM stops at once unless the test asks for a grace
                 **self.settings,
                 **(settings or {}),
             }

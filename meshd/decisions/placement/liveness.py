@@ -1,0 +1,88 @@
+"""Which instances a decision may trust to hold their copies, beyond what the instance
+records say (pure: plain data and `now_ms`).
+
+An instance record is the mesh's word that an instance is alive, but it lags the truth
+both ways:
+
+- A holder killed or frozen keeps its record until its lease runs out (the instance TTL,
+  20 s by default). When this instance's data path has just found it unreachable (a
+  refused connection, a failed keepalive), that is direct evidence the record is stale:
+  the holder is **unreachable** here for a while (`Expiring`), its copies are not tried
+  and do not count toward a model's max copies, so a capped model is loaded elsewhere at
+  once instead of being unavailable until the lease expires. If the evidence was wrong
+  (a partition between two instances only), the model briefly has one copy over its max;
+  the holder sheds it when it sees the other copy (janitor and scaler), as after a freeze.
+- When etcd stalls past the lease TTL every record expires at once and they come back
+  one by one. An instance whose record went moments ago without the shutdown flag
+  (`departed`), and that the data path has not found unreachable, is most likely still
+  running: its copies still count toward max copies and still serve when no live copy
+  does, and its forwarded calls are still accepted. Otherwise every instance would load
+  every capped model for itself in that window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from meshd.decisions.placement.view import ClusterView, InstanceView
+
+# How long the data path's evidence that a peer is unreachable is trusted over its
+# record. A refused connection is re-learnt in milliseconds once it expires; a frozen
+# peer costs one keepalive timeout (3-6 s) per period.
+UNREACHABLE_MS = 10_000
+# The least time a record that went (without the shutdown flag) is still trusted: records
+# expired by an etcd stall return as their instances re-register, within a few seconds.
+DEPARTED_MIN_MS = 10_000
+
+
+def departed_for_ms(instance_ttl_ms: int) -> int:
+    """How long an instance whose record went is still counted (one lease TTL, at least
+    `DEPARTED_MIN_MS`)."""
+    return max(instance_ttl_ms, DEPARTED_MIN_MS)
+
+
+class Expiring:
+    """Instance ids, each remembered until a time (ms)."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, int] = {}
+
+    def note(self, instance_id: str, now_ms: int, for_ms: int) -> None:
+        self._until[instance_id] = max(self._until.get(instance_id, 0), now_ms + for_ms)
+
+    def forget(self, instance_id: str) -> None:
+        self._until.pop(instance_id, None)
+
+    def current(self, now_ms: int) -> frozenset[str]:
+        """The ids still remembered at `now_ms` (the expired ones are dropped)."""
+        if not self._until:
+            return frozenset()
+        gone = [iid for iid, until in self._until.items() if until <= now_ms]
+        for iid in gone:
+            del self._until[iid]
+        return frozenset(self._until)
+
+
+def recently_departed(
+    departures: Mapping[str, tuple[int, InstanceView]], live: Mapping[str, InstanceView], now_ms: int, for_ms: int
+) -> dict[str, InstanceView]:
+    """Instances whose record went less than `for_ms` ago without the shutdown flag and is
+    not back: `departures` maps an id to (when its record went, its last view)."""
+    return {
+        iid: inst
+        for iid, (when, inst) in departures.items()
+        if iid not in live and now_ms - when < for_ms and not inst.shutdown
+    }
+
+
+def counted_for_max_copies(view: ClusterView) -> frozenset[str]:
+    """The instances whose copies count toward a model's max copies: live and not shutting
+    down, or departed moments ago; in either case not found unreachable by this instance."""
+    serving = {i.instance_id for i in view.serving}
+    return frozenset((serving | set(view.departed)) - view.unreachable)
+
+
+def trusted_peer(view: ClusterView, instance_id: str) -> bool:
+    """A call marked as forwarded by `instance_id` comes from the mesh: it is live here, or
+    departed moments ago (its record expired with everyone's in an etcd stall)."""
+    return instance_id != view.self_id and (view.live(instance_id) or instance_id in view.departed)
