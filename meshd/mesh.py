@@ -301,7 +301,7 @@ class Instance:
         await self.publisher.start()  # last: peers see the instance only once it serves
         self.election = Election(
             self.store,
-            f"{prefix}/leader/",
+            f"{prefix}/leaderLatch/",  # upstream's election path
             cfg.instance_id,
             cfg.instance_id.encode(),
             cfg.instance_ttl_s,
@@ -370,14 +370,16 @@ class Instance:
     async def _open_store(self) -> KVStore:
         cfg = self.config
         if cfg.kv_store is not None:
-            url = cfg.kv_store.url
+            url = cfg.kv_store.describe()
+            store = EtcdStore(cfg.kv_store)
+            log.info("etcd: %s", url)
         else:
             data = cfg.data_dir / "etcd"
             self.embedded = EmbeddedEtcd(data, log_dir=cfg.data_dir)
             await asyncio.to_thread(self.embedded.start)
             url = self.embedded.url
             log.info("embedded etcd pid %s at %s (data %s)", self.embedded.pid, url, data)
-        store = EtcdStore.from_url(url)
+            store = EtcdStore.from_url(url)
         deadline = asyncio.get_running_loop().time() + KV_STARTUP_TIMEOUT_S
         while True:
             try:
