@@ -318,6 +318,7 @@ class Instance:
             cfg.load_failure_expiry_ms,
             sweep_ms=cfg.leader_sweep_ms,
             prune_after_ms=cfg.dead_instance_prune_ms,
+            upstream_ids=cluster.upstream_ids,
         )
         election = self.election
         self.peer_servicer.gauges = lambda: duties.gauges if election.is_leader else None
@@ -356,7 +357,8 @@ class Instance:
             now = wall_ms()
             cache = local.cache
             loaded = sum(1 for e in cache.entries() if e.state is State.LOADED)
-            return InstanceStats(cache.lru_ms(now), now, cache.capacity_units, cache.used_units, loaded)
+            upstream = len(cluster.upstream_ids())
+            return InstanceStats(cache.lru_ms(now), now, cache.capacity_units, cache.used_units, loaded, upstream)
 
         def leader() -> ClusterStats | None:
             if not election.is_leader:

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from meshd.core.records import InstanceRecord
+from meshd.core.records import EMPTY_LRU_TIME, InstanceRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ class InstanceView:
             capacity=r.capacity,
             used=r.used,
             count=r.count,
-            lru_time=r.lru_time,
+            lru_time=0 if r.lru_time == EMPTY_LRU_TIME else r.lru_time,  # nothing loaded: nothing to age
             loading_threads=max(1, r.loading_threads),
             loading_in_progress=r.loading_in_progress,
             rpm=r.rpm,
