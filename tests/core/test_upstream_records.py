@@ -20,7 +20,7 @@ def test_an_upstream_instance_record_is_recognised_and_read() -> None:
     java = {"lruTime": EMPTY_LRU_TIME, "cap": 1000, "lThreads": 2, "startTime": 7, "vers": 3, "loc": "10.0.0.9"}
     rec = InstanceRecord.decode(json.dumps(java).encode())
     assert rec.upstream and rec.count == 0 and not rec.shutdown and rec.labels == []
-    assert InstanceView.from_record("j", rec).lru_time == 0  # empty: nothing to age
+    assert InstanceView.from_record("j", rec, empty_lru_ms=42).lru_time == 42  # empty: as if used when seen
 
 
 def test_meshd_instance_records_carry_the_marker_and_read_as_meshd() -> None:
