@@ -7,17 +7,17 @@ environment. Parsing is pure (environment passed in) and errors name the setting
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlparse
 
 from meshd.decisions.cache import Eviction
 from meshd.decisions.placement.constraints import TypeConstraints
+from meshd.kv import target as kv_target
+from meshd.kv.target import EtcdTarget
 from meshd.observability.logs import parse_log_format
 from meshd.observability.metrics import MetricsConfig
 from meshd.security import tls as meshtls
@@ -42,8 +42,13 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("service_name", "MM_SERVICE_NAME", "--service-name", "mesh service name (etcd key segment)", "modelmesh"),
-    Setting("kv_store", "KV_STORE", "--kv-store", "etcd:<url or json>; unset: start a private embedded etcd"),
-    Setting("kv_prefix", "MM_KVSTORE_PREFIX", "--kv-prefix", "key prefix under the etcd root", "mm"),
+    Setting(
+        "kv_store",
+        "KV_STORE",
+        "--kv-store",
+        "etcd:<json file>, etcd:{json} or etcd:ep1,ep2;rootPrefix=p; unset: start a private embedded etcd",
+    ),
+    Setting("kv_prefix", "MM_KVSTORE_PREFIX", "--kv-prefix", "key prefix under the etcd root", "tas-runtime"),
     Setting("labels", "MM_LABELS", "--labels", "comma-separated instance labels"),
     Setting("grpc_port", "MM_SVC_GRPC_PORT", "--grpc-port", "external gRPC port (inference + management)", "8033"),
     Setting("max_msg_size", "MM_SVC_GRPC_MAX_MSG_SIZE", "--max-msg-size", "max gRPC message bytes", str(16 << 20)),
@@ -226,12 +231,6 @@ SETTINGS: tuple[Setting, ...] = (
 
 
 @dataclass(frozen=True, slots=True)
-class EtcdTarget:
-    url: str  # http://host:port
-    root_prefix: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class Config:
     service_name: str
     kv_store: EtcdTarget | None
@@ -278,40 +277,29 @@ class Config:
 
     @property
     def key_prefix(self) -> str:
-        """`<root>/<kv prefix>/<service>` under which registry/, vmodels/, instances/ live."""
-        parts = [self.kv_store.root_prefix if self.kv_store else "", self.kv_prefix, self.service_name]
-        return "/".join(p.strip("/") for p in parts if p.strip("/"))
+        """`<root>/<kv prefix>/<service>`: registry/, vmodels/, instances/, leaderLatch/ live under it.
+
+        Upstream's rule (kv-utils): the root prefix is prepended to the path exactly as given,
+        and the path always starts with '/', so an empty root gives `/tas-runtime/<svc>` and a
+        root ending in '/' gives a double slash.
+        """
+        root = self.kv_store.root_prefix if self.kv_store else ""
+        return f"{root}/{self.kv_prefix}/{self.service_name.strip('/')}"
 
 
 def parse_kv_store(value: str) -> EtcdTarget:
-    """`etcd:http://host:port`, `etcd:host:port` or `etcd:{"endpoints": ..., "root_prefix": ...}`."""
-    if not value.startswith("etcd:"):
-        raise ConfigError(f"KV_STORE must start with 'etcd:' (got {value!r})")
-    body = value[5:].strip()
-    root = ""
-    if body.startswith("{"):
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"KV_STORE JSON is invalid: {e}") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("endpoints"), str):
-            raise ConfigError("KV_STORE JSON needs a string field 'endpoints'")
-        body = obj["endpoints"].split(",")[0].strip()
-        root_raw = obj.get("root_prefix") or ""
-        if not isinstance(root_raw, str):
-            raise ConfigError("KV_STORE JSON field 'root_prefix' must be a string")
-        root = root_raw
-    else:
-        body = body.split(",")[0].strip()
-    url = body if "://" in body else f"http://{body}"
-    parsed = urlparse(url)
+    """Every upstream `KV_STORE` form (see meshd.kv.target); files it names are read now."""
     try:
-        port = parsed.port
-    except ValueError:  # not a number, or out of range
-        port = None
-    if not parsed.hostname or not port:
-        raise ConfigError(f"KV_STORE endpoint must include host and a valid port (got {body!r})")
-    return EtcdTarget(f"http://{parsed.hostname}:{parsed.port}", root)
+        return kv_target.parse_kv_store(value)
+    except kv_target.KVStoreError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _kv_prefix(name: str, value: str) -> str:
+    # Upstream refuses these too: the prefix is one path segment.
+    if not value or any(c == "/" or c.isspace() for c in value):
+        raise ConfigError(f"{name} must be one non-empty path segment, without '/' or whitespace (got {value!r})")
+    return value
 
 
 def default_instance_id() -> str:
@@ -366,7 +354,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
     config = Config(
         service_name=need("service_name"),
         kv_store=parse_kv_store(raw["kv_store"]) if raw["kv_store"] else None,
-        kv_prefix=need("kv_prefix"),
+        kv_prefix=_kv_prefix(name("kv_prefix"), need("kv_prefix")),
         labels=labels,
         grpc_port=_int(name("grpc_port"), need("grpc_port"), 0),
         max_msg_size=_int(name("max_msg_size"), need("max_msg_size"), 1024),

@@ -303,7 +303,7 @@ class Instance:
         await self.publisher.start()  # last: peers see the instance only once it serves
         self.election = Election(
             self.store,
-            f"{prefix}/leader/",
+            f"{prefix}/leaderLatch/",  # upstream's election path
             cfg.instance_id,
             cfg.instance_id.encode(),
             cfg.instance_ttl_s,
@@ -320,6 +320,7 @@ class Instance:
             cfg.load_failure_expiry_ms,
             sweep_ms=cfg.leader_sweep_ms,
             prune_after_ms=cfg.dead_instance_prune_ms,
+            upstream_ids=cluster.upstream_ids,
         )
         election = self.election
         self.peer_servicer.gauges = lambda: duties.gauges if election.is_leader else None
@@ -358,7 +359,8 @@ class Instance:
             now = wall_ms()
             cache = local.cache
             loaded = sum(1 for e in cache.entries() if e.state is State.LOADED)
-            return InstanceStats(cache.lru_ms(now), now, cache.capacity_units, cache.used_units, loaded)
+            upstream = len(cluster.upstream_ids())
+            return InstanceStats(cache.lru_ms(now), now, cache.capacity_units, cache.used_units, loaded, upstream)
 
         def leader() -> ClusterStats | None:
             if not election.is_leader:
@@ -372,14 +374,16 @@ class Instance:
     async def _open_store(self) -> KVStore:
         cfg = self.config
         if cfg.kv_store is not None:
-            url = cfg.kv_store.url
+            url = cfg.kv_store.describe()
+            store = EtcdStore(cfg.kv_store)
+            log.info("etcd: %s", url)
         else:
             data = cfg.data_dir / "etcd"
             self.embedded = EmbeddedEtcd(data, log_dir=cfg.data_dir)
             await asyncio.to_thread(self.embedded.start)
             url = self.embedded.url
             log.info("embedded etcd pid %s at %s (data %s)", self.embedded.pid, url, data)
-        store = EtcdStore.from_url(url)
+            store = EtcdStore.from_url(url)
         deadline = asyncio.get_running_loop().time() + KV_STARTUP_TIMEOUT_S
         while True:
             try:

@@ -612,7 +612,7 @@ class Simulation:
             record = instance_record(inst.identity, inst.cache, self.fleet.loading_threads, inst.loading, rpm, False, t)
             if force or publish_due(inst.record, record, inst.record_ms, t, inst.changed_since_publish):
                 inst.record, inst.record_ms, inst.changed_since_publish = record, t, False
-                self.views[inst.instance_id] = InstanceView.from_record(inst.instance_id, record)
+                self.views[inst.instance_id] = InstanceView.from_record(inst.instance_id, record, empty_lru_ms=t)
 
     def _rate_check(self, t: int) -> None:
         """Scaler.check on every instance: copy scaling for each loaded copy."""

@@ -23,7 +23,7 @@ def test_defaults_are_upstreams() -> None:
     assert cfg.kv_store is None  # embedded etcd
     assert cfg.runtime_endpoint == cfg.serving_endpoint == "8085"
     assert cfg.load_failure_expiry_ms == 900_000 and cfg.shutdown_timeout_ms == 30_000
-    assert cfg.key_prefix == "mm/modelmesh"
+    assert cfg.key_prefix == "/tas-runtime/modelmesh"  # upstream's default prefix, empty root
 
 
 def test_environment_names_and_flags_flag_wins() -> None:
@@ -42,16 +42,17 @@ def test_environment_names_and_flags_flag_wins() -> None:
     assert cfg.runtime_endpoint == "unix:/tmp/rt.sock"  # type: ignore[attr-defined]
     assert cfg.serving_endpoint == "8001"  # type: ignore[attr-defined]
     assert cfg.instance_id == "i-1" and cfg.labels == ("mt:sklearn", "gpu")  # type: ignore[attr-defined]
-    assert cfg.key_prefix == "pre/svc"  # type: ignore[attr-defined]
+    assert cfg.key_prefix == "/pre/svc"  # type: ignore[attr-defined]
 
 
 def test_kv_store_forms() -> None:
     assert parse_kv_store("etcd:127.0.0.1:2379").url == "http://127.0.0.1:2379"
+    assert parse_kv_store("etcd:e1").url == "http://e1:2379"  # upstream's simple form: port optional
     t = parse_kv_store(
         'etcd:{"endpoints": "http://e1:2379,http://e2:2379", "root_prefix": "modelmesh-serving/mm_ns/ns"}'
     )
     assert (t.url, t.root_prefix) == ("http://e1:2379", "modelmesh-serving/mm_ns/ns")
-    for bad in ["zookeeper:x", "etcd:{bad json", 'etcd:{"x": 1}', "etcd:http://nohostport"]:
+    for bad in ["zookeeper:x", "etcd:{bad json", 'etcd:{"x": 1}', "etcd:http://host:port", "etcd:/no/such/file"]:
         with pytest.raises(ConfigError):
             parse_kv_store(bad)
 
@@ -166,3 +167,57 @@ def test_max_headers_size_is_bounded(value: str) -> None:
         load_config(None, {"MM_SVC_GRPC_MAX_HEADERS_SIZE": value})
     assert "\n" not in str(e.value)
     assert load_config(None, {"MM_SVC_GRPC_MAX_HEADERS_SIZE": "2147483647"}).max_headers_size == 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    ("kv_store", "prefix", "expected"),
+    [
+        # upstream (kv-utils): root prefix + "/" + MM_KVSTORE_PREFIX + "/" + service, root as given
+        (None, None, "/tas-runtime/svc"),
+        ("etcd:127.0.0.1:2379", "mm", "/mm/svc"),
+        ("etcd:127.0.0.1:2379;rootPrefix=modelmesh-serving", "mm", "modelmesh-serving/mm/svc"),
+        ('etcd:{"endpoints": "e:1", "root_prefix": "/r/"}', "mm", "/r//mm/svc"),
+        ('etcd:{"endpoints": "e:1", "root_prefix": "/r"}', None, "/r/tas-runtime/svc"),
+    ],
+)
+def test_key_prefix_follows_upstreams_key_rule(kv_store: str | None, prefix: str | None, expected: str) -> None:
+    env = {"MM_SERVICE_NAME": "svc"}
+    if kv_store:
+        env["KV_STORE"] = kv_store
+    if prefix:
+        env["MM_KVSTORE_PREFIX"] = prefix
+    assert load_config(None, env).key_prefix == expected
+
+
+@pytest.mark.parametrize("bad", ["a/b", "a b", ""])
+def test_kv_prefix_is_one_segment(bad: str) -> None:
+    with pytest.raises(ConfigError, match="MM_KVSTORE_PREFIX"):
+        parse(["--kv-prefix", bad], {})
+
+
+def test_bad_kv_store_is_a_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from meshd.cli import main
+
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{nope")
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text('{"endpoints": "e:1", "root-prefix": "x"}')
+    unreadable = tmp_path / "cert.json"
+    unreadable.write_text('{"endpoints": "https://e:1", "certificate_file": "missing.pem"}')
+    not_pem = tmp_path / "notpem.json"
+    (tmp_path / "junk.pem").write_text("junk")
+    not_pem.write_text('{"endpoints": "https://e:1", "certificate_file": "junk.pem"}')
+    half_client = tmp_path / "half.json"
+    half_client.write_text('{"endpoints": "https://e:1", "client_key": "-----BEGIN PRIVATE KEY-----"}')
+    cases = {
+        str(tmp_path / "absent.json"): "not found",
+        str(bad_json): "not valid JSON",
+        str(unknown): "unknown key(s) root-prefix",
+        str(unreadable): "cannot read certificate_file",
+        str(not_pem): "certificate is not PEM",
+        str(half_client): "both or neither",
+    }
+    for path, message in cases.items():
+        assert main(["serve", "--kv-store", f"etcd:{path}"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err

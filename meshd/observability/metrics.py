@@ -127,6 +127,7 @@ class InstanceStats:
     capacity_units: int
     used_units: int
     models: int  # loaded copies
+    upstream_instances: int = 0  # upstream (Java) instance records in the registry: never routed to
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,6 +352,7 @@ class _Gauges(Collector):
                 # basis points (hundredths of a percent), as upstream
                 "modelmesh_instance_used_bps": used * 10_000 // capacity if capacity else 0,
                 "modelmesh_instance_models_total": s.models,
+                "meshd_upstream_instances": s.upstream_instances,
             }
             for name, value in values.items():
                 yield GaugeMetricFamily(name, _DOCS[name], value=value)
@@ -378,6 +380,7 @@ _DOCS = {
     "modelmesh_instance_used_bytes": "Amount of capacity currently in use by loaded models",
     "modelmesh_instance_used_bps": "Amount of capacity used in basis points (100ths of percent)",
     "modelmesh_instance_models_total": "Number of model copies loaded in pod",
+    "meshd_upstream_instances": "Upstream (Java) ModelMesh instance records seen in this mesh's registry (never used)",
     "loaded": "Total number of models with at least one loaded copy",
     "failed": "Total number of models with one or more recent load failures",
     "managed": "Total number of models managed",

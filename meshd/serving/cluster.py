@@ -5,10 +5,15 @@ gets a fresh `now`. Peer channels of instances whose records disappear are close
 the records it keeps what the records lag behind (`decisions.placement.liveness`): the
 instances whose record went moments ago (`departed`) and those the data path has just
 found unreachable (`note_unreachable`).
+
+Records written by upstream (Java) ModelMesh instances (`InstanceRecord.upstream`) are left
+out of the view: their peer protocol is not meshd's, so nothing is forwarded or placed
+there. Each is logged once (an error: the two cannot share a mesh) and counted.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from meshd.core.clock import Clock, wall_ms
@@ -22,6 +27,8 @@ from meshd.decisions.placement.liveness import (
 from meshd.decisions.placement.view import ClusterView, InstanceView
 from meshd.kv.table import Table
 from meshd.serving.peers import Peers
+
+log = logging.getLogger(__name__)
 
 
 class Cluster:
@@ -46,15 +53,17 @@ class Cluster:
         self._revision = -1
         self._departures: dict[str, tuple[int, InstanceView]] = {}  # id -> (when its record went, last view)
         self._unreachable = Expiring()
+        self._upstream_logged: set[str] = set()
         instances.listeners.append(self._on_change)
 
     def _on_change(self, instance_id: str, old: InstanceRecord | None, new: InstanceRecord | None) -> None:
         if new is None:
             self.peers.forget(instance_id)
-            if old is not None and instance_id != self.self_id:
+            if old is not None and not old.upstream and instance_id != self.self_id:
                 self._departures[instance_id] = (self.clock(), InstanceView.from_record(instance_id, old))
         else:
             self._departures.pop(instance_id, None)
+            self._note(instance_id, new)
 
     def note_unreachable(self, instance_id: str, for_ms: int = UNREACHABLE_MS) -> None:
         """The data path found `instance_id` unreachable (refused, keepalive failed): its
@@ -62,9 +71,29 @@ class Cluster:
         if instance_id != self.self_id:
             self._unreachable.note(instance_id, self.clock(), for_ms)
 
+    def _note(self, instance_id: str, rec: InstanceRecord) -> None:
+        if rec.upstream and instance_id not in self._upstream_logged:
+            self._upstream_logged.add(instance_id)
+            log.error(
+                "instance %s (%s) is an upstream (Java) ModelMesh instance in this mesh's registry: meshd "
+                "never routes to it and never rewrites its record; upstream and meshd instances cannot "
+                "share a mesh (replace every pod of the ServingRuntime at once)",
+                instance_id,
+                rec.location or "no location",
+            )
+
+    def upstream_ids(self) -> list[str]:
+        """Live upstream (Java) instances in the registry, sorted."""
+        return sorted(iid for iid, rec in self.instances.items() if rec.upstream)
+
     def view(self) -> ClusterView:
         if self._revision != self.instances.revision:
-            self._views = {iid: InstanceView.from_record(iid, rec) for iid, rec in self.instances.items()}
+            views = {}
+            for iid, rec in self.instances.items():
+                self._note(iid, rec)  # records listed at start-up reach no listener
+                if not rec.upstream:
+                    views[iid] = InstanceView.from_record(iid, rec)
+            self._views = views
             self._revision = self.instances.revision
         now = self.clock()
         if not self._departures:

@@ -79,7 +79,7 @@ class Mesh:
         return decode_infer_response(_infer_response(resp))
 
     def key(self, kind: str, item_id: str) -> str:
-        return f"mm/{self.service}/{kind}/{item_id}"
+        return f"/tas-runtime/{self.service}/{kind}/{item_id}"
 
     def store(self, fn: Callable[[EtcdStore], Awaitable[T]]) -> T:
         async def run() -> T:

@@ -41,7 +41,7 @@ class FaultMesh:
 
     @property
     def prefix(self) -> str:
-        return f"mm/{self.mesh.service}"
+        return f"/tas-runtime/{self.mesh.service}"
 
     def add(
         self,
@@ -108,7 +108,7 @@ class FaultMesh:
         self._store_call(remove)
 
     def leader_in_etcd(self) -> str | None:
-        base = f"{self.prefix}/leader/"
+        base = f"{self.prefix}/leaderLatch/"
 
         async def read(store: EtcdStore) -> str | None:
             kvs, _ = await store.range_prefix(base)

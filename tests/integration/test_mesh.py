@@ -281,10 +281,10 @@ def test_one_leader_prunes_dead_copies_preloads_and_is_replaced_when_killed(
         async def read() -> list[str]:
             store = EtcdStore.from_url(etcd_server.url)  # type: ignore[attr-defined]
             try:
-                kvs, _ = await store.range_prefix(f"mm/{service}/leader/")
+                kvs, _ = await store.range_prefix(f"/tas-runtime/{service}/leaderLatch/")
             finally:
                 await store.close()
-            leader = leader_of(kvs, f"mm/{service}/leader/")
+            leader = leader_of(kvs, f"/tas-runtime/{service}/leaderLatch/")
             return [leader] if leader else []
 
         return asyncio.run(read())
@@ -330,7 +330,7 @@ def record_ids(etcd: object, service: str, model_id: str) -> set[str]:
     async def read() -> set[str]:
         store = EtcdStore.from_url(etcd.url)  # type: ignore[attr-defined]
         try:
-            kv = await store.get(f"mm/{service}/registry/{model_id}")
+            kv = await store.get(f"/tas-runtime/{service}/registry/{model_id}")
         finally:
             await store.close()
         return set(json.loads(kv.value)["instanceIds"]) if kv else set()

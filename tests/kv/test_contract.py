@@ -352,8 +352,10 @@ def test_from_url() -> None:
     for url in ["http://127.0.0.1:23790", "127.0.0.1:23790", "http://127.0.0.1:23790,http://127.0.0.1:1"]:
         store = EtcdStore.from_url(url)
         assert (store.host, store.port) == ("127.0.0.1", 23790)
+    assert EtcdStore.from_url("https://127.0.0.1:2379").target.tls  # upstream: https means TLS
+    assert [str(e) for e in EtcdStore.from_url("h1:1,h2").target.endpoints] == ["h1:1", "h2:2379"]
     with pytest.raises(ValueError):
-        EtcdStore.from_url("https://127.0.0.1:2379")
+        EtcdStore.from_url("ftp://127.0.0.1:2379")
 
 
 async def test_etcd_unreachable_raises_store_unavailable() -> None:
