@@ -379,7 +379,7 @@ class Simulation:
                 forwarded = target != me
                 if entry is not None and entry.state is State.LOADED:
                     holder.cache.touch(mid, t)
-                    if forwarded:  # counted from the call on, as Router._forward does
+                    if forwarded:  # counted from the call on, as Forwarder.unary does
                         inflight[target] = inflight.get(target, 0) + 1
                     if self._serve(t, holder, m, entry, arrival, inst.index, forwarded):
                         if fresh and self.counting:

@@ -6,5 +6,5 @@ non-inference calls; `health`), the cores they call (`management`, `repository`:
 KServe repository extension, `modelrepo`: the model repository directory), and the edge
 helpers (`parsing`, `grpc_errors`).
 
-May import: core, decisions, security, observability, kv, runtime, registry, serving, loops, adapter.
+May import: core, decisions, security, observability, kv, runtime, registry, serving, loops.
 """
