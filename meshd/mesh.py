@@ -23,7 +23,7 @@ from meshd.api.admin import MeshAdminServicer
 from meshd.api.health import EXTERNAL_SERVICES, INTERNAL_SERVICES, Health
 from meshd.api.kserve import MeshKServe
 from meshd.api.kserve_core import KServeCore
-from meshd.api.kserve_http import HttpServer
+from meshd.api.kserve_http import HttpServer, Infer
 from meshd.api.management import Management
 from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.modelrepo import ModelDirectory
@@ -32,6 +32,7 @@ from meshd.api.peer import PeerServicer
 from meshd.api.repository import MeshRepository
 from meshd.config import Config
 from meshd.core.clock import wall_ms
+from meshd.core.errors import DeadlineExceeded, MeshError
 from meshd.core.records import RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.decisions.cache import State, to_units
 from meshd.decisions.placement.serving import assume_loaded_ms
@@ -63,7 +64,8 @@ from meshd.serving.invocations import Invocations
 from meshd.serving.local import LocalModels
 from meshd.serving.peers import Peers, dial_plaintext
 from meshd.serving.proxy.handler import InferenceHandler
-from meshd.serving.proxy.methods import MethodTable
+from meshd.serving.proxy.headers import RequestIds
+from meshd.serving.proxy.methods import MethodSpec, MethodTable
 from meshd.serving.proxy.peer_handler import PeerInferenceHandler
 from meshd.serving.router import Router
 
@@ -77,6 +79,42 @@ DRAIN_RESERVE_S = 5.0  # upstream stops waiting for reloads 5 s before the shutd
 
 SERVING_CHECK_S = 10.0  # the runtime answered READY: its inference endpoint should answer at once
 ID_RELEASE_GRACE_S = 2.0  # beyond the lease TTL, for etcd to delete a dead holder's record
+
+
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def http_inference(
+    router: Router, spec: MethodSpec | None, timeout_s: float | None, invocations: Invocations
+) -> Infer | None:
+    """KServe V2 HTTP inference as one ModelInfer through the router (None: the runtime does
+    not serve ModelInfer, and HTTP answers 501). Recorded like a gRPC call of that method."""
+    if spec is None:
+        return None
+
+    async def infer(request: bytes, ids: RequestIds) -> bytes:
+        started = invocations.start()
+        code = "OK"
+        response = b""
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await router.unary(spec, request, ids, (), timeout_s)
+                return response
+        except TimeoutError:
+            code = "DEADLINE_EXCEEDED"
+            raise DeadlineExceeded(
+                f"no answer within the default request timeout of {timeout_s:g} s (MESHD_REQUEST_TIMEOUT_MS)"
+            ) from None
+        except MeshError as e:
+            code = e.code.name
+            raise
+        except BaseException:
+            code = "UNKNOWN"
+            raise
+        finally:
+            invocations.done(spec.path, ids, code, started, len(request), len(response) if code == "OK" else -1)
+
+    return infer
 
 
 class StartRefused(Exception):
@@ -338,7 +376,10 @@ class Instance:
             self.servers.append(server)
         if cfg.http_port is not None:
             ssl_context = tls.http_server_context() if tls else None
-            self.http = HttpServer(kserve, "0.0.0.0", cfg.http_port, ssl_context=ssl_context)
+            infer = http_inference(router, methods.spec(MODEL_INFER), timeout_s, invocations)
+            self.http = HttpServer(
+                kserve, "0.0.0.0", cfg.http_port, ssl_context=ssl_context, infer=infer, max_body_bytes=cfg.max_msg_size
+            )
             self.http_port = await self.http.start()
         if cfg.metrics.enabled:  # bound before peers can see the instance: a taken port fails start-up
             https = tls.http_server_context() if cfg.metrics.https and tls else None
