@@ -139,7 +139,7 @@ SETTINGS: tuple[Setting, ...] = (
         "eviction",
         "MESHD_EVICTION",
         "--eviction",
-        "cache eviction order: lru (upstream's) or gdsf (size- and load-time-aware, see README Simulator)",
+        "cache eviction order: lru (upstream's) or gdsf (size- and load-time-aware, see docs/simulator.md)",
         "lru",
     ),
     Setting("default_vmodel_owner", "MM_DEFAULT_VMODEL_OWNER", "--default-vmodel-owner", "owner of new vmodels", ""),

@@ -94,7 +94,7 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "--timeout", type=_timeout, default=DEFAULT_TIMEOUT_S, help=f"seconds per call (default {DEFAULT_TIMEOUT_S:g})"
     )
-    common.add_argument("--json", action="store_true", help="print JSON (stable field names, see README)")
+    common.add_argument("--json", action="store_true", help="print JSON (stable field names, see docs/operations.md)")
     tls = common.add_argument_group("TLS (a meshd with MM_TLS_* set)")
     tls.add_argument("--tls", action="store_true", help="dial with TLS, checking the server against system roots")
     tls.add_argument("--tls-ca", metavar="FILE", help="CA certificates (PEM) to check the server with; implies --tls")
