@@ -23,7 +23,7 @@ def _run(coro: object) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from meshd.mesh import serve
+    from meshd.mesh import StartRefused, serve
     from meshd.runtime.client import RuntimeNotReady
 
     try:
@@ -34,6 +34,9 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, config.log_format)
     try:
         _run(serve(config))
+    except StartRefused as e:  # nothing was changed: a setting to fix, like a bad value
+        print(f"meshd serve: {e}", file=sys.stderr)
+        return 2
     except RuntimeNotReady as e:
         print(f"meshd serve: {e}", file=sys.stderr)
         return 1

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from meshd.decisions.cache import Eviction
+from meshd.decisions.ids import instance_id_problem
 from meshd.decisions.placement.constraints import TypeConstraints
 from meshd.kv import target as kv_target
 from meshd.kv.target import EtcdTarget
@@ -25,6 +26,7 @@ from meshd.serving.proxy.methods import DataplaneConfig
 
 T = TypeVar("T")
 MAX_GRPC_INT = 2**31 - 1  # grpc channel arguments are C ints: larger overflows at server creation
+MAX_PORT = 65535  # grpc takes larger port numbers modulo 65536 (70000 listened on 4464)
 
 
 class ConfigError(ValueError):
@@ -149,7 +151,7 @@ SETTINGS: tuple[Setting, ...] = (
         "eviction",
         "MESHD_EVICTION",
         "--eviction",
-        "cache eviction order: lru (upstream's) or gdsf (size- and load-time-aware, see README Simulator)",
+        "cache eviction order: lru (upstream's) or gdsf (size- and load-time-aware, see docs/simulator.md)",
         "lru",
     ),
     Setting("default_vmodel_owner", "MM_DEFAULT_VMODEL_OWNER", "--default-vmodel-owner", "owner of new vmodels", ""),
@@ -320,7 +322,8 @@ def _int(name: str, value: str, minimum: int = 0) -> int:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     for s in SETTINGS:
         default = f" (env {s.env}" + (f", default {s.default})" if s.default else ")")
-        parser.add_argument(s.flag, dest=s.dest, default=None, help=s.help + default)
+        # argparse formats help with %: a literal one ("this % of ...") must be doubled.
+        parser.add_argument(s.flag, dest=s.dest, default=None, help=(s.help + default).replace("%", "%%"))
 
 
 def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Config:
@@ -346,9 +349,9 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         else (raw["serving_port"] if raw["serving_port"] else runtime)
     )
     if not runtime.startswith("unix:"):
-        _int(name("runtime_port"), runtime, 1)
+        _bounded(name("runtime_port"), runtime, 1, MAX_PORT)
     if not serving.startswith("unix:"):
-        _int(name("serving_port"), serving, 1)
+        _bounded(name("serving_port"), serving, 1, MAX_PORT)
     advertise = raw["advertise_host"] or env.get("POD_IP") or env.get("WKUBE_POD_IPADDR") or "127.0.0.1"
     labels = tuple(x.strip() for x in (raw["labels"] or "").split(",") if x.strip())
     config = Config(
@@ -356,14 +359,14 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         kv_store=parse_kv_store(raw["kv_store"]) if raw["kv_store"] else None,
         kv_prefix=_kv_prefix(name("kv_prefix"), need("kv_prefix")),
         labels=labels,
-        grpc_port=_int(name("grpc_port"), need("grpc_port"), 0),
+        grpc_port=_bounded(name("grpc_port"), need("grpc_port"), 0, MAX_PORT),
         max_msg_size=_int(name("max_msg_size"), need("max_msg_size"), 1024),
         runtime_endpoint=runtime,
         serving_endpoint=serving,
         load_failure_expiry_ms=_int(name("load_failure_expiry_ms"), need("load_failure_expiry_ms"), 0),
         shutdown_timeout_ms=_int(name("shutdown_timeout_ms"), need("shutdown_timeout_ms"), 0),
-        instance_id=raw["instance_id"] or default_instance_id(),
-        peer_port=_int(name("peer_port"), need("peer_port"), 0),
+        instance_id=_instance_id(name("instance_id"), raw["instance_id"] or default_instance_id()),
+        peer_port=_bounded(name("peer_port"), need("peer_port"), 0, MAX_PORT),
         advertise_host=advertise,
         data_dir=Path(need("data_dir")),
         runtime_ready_timeout_s=float(_int(name("runtime_ready_timeout_s"), need("runtime_ready_timeout_s"), 1)),
@@ -468,7 +471,19 @@ HTTP_OFF = frozenset({"disabled", "off"})
 
 
 def _http_port(what: str, text: str) -> int | None:
-    return None if text.strip().lower() in HTTP_OFF else _bounded(what, text, 0, 65535)
+    if text.strip().lower() in HTTP_OFF:
+        return None
+    try:
+        return _bounded(what, text, 0, MAX_PORT)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (or 'disabled' to serve no HTTP)") from None
+
+
+def _instance_id(what: str, text: str) -> str:
+    problem = instance_id_problem(text)
+    if problem is not None:
+        raise ConfigError(f"{what}: {problem} (got {text!r})")
+    return text
 
 
 def _directory(what: str, text: str | None) -> Path | None:

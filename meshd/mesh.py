@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
+import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -20,7 +23,7 @@ from meshd.api.admin import MeshAdminServicer
 from meshd.api.health import EXTERNAL_SERVICES, INTERNAL_SERVICES, Health
 from meshd.api.kserve import MeshKServe
 from meshd.api.kserve_core import KServeCore
-from meshd.api.kserve_http import HttpServer
+from meshd.api.kserve_http import HttpServer, Infer
 from meshd.api.management import Management
 from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.modelrepo import ModelDirectory
@@ -29,6 +32,7 @@ from meshd.api.peer import PeerServicer
 from meshd.api.repository import MeshRepository
 from meshd.config import Config
 from meshd.core.clock import wall_ms
+from meshd.core.errors import DeadlineExceeded, MeshError
 from meshd.core.records import RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.decisions.cache import State, to_units
 from meshd.decisions.placement.liveness import departed_for_ms
@@ -61,7 +65,8 @@ from meshd.serving.invocations import Invocations
 from meshd.serving.local import LocalModels
 from meshd.serving.peers import Peers, dial_plaintext
 from meshd.serving.proxy.handler import InferenceHandler
-from meshd.serving.proxy.methods import MethodTable
+from meshd.serving.proxy.headers import RequestIds
+from meshd.serving.proxy.methods import MethodSpec, MethodTable
 from meshd.serving.proxy.peer_handler import PeerInferenceHandler
 from meshd.serving.router import Router
 
@@ -71,6 +76,81 @@ KV_STARTUP_TIMEOUT_S = 20.0  # upstream fails fast when the KV store is unreacha
 TRANSITION_CHECK_S = 1.0
 DRAIN_POLL_S = 0.25
 DRAIN_RESERVE_S = 5.0  # upstream stops waiting for reloads 5 s before the shutdown deadline
+
+
+SERVING_CHECK_S = 10.0  # the runtime answered READY: its inference endpoint should answer at once
+ID_RELEASE_GRACE_S = 2.0  # beyond the lease TTL, for etcd to delete a dead holder's record
+
+
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def http_inference(
+    router: Router, spec: MethodSpec | None, timeout_s: float | None, invocations: Invocations
+) -> Infer | None:
+    """KServe V2 HTTP inference as one ModelInfer through the router (None: the runtime does
+    not serve ModelInfer, and HTTP answers 501). Recorded like a gRPC call of that method."""
+    if spec is None:
+        return None
+
+    async def infer(request: bytes, ids: RequestIds) -> bytes:
+        started = invocations.start()
+        code = "OK"
+        response = b""
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await router.unary(spec, request, ids, (), timeout_s)
+                return response
+        except TimeoutError:
+            code = "DEADLINE_EXCEEDED"
+            raise DeadlineExceeded(
+                f"no answer within the default request timeout of {timeout_s:g} s (MESHD_REQUEST_TIMEOUT_MS)"
+            ) from None
+        except MeshError as e:
+            code = e.code.name
+            raise
+        except BaseException:
+            code = "UNKNOWN"
+            raise
+        finally:
+            invocations.done(spec.path, ids, code, started, len(request), len(response) if code == "OK" else -1)
+
+    return infer
+
+
+class StartRefused(Exception):
+    """Start-up stopped before anything was changed: a port taken, the instance id held by
+    a live instance. One line, naming the setting to change (exit 2)."""
+
+
+def listening_ports(cfg: Config) -> list[tuple[str, int]]:
+    """(setting, port) of every port this instance listens on; 0 (any free port) left out."""
+    ports = [("MM_SVC_GRPC_PORT (--grpc-port)", cfg.grpc_port), ("MESHD_PEER_PORT (--peer-port)", cfg.peer_port)]
+    if cfg.http_port is not None:
+        ports.append(("MESHD_HTTP_PORT (--http-port; or 'disabled')", cfg.http_port))
+    if cfg.metrics.enabled:
+        ports.append(("MM_METRICS (port=N; or 'disabled')", cfg.metrics.port))
+    return [(what, port) for what, port in ports if port]
+
+
+def check_ports_free(ports: Sequence[tuple[str, int]]) -> None:
+    """StartRefused naming the first port another process listens on (or two settings that
+    name one port). grpc would share a taken port (SO_REUSEPORT): two unrelated meshes then
+    answer on one port. Checked before the store, the runtime or any record is touched."""
+    seen: dict[int, str] = {}
+    for what, port in ports:
+        if port in seen:
+            raise StartRefused(f"{what} and {seen[port]} both name port {port}: give each its own")
+        seen[port] = what
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "taken"
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError as e:
+                reason = "already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+                raise StartRefused(
+                    f"port {port} is {reason} (another meshd on this host?): set {what} to a free port"
+                ) from None
 
 
 def _live_copies(record: ModelRecord, view: ClusterView) -> int:
@@ -116,10 +196,14 @@ class Instance:
 
     async def start(self) -> None:
         cfg = self.config
+        # Everything that can refuse start-up is checked before the runtime is asked for its
+        # status (it purges its models then): a mistaken second meshd must not wipe them.
+        check_ports_free(listening_ports(cfg))
         if self.tracing is None:
             self.tracing = tracing_from_env(cfg.instance_id)
         self.store = await self._open_store()
         prefix = cfg.key_prefix
+        await self._check_id_free(f"{prefix}/instances/{cfg.instance_id}")
         models: Table[ModelRecord] = Table(self.store, f"{prefix}/registry/", ModelRecord.decode, ModelRecord.encode)
         vmodels: Table[VModelRecord] = Table(self.store, f"{prefix}/vmodels/", VModelRecord.decode, VModelRecord.encode)
         self.instances = Table(self.store, f"{prefix}/instances/", InstanceRecord.decode, InstanceRecord.encode)
@@ -187,6 +271,8 @@ class Instance:
         watch.on_change = self.publisher.kick
 
         self.serving_channel = open_channel(cfg.serving_endpoint, cfg.max_msg_size)
+        if cfg.serving_endpoint != cfg.runtime_endpoint:
+            await self._check_serving(self.serving_channel)
         self.peers = Peers(cfg.max_msg_size, cfg.tls.dial_peer if cfg.tls else dial_plaintext)
         cluster = Cluster(
             cfg.instance_id,
@@ -292,7 +378,10 @@ class Instance:
             self.servers.append(server)
         if cfg.http_port is not None:
             ssl_context = tls.http_server_context() if tls else None
-            self.http = HttpServer(kserve, "0.0.0.0", cfg.http_port, ssl_context=ssl_context)
+            infer = http_inference(router, methods.spec(MODEL_INFER), timeout_s, invocations)
+            self.http = HttpServer(
+                kserve, "0.0.0.0", cfg.http_port, ssl_context=ssl_context, infer=infer, max_body_bytes=cfg.max_msg_size
+            )
             self.http_port = await self.http.start()
         if cfg.metrics.enabled:  # bound before peers can see the instance: a taken port fails start-up
             https = tls.http_server_context() if cfg.metrics.https and tls else None
@@ -396,6 +485,37 @@ class Instance:
                     await store.close()
                     raise StoreUnavailable(f"etcd at {url} unreachable for {KV_STARTUP_TIMEOUT_S:.0f}s: {e}") from e
                 await asyncio.sleep(0.5)
+
+    async def _check_id_free(self, key: str) -> None:
+        """StartRefused while another live instance holds this instance id. A record left by
+        a holder that died goes with its lease: waited for up to one lease TTL."""
+        assert self.store is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.instance_ttl_s + ID_RELEASE_GRACE_S
+        held = await self.store.get(key)
+        if held is not None:
+            log.info("instance id %s has a record; waiting up to one lease TTL for it to go", self.config.instance_id)
+        while held is not None:
+            if loop.time() >= deadline:
+                raise StartRefused(
+                    f"instance id {self.config.instance_id!r} is held by a live instance (its record "
+                    f"{key} is kept alive): set MESHD_INSTANCE_ID (--instance-id) to another id"
+                )
+            await asyncio.sleep(0.5)
+            held = await self.store.get(key)
+
+    async def _check_serving(self, channel: grpc.aio.Channel) -> None:
+        """The runtime's inference endpoint answers (a wrong --serving-port was only found
+        at the first inference)."""
+        cfg = self.config
+        try:
+            await asyncio.wait_for(channel.channel_ready(), SERVING_CHECK_S)
+        except TimeoutError:
+            raise RuntimeNotReady(
+                f"the runtime's inference endpoint {cfg.serving_endpoint} does not answer "
+                f"(its management endpoint {cfg.runtime_endpoint} does): check INTERNAL_SERVING_GRPC_PORT "
+                "(--serving-port) or INTERNAL_SERVING_GRPC_SOCKET_PATH (--serving-socket)"
+            ) from None
 
     def _on_model_change(self, model_id: str, old: ModelRecord | None, new: ModelRecord | None) -> None:
         # Unregistered elsewhere: unload our copy.
@@ -579,7 +699,19 @@ async def serve(config: Config) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        await instance.start()
+        # A signal during start-up (waiting for the runtime or etcd) stops it there.
+        starting = asyncio.create_task(instance.start(), name="start-up")
+        stopped = asyncio.create_task(stop.wait(), name="signal")
+        await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            log.info("stopped during start-up")
+            drain = False
+            return
+        starting.result()  # start-up's error, if it failed
         http = f", http port {instance.http_port}" if instance.http_port is not None else ""
         print(
             f"meshd {config.instance_id} ready: grpc port {instance.grpc_port}, peer port {instance.peer_port}{http}",

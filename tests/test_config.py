@@ -221,3 +221,43 @@ def test_bad_kv_store_is_a_one_line_exit_2(tmp_path: Path, capsys: pytest.Captur
         assert main(["serve", "--kv-store", f"etcd:{path}"]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"MM_SVC_GRPC_PORT": "70000"},
+        {"MESHD_PEER_PORT": "65536"},
+        {"INTERNAL_GRPC_PORT": "70000"},
+        {"INTERNAL_SERVING_GRPC_PORT": "99999"},
+    ],
+)
+def test_ports_above_65535_are_refused(env: dict[str, str]) -> None:
+    """grpc took them modulo 65536 (70000 listened on 4464)."""
+    with pytest.raises(ConfigError, match=f"{next(iter(env))} .*between") as e:
+        load_config(None, env)
+    assert "\n" not in str(e.value)
+    port_env = next(iter(env))
+    assert load_config(None, {port_env: "65535"}) is not None
+
+
+def test_http_port_error_says_it_can_be_disabled() -> None:
+    with pytest.raises(ConfigError, match=r"MESHD_HTTP_PORT .*'disabled'"):
+        load_config(None, {"MESHD_HTTP_PORT": "no"})
+
+
+@pytest.mark.parametrize("bad", ["bad/id", "two words", "", "tab\there", "é", "x" * 254])
+def test_bad_instance_ids_are_a_config_error(bad: str) -> None:
+    """An instance id is an etcd key segment: 'bad/id' used to end in a traceback after the
+    embedded etcd had started and the runtime had purged its models."""
+    if bad == "":
+        assert load_config(None, {"MESHD_INSTANCE_ID": ""}).instance_id  # unset: from the host name
+        return
+    with pytest.raises(ConfigError, match="MESHD_INSTANCE_ID") as e:
+        load_config(None, {"MESHD_INSTANCE_ID": bad})
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("good", ["solo", "pod-7f9c.a", "meshd-0", "10.0.0.1:8080"])
+def test_instance_ids_that_are_fine(good: str) -> None:
+    assert load_config(None, {"MESHD_INSTANCE_ID": good}).instance_id == good

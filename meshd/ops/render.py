@@ -1,6 +1,6 @@
 """Responses as the operator CLI prints them (pure): `--json` objects and text.
 
-The `--json` field names are a stable interface (README "Operator CLI"): camelCase like the
+The `--json` field names are a stable interface (docs/operations.md, "Operator CLI"): camelCase like the
 management API, times as `...Ms` (milliseconds since the epoch), sizes as `...Bytes`,
 unknown values as null.
 """

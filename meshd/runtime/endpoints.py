@@ -54,6 +54,9 @@ def server_options(max_message_bytes: int, max_headers_bytes: int) -> list[tuple
     for every request of a size."""
     return [
         *channel_options(max_message_bytes),
+        # grpc sets SO_REUSEPORT by default: a second server on a taken port would share it
+        # (two unrelated meshes answering on one port) instead of failing to bind.
+        ("grpc.so_reuseport", 0),
         ("grpc.max_metadata_size", max_headers_bytes),
         ("grpc.absolute_max_metadata_size", max_headers_bytes),
     ]

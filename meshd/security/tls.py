@@ -15,6 +15,7 @@ The runtime connection is local (loopback or unix socket) and stays plaintext.
 
 from __future__ import annotations
 
+import errno
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,11 +153,16 @@ class MeshTls:
 
 
 def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Add a listening port, TLS when credentials are given; returns the bound port."""
-    if credentials is None:
-        port: int = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, credentials)
+    """Add a listening port, TLS when credentials are given; returns the bound port.
+
+    OSError (EADDRINUSE) when it cannot listen there (grpc raises a bare RuntimeError)."""
+    try:
+        if credentials is None:
+            port: int = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError as e:
+        raise OSError(errno.EADDRINUSE, f"cannot listen for gRPC on {address}: {e}") from None
     return port
 
 

@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from meshd.observability.metrics import Metrics
 from meshd.serving.proxy.headers import RequestIds
 
-log = logging.getLogger("meshd.invocations")  # the documented per-call log (README); kept across moves
+log = logging.getLogger("meshd.invocations")  # the documented per-call log (docs/observability.md); kept across moves
 
 LOCAL = "local"  # `servedBy` of a call this instance's runtime served
 # Codes of a call whose model id named nothing: not used as a per-model label (bounded series).

@@ -3,6 +3,7 @@ status codes, and `{"error": ...}` bodies for each bad input."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -151,3 +152,73 @@ async def test_without_the_repository_extension(fake: FakeMesh) -> None:
         assert (await call(c, "GET", "/v2"))[1]["extensions"] == []
         status, body = await call(c, "POST", "/v2/repository/index")
         assert status == 501 and "not enabled" in body["error"]
+
+
+class FakeInfer:
+    """Answers a ModelInfer with its inputs echoed as outputs (raw), recording the ids."""
+
+    def __init__(self) -> None:
+        self.ids: list[Any] = []
+        self.error: Exception | None = None
+
+    async def __call__(self, request: bytes, ids: Any) -> bytes:
+        from meshd._proto.inference import grpc_predict_v2_pb2 as pb
+
+        self.ids.append(ids)
+        if self.error is not None:
+            raise self.error
+        req = pb.ModelInferRequest.FromString(request)
+        resp = pb.ModelInferResponse(model_name=req.model_name, id=req.id)
+        for t in req.inputs:
+            resp.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        resp.raw_output_contents.extend(req.raw_input_contents)
+        return resp.SerializeToString()
+
+
+async def test_inference_is_translated_and_routed_by_path_or_header(fake: FakeMesh) -> None:
+    import base64
+    import struct
+
+    from meshd.core.errors import Unavailable
+
+    infer = FakeInfer()
+    core = KServeCore(fake.status, lambda: True)
+    doc = {"id": "1", "inputs": [{"name": "x", "shape": [2], "datatype": "INT32", "data": [1, -2]}]}
+    async with TestClient(TestServer(KServeHttp(core, infer).app())) as c:
+        status, body = await call(c, "POST", "/v2/models/m1/infer", json=doc)
+        assert status == 200 and body["outputs"] == [{"name": "x", "datatype": "INT32", "shape": [2], "data": [1, -2]}]
+        assert (infer.ids[-1].model_id, infer.ids[-1].vmodel_id) == ("m1", None)
+        await call(c, "POST", "/v2/models/path-name/versions/3/infer", json=doc, headers={"mm-vmodel-id": "vm"})
+        assert (infer.ids[-1].model_id, infer.ids[-1].vmodel_id) == (None, "vm")
+        bin_id = base64.b64encode("mödel".encode()).decode()
+        await call(c, "POST", "/v2/models/x/infer", json=doc, headers={"mm-model-id-bin": bin_id})
+        assert infer.ids[-1].model_id == "mödel"
+        # Binary in, binary out: the header names the JSON's length both ways.
+        header = json.dumps(
+            {
+                "inputs": [{"name": "x", "shape": [2], "datatype": "INT32", "parameters": {"binary_data_size": 8}}],
+                "outputs": [{"name": "x", "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+        raw = struct.pack("<2i", 5, 6)
+        resp = await c.post(
+            "/v2/models/m1/infer",
+            data=header + raw,
+            headers={"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
+        )
+        assert resp.status == 200 and resp.content_type == "application/octet-stream"
+        body_bytes = await resp.read()
+        n = int(resp.headers["Inference-Header-Content-Length"])
+        assert json.loads(body_bytes[:n])["outputs"][0]["parameters"] == {"binary_data_size": 8}
+        assert body_bytes[n:] == raw
+        # Errors: {"error": ...} with the HTTP status of the failure.
+        status, body = await call(c, "POST", "/v2/models/m1/infer", data=b"{")
+        assert status == 400 and "malformed JSON" in body["error"]
+        headers = {"Inference-Header-Content-Length": "ten"}
+        status, body = await call(c, "POST", "/v2/models/m1/infer", data=b"{}", headers=headers)
+        assert status == 400 and "Inference-Header-Content-Length" in body["error"]
+        both = {"mm-model-id": "a", "mm-vmodel-id": "b"}
+        status, body = await call(c, "POST", "/v2/models/m1/infer", json=doc, headers=both)
+        assert status == 400 and "both a model and a vmodel" in body["error"]
+        infer.error = Unavailable("no copy of 'm1' could serve")
+        assert await call(c, "POST", "/v2/models/m1/infer", json=doc) == (503, {"error": "no copy of 'm1' could serve"})

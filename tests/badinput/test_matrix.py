@@ -2,7 +2,7 @@
 reference runtime with idInjectionPath [1]) gets its exact status and a message naming the
 problem; after every row the records stored at module start are unchanged and still served.
 
-Rows already covered elsewhere are not repeated here (README "Bad input" lists them all):
+Rows already covered elsewhere are not repeated here (docs/reliability.md "Bad input" lists them all):
 tests/integration/test_single_instance.py (empty model id, empty type, 5 000-byte id on
 registerModel, unknown model, non-UTF-8 `-bin` header, no id at all, both headers, two
 different mm-model-id values, malformed body, runtime SPI and unknown methods, a corrupt
