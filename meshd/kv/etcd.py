@@ -22,6 +22,7 @@ import aetcd
 import grpc
 from aetcd import rpc
 
+from meshd.kv.health import Responsiveness
 from meshd.kv.store import (
     Compacted,
     Compare,
@@ -125,6 +126,7 @@ class EtcdStore:
         self._closed = False
         self._closed_event = asyncio.Event()
         self._watch_calls: set[Any] = set()
+        self.health = Responsiveness()
 
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float = 5.0) -> EtcdStore:
@@ -153,6 +155,8 @@ class EtcdStore:
 
     @contextlib.contextmanager
     def _mapped(self, what: str) -> Iterator[None]:
+        """One unary call: its gRPC errors as store errors, its outcome noted in `health`."""
+        token = self.health.sent()
         try:
             yield
         except grpc.aio.AioRpcError as e:
@@ -160,8 +164,20 @@ class EtcdStore:
             # cancellation, not a store error, and must not be swallowed by error handling.
             task = asyncio.current_task()
             if e.code() == grpc.StatusCode.CANCELLED and task is not None and task.cancelling():
+                self.health.dropped(token)
                 raise asyncio.CancelledError from e
+            if e.code() in _UNAVAILABLE_CODES:
+                self.health.unanswered(token)
+            else:
+                self.health.answered(token)
             raise _map_rpc_error(e, what) from e
+        except BaseException:
+            self.health.dropped(token)
+            raise
+        self.health.answered(token)
+
+    def responsive(self) -> bool:
+        return self.health.responsive()
 
     # -- KVStore ---------------------------------------------------------------------
 
@@ -296,6 +312,7 @@ class EtcdStore:
                     resp = await call.read()
                     if resp is grpc.aio.EOF:
                         raise _StreamBroken("watch stream ended")
+                    self.health.answered()
                     if resp.compact_revision > 0:
                         raise Compacted(int(resp.compact_revision))
                     if resp.canceled:
