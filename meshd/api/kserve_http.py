@@ -19,7 +19,9 @@ Endpoints (KServe V2 REST protocol and its model-repository extension):
 Model metadata over HTTP is not served (501): use gRPC for that. Errors are
 `{"error": "..."}` with the HTTP status matching the core error's gRPC status. Model names
 are path segments, percent-decoded (`%2F` for a `/` in an id). Versions are accepted and
-ignored: meshd models have none.
+ignored: meshd models have none. A request aiohttp cannot parse (a request line or header
+over its 8190-byte limits, e.g. a 10,000-character model name in the path) is answered the
+same way, 400 `{"error": ...}`, and logged as one line, not as an error with a traceback.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from typing import Any
 
 import grpc
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp.web_protocol import RequestHandler
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb
 from meshd.api.kserve_core import KServeCore
@@ -230,6 +234,58 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error(500, f"{type(e).__name__}: {e}")
 
 
+ERROR_DETAIL_CHARS = 200  # of a parser's message, which may quote the offending line
+
+
+def parse_error(exc: BaseException | None, message: str | None) -> str:
+    """What to tell a client whose request could not be parsed (short: never the line itself)."""
+    if isinstance(exc, LineTooLong):
+        what, limit = exc.args[0], exc.args[1]
+        what = what.decode(errors="replace") if isinstance(what, bytes) else str(what)
+        if len(what) <= ERROR_DETAIL_CHARS:
+            return f"bad HTTP request: {what} (the limit is {limit} bytes)"
+        return f"bad HTTP request: a request line or header is over {limit} bytes"
+    detail = message or (exc.message if isinstance(exc, HttpProcessingError) else "") or "cannot be parsed"
+    if len(detail) > ERROR_DETAIL_CHARS:
+        detail = detail[:ERROR_DETAIL_CHARS] + "..."
+    return f"bad HTTP request: {detail}"
+
+
+class _Connection(RequestHandler):
+    """aiohttp's connection handler, answering a request its parser refused (status 4xx,
+    before any route or middleware runs) as `{"error": ...}` and logging it as one line."""
+
+    __slots__ = ()  # the same layout as RequestHandler: `_Server` retypes its handlers
+
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        if not 400 <= status < 500:
+            return super().handle_error(request, status, exc, message)
+        text = parse_error(exc, message)
+        log.info("HTTP %d to %s: %s", status, request.remote, text)
+        response = web.json_response({"error": text}, status=status)
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        handler = super().__call__()
+        handler.__class__ = _Connection
+        return handler
+
+
+class _Runner(web.AppRunner):
+    """An AppRunner whose connections answer unparseable requests as JSON (`_Connection`):
+    aiohttp answers those in its protocol handler, with no hook for the body."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _Server
+        return server
+
+
 class HttpServer:
     """The REST endpoints on one TCP port; `stop()` closes it (idempotent)."""
 
@@ -245,7 +301,7 @@ class HttpServer:
     ) -> None:
         self.ssl_context = ssl_context
         app = KServeHttp(core, infer, max_body_bytes).app()
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout_s)
+        self.runner = _Runner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout_s)
         self.host = host
         self.port = port
 

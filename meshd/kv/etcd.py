@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import grpc
 from aetcd import rpc
 
+from meshd.kv.health import Responsiveness
 from meshd.kv.store import (
     Compacted,
     Compare,
@@ -162,6 +163,7 @@ class EtcdStore:
         self._closed_event = asyncio.Event()
         self._watch_calls: set[Any] = set()
         self._retired: set[asyncio.Task[None]] = set()
+        self.health = Responsiveness()
 
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float = 5.0) -> EtcdStore:
@@ -272,6 +274,8 @@ class EtcdStore:
 
     @contextlib.contextmanager
     def _mapped(self, what: str) -> Iterator[None]:
+        """One unary call: its gRPC errors as store errors, its outcome noted in `health`."""
+        token = self.health.sent()
         try:
             yield
         except grpc.aio.AioRpcError as e:
@@ -279,8 +283,20 @@ class EtcdStore:
             # cancellation, not a store error, and must not be swallowed by error handling.
             task = asyncio.current_task()
             if e.code() == grpc.StatusCode.CANCELLED and task is not None and task.cancelling():
+                self.health.dropped(token)
                 raise asyncio.CancelledError from e
+            if e.code() in _UNAVAILABLE_CODES:
+                self.health.unanswered(token)
+            else:
+                self.health.answered(token)
             raise _map_rpc_error(e, what) from e
+        except BaseException:
+            self.health.dropped(token)
+            raise
+        self.health.answered(token)
+
+    def responsive(self) -> bool:
+        return self.health.responsive()
 
     # -- KVStore ---------------------------------------------------------------------
 
@@ -417,6 +433,7 @@ class EtcdStore:
                     resp = await call.read()
                     if resp is grpc.aio.EOF:
                         raise _StreamBroken("watch stream ended")
+                    self.health.answered()
                     if resp.compact_revision > 0:
                         raise Compacted(int(resp.compact_revision))
                     if resp.canceled:

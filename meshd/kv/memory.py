@@ -124,6 +124,9 @@ class MemoryStore:
         self._leases[lease_id] = _Lease(lease_id, ttl, self._clock() + ttl)
         return lease_id
 
+    def responsive(self) -> bool:
+        return True  # in process: it always answers
+
     async def keep_alive(self, lease_id: int) -> int:
         self._begin()
         lease = self._leases.get(lease_id)

@@ -115,6 +115,10 @@ class KVStore(Protocol):
         the implementation gives up reconnecting. Ends when the iterator is closed.
         """
 
+    def responsive(self) -> bool:
+        """False while the store is known not to answer (kv.health): caller-facing calls
+        then give up at once instead of waiting out their deadline."""
+
     async def compact(self, revision: int) -> None:
         """Discard history before `revision` (tests use this to exercise re-listing)."""
 

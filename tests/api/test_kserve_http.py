@@ -3,7 +3,9 @@ status codes, and `{"error": ...}` bodies for each bad input."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from meshd.api.kserve_core import KServeCore
-from meshd.api.kserve_http import KServeHttp
+from meshd.api.kserve_http import HttpServer, KServeHttp
 from meshd.core.errors import InvalidArgument, NotFound
 from meshd.decisions.status import NOT_FOUND, ModelStatus, StatusView
 
@@ -222,3 +224,52 @@ async def test_inference_is_translated_and_routed_by_path_or_header(fake: FakeMe
         assert status == 400 and "both a model and a vmodel" in body["error"]
         infer.error = Unavailable("no copy of 'm1' could serve")
         assert await call(c, "POST", "/v2/models/m1/infer", json=doc) == (503, {"error": "no copy of 'm1' could serve"})
+
+
+async def raw_exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One request on a fresh connection, read to EOF (the server closes after a parse error)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        data = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        # issue 15, item 7: a 10,000-character model name in the request line
+        b"POST /v2/repository/models/" + b"m" * 10_000 + b"/load HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 10_000 + b"\r\n\r\n",
+        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-" + b"n" * 10_000 + b": v\r\n\r\n",
+        b"NOT HTTP AT ALL\r\n\r\n",
+    ],
+    ids=["long-request-line", "long-header-value", "long-header-name", "garbage"],
+)
+async def test_requests_the_parser_refuses_answer_json_without_a_traceback(
+    fake: FakeMesh, request_bytes: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    core = KServeCore(fake.status, lambda: fake.serving, fake, fake.resolve)
+    server = HttpServer(core, "127.0.0.1", 0)
+    port = await server.start()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            status, headers, body = await raw_exchange(port, request_bytes)
+            # the server still serves the next connection
+            ok_status, _, ok_body = await raw_exchange(
+                port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+    finally:
+        await server.stop()
+    assert status == 400
+    assert headers["content-type"].startswith("application/json")
+    error = json.loads(body)["error"]
+    assert error.startswith("bad HTTP request") and len(error) < 400
+    assert (ok_status, json.loads(ok_body)) == (200, {"live": True})
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -182,6 +183,7 @@ class Traffic:
 
     def __init__(self, clients: list[Client], models: list[GeneratedModel], pace_s: float = 0.02) -> None:
         self.failures: list[str] = []
+        self.failed_at: list[float] = []  # time.monotonic() of each failure, in order
         self.served: Counter[str] = Counter()
         self.successes = 0
         self._lock = threading.Lock()
@@ -206,6 +208,7 @@ class Traffic:
                     self.successes += 1
                 else:
                     self.failures.append(f"{client.node.instance_id} {m.id}: {error}")
+                    self.failed_at.append(time.monotonic())
 
     def __enter__(self) -> Traffic:
         for t in self._threads:
