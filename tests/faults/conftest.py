@@ -154,11 +154,6 @@ def listed_models(c: Client) -> set[str]:
     return {m.modelId for m in resp.models}
 
 
-def listed_instances(c: Client) -> set[str]:
-    resp = admin_pb2_grpc.MeshAdminStub(c.channel).listInstances(admin_pb2.ListInstancesRequest(), timeout=10)
-    return {i.instanceId for i in resp.instances}
-
-
 def active_of(c: Client, vmodel_id: str) -> str:
     req = mm.GetVModelStatusRequest(vModelId=vmodel_id)
     return str(c.mm.getVModelStatus(req, timeout=10).activeModelId)

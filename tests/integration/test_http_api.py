@@ -96,7 +96,7 @@ def test_http_endpoints_over_the_mesh(start_node: NodeFactory, models: list[Gene
     status, body = http(a, "POST", "/v2/repository/index", '{"ready": 1}')
     assert status == 400 and "'ready'" in body["error"]
     status, body = http(a, "POST", f"/v2/models/{m2.id}/infer", "{}")
-    assert status == 501 and "use gRPC" in body["error"]
+    assert status == 400 and "'inputs' must be a non-empty list" in body["error"]
     assert http(a, "GET", "/v2/nothing-here")[0] == 404
 
 

@@ -15,7 +15,7 @@ from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.runtimes.models import GeneratedModel, decode_infer_response, generate_models, make_infer_request
 from meshd.testing.procs import wait_until
 
-from .conftest import MODEL_SIZE, Client, NodeFactory, Traffic, close_enough, expected
+from .conftest import MODEL_SIZE, Client, NodeFactory, Traffic, close_enough, expected, listed_instances
 
 pytestmark = pytest.mark.slow
 
@@ -99,6 +99,8 @@ def test_a_load_failure_on_one_instance_loads_elsewhere_and_is_reported(
     m = models[0]
     a = start_node("inst-a", runtime_args=["--fail-load", m.id])
     b = start_node("inst-b")
+    # A port that answers comes before the record peers see: wait until a knows b.
+    wait_until(lambda: listed_instances(a) >= {"inst-a", "inst-b"}, 15, "inst-a to see inst-b")
     a.register(m)
     # Make a try first (its runtime refuses this model); the failure lands in the record.
     with grpc.insecure_channel(f"127.0.0.1:{a.node.peer_port}") as ch:

@@ -58,8 +58,12 @@ def under(etcd: EmbeddedEtcd, prefix: str) -> dict[str, dict[str, Any]]:
     kvs = _gateway(etcd, "range", {"key": _b64(prefix), "range_end": _b64(end)}).get("kvs", [])
     out: dict[str, dict[str, Any]] = {}
     for kv in kvs:
-        value = base64.b64decode(kv.get("value", "")).decode()
-        out[base64.b64decode(kv["key"]).decode()] = json.loads(value) if value.startswith("{") else {}
+        value = base64.b64decode(kv.get("value", "")).decode(errors="replace")
+        try:
+            record = json.loads(value)
+        except ValueError:
+            record = None  # not a record (a leader latch's value, another test's raw write)
+        out[base64.b64decode(kv["key"]).decode()] = record if isinstance(record, dict) else {}
     return out
 
 
