@@ -14,6 +14,17 @@ from meshd.kv.table import Table
 from meshd.peers import Peers
 from meshd.placement.view import ClusterView, InstanceView
 
+# A peer whose instance record went (lease lost: it may be merely cut off from etcd, still
+# serving and forwarding) keeps its forwarded calls accepted this long; upstream keeps a gone
+# instance in the model records as long (its 10 min "instance gone" window).
+PEER_GONE_GRACE_MS = 600_000
+
+
+def accepts_calls_from(live: bool, gone_since_ms: int | None, now_ms: int, grace_ms: int = PEER_GONE_GRACE_MS) -> bool:
+    """Whether the internal port takes forwarded calls from an instance: live, or live until
+    less than `grace_ms` ago (seen by this instance; one never seen is refused)."""
+    return live or (gone_since_ms is not None and now_ms - gone_since_ms < grace_ms)
+
 
 class Cluster:
     def __init__(
@@ -33,11 +44,24 @@ class Cluster:
         self.clock = clock
         self._views: Mapping[str, InstanceView] = {}
         self._revision = -1
+        self._gone_ms: dict[str, int] = {}  # instance id -> when its record went
         instances.listeners.append(self._on_change)
 
     def _on_change(self, instance_id: str, old: InstanceRecord | None, new: InstanceRecord | None) -> None:
         if new is None:
             self.peers.forget(instance_id)
+            if old is not None:
+                self._gone_ms[instance_id] = self.clock()
+        else:
+            self._gone_ms.pop(instance_id, None)
+
+    def accepts_calls_from(self, instance_id: str) -> bool:
+        """A peer live now, or until recently (see `accepts_calls_from`)."""
+        now = self.clock()
+        for iid, since in list(self._gone_ms.items()):  # forget the long gone
+            if now - since >= PEER_GONE_GRACE_MS:
+                del self._gone_ms[iid]
+        return accepts_calls_from(self.view().live(instance_id), self._gone_ms.get(instance_id), now)
 
     def view(self) -> ClusterView:
         if self._revision != self.instances.revision:

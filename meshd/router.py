@@ -371,8 +371,9 @@ class Router:
             return {}
 
     def is_peer(self, instance_id: str) -> bool:
-        """A live instance of this mesh (forwarded calls are accepted only from those)."""
-        return instance_id != self.self_id and self.cluster.view().live(instance_id)
+        """An instance of this mesh, live or until recently: forwarded calls are accepted only
+        from those (one whose lease ran out while cut off from etcd still forwards to us)."""
+        return instance_id != self.self_id and self.cluster.accepts_calls_from(instance_id)
 
     def _load_target(
         self, view: ClusterView, model_id: str, record: ModelRecord, exclude: frozenset[str], prefer_self: bool
