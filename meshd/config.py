@@ -288,22 +288,24 @@ def parse_kv_store(value: str) -> EtcdTarget:
             raise ConfigError(f"KV_STORE JSON is invalid: {e}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("endpoints"), str):
             raise ConfigError("KV_STORE JSON needs a string field 'endpoints'")
-        body = obj["endpoints"].split(",")[0].strip()
+        body = obj["endpoints"]
         root_raw = obj.get("root_prefix") or ""
         if not isinstance(root_raw, str):
             raise ConfigError("KV_STORE JSON field 'root_prefix' must be a string")
         root = root_raw
-    else:
-        body = body.split(",")[0].strip()
-    url = body if "://" in body else f"http://{body}"
-    parsed = urlparse(url)
-    try:
-        port = parsed.port
-    except ValueError:  # not a number, or out of range
-        port = None
-    if not parsed.hostname or not port:
-        raise ConfigError(f"KV_STORE endpoint must include host and a valid port (got {body!r})")
-    return EtcdTarget(f"http://{parsed.hostname}:{parsed.port}", root)
+    urls = []
+    for endpoint in body.split(","):  # every member: meshd fails over between them
+        endpoint = endpoint.strip()
+        url = endpoint if "://" in endpoint else f"http://{endpoint}"
+        parsed = urlparse(url)
+        try:
+            port = parsed.port
+        except ValueError:  # not a number, or out of range
+            port = None
+        if not parsed.hostname or not port:
+            raise ConfigError(f"KV_STORE endpoint must include host and a valid port (got {endpoint!r})")
+        urls.append(f"http://{parsed.hostname}:{parsed.port}")
+    return EtcdTarget(",".join(urls), root)
 
 
 def default_instance_id() -> str:

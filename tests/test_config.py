@@ -50,8 +50,10 @@ def test_kv_store_forms() -> None:
     t = parse_kv_store(
         'etcd:{"endpoints": "http://e1:2379,http://e2:2379", "root_prefix": "modelmesh-serving/mm_ns/ns"}'
     )
-    assert (t.url, t.root_prefix) == ("http://e1:2379", "modelmesh-serving/mm_ns/ns")
-    for bad in ["zookeeper:x", "etcd:{bad json", 'etcd:{"x": 1}', "etcd:http://nohostport"]:
+    # Every member is kept: meshd fails over between them (a lost member is not a lost etcd).
+    assert (t.url, t.root_prefix) == ("http://e1:2379,http://e2:2379", "modelmesh-serving/mm_ns/ns")
+    assert parse_kv_store("etcd:10.0.0.1:2379, http://10.0.0.2:2379").url == "http://10.0.0.1:2379,http://10.0.0.2:2379"
+    for bad in ["zookeeper:x", "etcd:{bad json", 'etcd:{"x": 1}', "etcd:http://nohostport", "etcd:a:1,nohostport"]:
         with pytest.raises(ConfigError):
             parse_kv_store(bad)
 

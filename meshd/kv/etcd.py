@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -114,28 +115,57 @@ def _group_by_revision(events: Sequence[Event]) -> list[list[Event]]:
     return groups
 
 
+def member_target(endpoints: Sequence[tuple[str, int]]) -> str:
+    """One grpc target naming every member's addresses (grpc's `ipv4:`/`ipv6:` list schemes
+    take addresses only, so host names are resolved here, once)."""
+    v4: list[str] = []
+    v6: list[str] = []
+    for host, port in endpoints:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as e:
+            raise ValueError(f"etcd member {host}:{port} does not resolve: {e}") from None
+        for family, _, _, _, addr in infos:
+            if family == socket.AF_INET and f"{addr[0]}:{port}" not in v4:
+                v4.append(f"{addr[0]}:{port}")
+            elif family == socket.AF_INET6 and f"[{addr[0]}]:{port}" not in v6:
+                v6.append(f"[{addr[0]}]:{port}")
+    return "ipv4:" + ",".join(v4) if v4 else "ipv6:" + ",".join(v6)
+
+
 class EtcdStore:
     """KVStore over etcd; unary calls are bounded by `timeout_s`, watches are not."""
 
-    def __init__(self, host: str, port: int, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, host: str, port: int, *, timeout_s: float = 5.0, others: Sequence[tuple[str, int]] = ()) -> None:
+        """`others`: the cluster's other members; calls then spread over every member that
+        answers (grpc's round_robin), so losing one member (a minority) costs one retry."""
         self.host = host
         self.port = port
         self.timeout_s = timeout_s
-        self._client = aetcd.Client(host=host, port=port, options=dict(_CHANNEL_OPTIONS))
+        options = dict(_CHANNEL_OPTIONS)
+        if others:
+            target = member_target([(host, port), *others])
+            host, port = target.rsplit(":", 1)[0], int(target.rsplit(":", 1)[1])  # aetcd joins them again
+            options["grpc.lb_policy_name"] = "round_robin"
+        self._client = aetcd.Client(host=host, port=port, options=options)
         self._closed = False
         self._closed_event = asyncio.Event()
         self._watch_calls: set[Any] = set()
 
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float = 5.0) -> EtcdStore:
-        """Parse "http://host:port" or "host:port"; a comma-separated list uses its first endpoint."""
-        first = url.split(",")[0].strip()
-        parsed = urllib.parse.urlsplit(first if "://" in first else f"http://{first}")
-        if parsed.scheme not in ("http", ""):
-            raise ValueError(f"unsupported etcd URL scheme {parsed.scheme!r} in {url!r} (only plain http)")
-        if not parsed.hostname:
-            raise ValueError(f"no host in etcd URL {url!r}")
-        return cls(parsed.hostname, parsed.port or 2379, timeout_s=timeout_s)
+        """Parse "http://host:port" or "host:port", or a comma-separated list of members."""
+        endpoints = []
+        for one in url.split(","):
+            one = one.strip()
+            parsed = urllib.parse.urlsplit(one if "://" in one else f"http://{one}")
+            if parsed.scheme not in ("http", ""):
+                raise ValueError(f"unsupported etcd URL scheme {parsed.scheme!r} in {url!r} (only plain http)")
+            if not parsed.hostname:
+                raise ValueError(f"no host in etcd URL {url!r}")
+            endpoints.append((parsed.hostname, parsed.port or 2379))
+        (host, port), others = endpoints[0], endpoints[1:]
+        return cls(host, port, timeout_s=timeout_s, others=others)
 
     def __repr__(self) -> str:
         return f"EtcdStore({self.host}:{self.port})"

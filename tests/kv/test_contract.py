@@ -17,7 +17,7 @@ from typing import TypeVar
 import pytest
 
 from meshd.kv.embedded import EmbeddedEtcd, free_port
-from meshd.kv.etcd import EtcdStore
+from meshd.kv.etcd import EtcdStore, member_target
 from meshd.kv.memory import MemoryStore
 from meshd.kv.store import (
     Compacted,
@@ -354,6 +354,11 @@ def test_from_url() -> None:
         assert (store.host, store.port) == ("127.0.0.1", 23790)
     with pytest.raises(ValueError):
         EtcdStore.from_url("https://127.0.0.1:2379")
+
+
+def test_member_target_names_every_member() -> None:
+    target = member_target([("127.0.0.1", 2379), ("localhost", 2380), ("127.0.0.1", 2379)])
+    assert target == "ipv4:127.0.0.1:2379,127.0.0.1:2380"
 
 
 async def test_etcd_unreachable_raises_store_unavailable() -> None:

@@ -151,6 +151,17 @@ class Net:
         result: dict[str, dict[str, Any]] = self._store_call(read)
         return result
 
+    def instance_leases(self) -> dict[str, int]:
+        """Each instance record's lease (a new one means the instance lost its lease)."""
+        base = f"{self.prefix}/instances/"
+
+        async def read(store: EtcdStore) -> dict[str, int]:
+            kvs, _ = await store.range_prefix(base)
+            return {kv.key[len(base) :]: kv.lease for kv in kvs}
+
+        result: dict[str, int] = self._store_call(read)
+        return result
+
     def leader_in_etcd(self) -> str | None:
         base = f"{self.prefix}/leader/"
 
