@@ -52,18 +52,25 @@ class LeaseKeeper:
 
     async def _keep(self) -> None:
         interval = max(self.ttl_s / 3, 0.2)
+        retry = False
         while True:
-            await asyncio.sleep(interval)
+            if not retry:
+                await asyncio.sleep(interval)
+            retry = False
             if self.lost:
                 await self._regrant()
                 continue
             try:
-                await self.store.keep_alive(self.lease_id)
+                # At most one interval per try: a try stuck on an etcd member that went silent
+                # must not outlive the lease; the next try (at once) may reach another member.
+                async with asyncio.timeout(interval):
+                    await self.store.keep_alive(self.lease_id)
             except LeaseExpired:
                 self.mark_lost(self.lease_id)
                 await self._regrant()
-            except StoreError as e:
-                log.warning("lease keep-alive failed (will retry): %s", e)
+            except (StoreError, TimeoutError) as e:
+                log.warning("lease keep-alive failed (will retry): %s", e or "no answer in time")
+                retry = isinstance(e, TimeoutError)
 
     async def _regrant(self) -> None:
         if self.before_regrant is not None:

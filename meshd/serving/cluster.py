@@ -20,6 +20,7 @@ from meshd.core.clock import Clock, wall_ms
 from meshd.core.records import InstanceRecord
 from meshd.decisions.placement.liveness import (
     DEPARTED_MIN_MS,
+    PEER_GONE_GRACE_MS,
     UNREACHABLE_MS,
     Expiring,
     recently_departed,
@@ -54,16 +55,30 @@ class Cluster:
         self._departures: dict[str, tuple[int, InstanceView]] = {}  # id -> (when its record went, last view)
         self._unreachable = Expiring()
         self._upstream_logged: set[str] = set()
+        self._gone_ms: dict[str, int] = {}  # id -> when its record went (no shutdown flag)
         instances.listeners.append(self._on_change)
 
     def _on_change(self, instance_id: str, old: InstanceRecord | None, new: InstanceRecord | None) -> None:
         if new is None:
             self.peers.forget(instance_id)
             if old is not None and not old.upstream and instance_id != self.self_id:
-                self._departures[instance_id] = (self.clock(), InstanceView.from_record(instance_id, old))
+                now = self.clock()
+                self._departures[instance_id] = (now, InstanceView.from_record(instance_id, old))
+                if not old.shutdown:  # cut off from etcd, maybe, and still forwarding to us
+                    self._gone_ms[instance_id] = now
         else:
             self._departures.pop(instance_id, None)
+            self._gone_ms.pop(instance_id, None)
             self._note(instance_id, new)
+
+    def gone_since_ms(self, instance_id: str) -> int | None:
+        """When `instance_id`'s record went without the shutdown flag (None: it did not, or
+        longer ago than forwarded calls are accepted for)."""
+        since = self._gone_ms.get(instance_id)
+        if since is not None and self.clock() - since >= PEER_GONE_GRACE_MS:
+            del self._gone_ms[instance_id]
+            return None
+        return since
 
     def note_unreachable(self, instance_id: str, for_ms: int = UNREACHABLE_MS) -> None:
         """The data path found `instance_id` unreachable (refused, keepalive failed): its

@@ -363,9 +363,10 @@ class Router:
             return {}
 
     def is_peer(self, instance_id: str) -> bool:
-        """An instance of this mesh, live or departed moments ago (forwarded calls are
-        accepted only from those; placement.liveness)."""
-        return trusted_peer(self.cluster.view(), instance_id)
+        """An instance of this mesh, live, departed moments ago, or gone less than 10 min ago
+        (cut off from etcd, still forwarding): forwarded calls are accepted only from those
+        (placement.liveness)."""
+        return trusted_peer(self.cluster.view(), instance_id, self.cluster.gone_since_ms(instance_id))
 
     def _load_target(
         self, view: ClusterView, model_id: str, record: ModelRecord, exclude: frozenset[str], prefer_self: bool

@@ -18,6 +18,10 @@ both ways:
   running: its copies still count toward max copies and still serve when no live copy
   does, and its forwarded calls are still accepted. Otherwise every instance would load
   every capped model for itself in that window.
+- An instance cut off from etcd but not from its peers loses its record when its lease
+  runs out, yet keeps serving and forwarding. Its forwarded calls are accepted for as long
+  as upstream keeps a gone instance in the model records (10 min, `PEER_GONE_GRACE_MS`):
+  accepting a call costs nothing, refusing it fails a request (found by tests/netfaults).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ UNREACHABLE_MS = 10_000
 # The least time a record that went (without the shutdown flag) is still trusted: records
 # expired by an etcd stall return as their instances re-register, within a few seconds.
 DEPARTED_MIN_MS = 10_000
+# How long a peer whose record went (for any reason but a clean shutdown) still has its
+# forwarded calls accepted: upstream's 10 min "instance gone" window.
+PEER_GONE_GRACE_MS = 600_000
 
 
 def departed_for_ms(instance_ttl_ms: int) -> int:
@@ -82,7 +89,13 @@ def counted_for_max_copies(view: ClusterView) -> frozenset[str]:
     return frozenset((serving | set(view.departed)) - view.unreachable)
 
 
-def trusted_peer(view: ClusterView, instance_id: str) -> bool:
-    """A call marked as forwarded by `instance_id` comes from the mesh: it is live here, or
-    departed moments ago (its record expired with everyone's in an etcd stall)."""
-    return instance_id != view.self_id and (view.live(instance_id) or instance_id in view.departed)
+def trusted_peer(view: ClusterView, instance_id: str, gone_since_ms: int | None = None) -> bool:
+    """A call marked as forwarded by `instance_id` comes from the mesh: it is live here,
+    departed moments ago (its record expired with everyone's in an etcd stall), or its
+    record went less than `PEER_GONE_GRACE_MS` ago (`gone_since_ms`: when; None if it never
+    went while this instance watched)."""
+    if instance_id == view.self_id:
+        return False
+    if view.live(instance_id) or instance_id in view.departed:
+        return True
+    return gone_since_ms is not None and view.now_ms - gone_since_ms < PEER_GONE_GRACE_MS

@@ -4,6 +4,7 @@ path, or departed moments ago (issue 15)."""
 from __future__ import annotations
 
 from meshd.decisions.placement.liveness import (
+    PEER_GONE_GRACE_MS,
     Expiring,
     counted_for_max_copies,
     departed_for_ms,
@@ -72,3 +73,11 @@ def test_a_peer_call_is_trusted_from_live_and_recently_departed_instances() -> N
     v = _view("y", departed=("x",))
     assert trusted_peer(v, "y") and trusted_peer(v, "x")
     assert not trusted_peer(v, "me") and not trusted_peer(v, "stranger")
+
+
+def test_a_peer_call_is_trusted_from_an_instance_gone_less_than_the_grace() -> None:
+    # Its lease ran out while it was cut off from etcd: it still serves, and forwards here.
+    v = _view("y")
+    assert trusted_peer(v, "cut-off", gone_since_ms=NOW - 60_000)
+    assert not trusted_peer(v, "cut-off", gone_since_ms=NOW - PEER_GONE_GRACE_MS)
+    assert not trusted_peer(v, "cut-off", gone_since_ms=None)
