@@ -151,12 +151,16 @@ def test_uuids_as_bytes_from_older_bindings() -> None:
 
 
 def test_capacity_rule() -> None:
-    overhead = 256 << 20
-    assert sizing.capacity_with_gpu(None, None, overhead, GIB) == GIB - overhead  # as before: host default
-    assert sizing.capacity_with_gpu(4 * GIB, None, overhead, GIB) == 4 * GIB - overhead
-    assert sizing.capacity_with_gpu(None, 24 * GIB, overhead, GIB) == 24 * GIB - overhead  # the GPU alone
-    assert sizing.capacity_with_gpu(16 * GIB, 24 * GIB, overhead, GIB) == 16 * GIB - overhead  # the tighter
-    assert sizing.capacity_with_gpu(64 * GIB, 24 * GIB, overhead, GIB) == 24 * GIB - overhead
+    overhead, on_gpu = 256 << 20, 2 * GIB
+    assert sizing.capacity_with_gpu(None, None, overhead, GIB, on_gpu) == GIB - overhead  # as before: host default
+    assert sizing.capacity_with_gpu(4 * GIB, None, overhead, GIB, on_gpu) == 4 * GIB - overhead
+    # On the GPU its own overhead comes off, not the host's.
+    assert sizing.capacity_with_gpu(None, 24 * GIB, overhead, GIB, on_gpu) == 22 * GIB  # the GPU alone
+    assert sizing.capacity_with_gpu(16 * GIB, 24 * GIB, overhead, GIB, on_gpu) == 16 * GIB - overhead  # the tighter
+    assert sizing.capacity_with_gpu(64 * GIB, 24 * GIB, overhead, GIB, on_gpu) == 22 * GIB
+    assert sizing.capacity_with_gpu(23 * GIB, 24 * GIB, overhead, GIB, on_gpu) == 22 * GIB  # host leaves more
+    assert sizing.capacity_with_gpu(None, 24 * GIB, overhead, GIB) == 23 * GIB  # default: 1 GiB off the GPU
+    assert sizing.DEFAULT_GPU_OVERHEAD_BYTES == GIB
 
 
 def args(*argv: str) -> argparse.Namespace:
@@ -177,6 +181,18 @@ def test_only_triton_and_only_unless_turned_off() -> None:
     assert main.config_from(a, {}, None).capacity_bytes == sizing.MIN_CAPACITY_BYTES  # 1 GiB default - 1 GiB
 
 
+def test_the_gpu_overhead_is_its_own_setting() -> None:
+    plain = args("--server", "triton")
+    assert main.config_from(plain, {}, 24 * GIB).capacity_bytes == 23 * GIB  # 1 GiB by default
+    assert main.config_from(plain, {"MEM_BUFFER_BYTES": str(4 * GIB)}, 24 * GIB).capacity_bytes == 23 * GIB
+    env = {"MESHD_ADAPTER_GPU_OVERHEAD_BYTES": str(4 * GIB)}
+    assert main.config_from(plain, env, 24 * GIB).capacity_bytes == 20 * GIB
+    flag = args("--server", "triton", "--gpu-memory-overhead-bytes", str(2 * GIB))
+    assert main.config_from(flag, env, 24 * GIB).capacity_bytes == 22 * GIB  # the flag wins
+    with pytest.raises(SystemExit, match="MESHD_ADAPTER_GPU_OVERHEAD_BYTES"):
+        main.config_from(plain, {"MESHD_ADAPTER_GPU_OVERHEAD_BYTES": "1G"}, 24 * GIB)
+
+
 FAKE_PYNVML = """
 from meshd.testing.nvml import FakeNVML, NVMLError
 _fake = FakeNVML([("GPU-aaaa-1111", 80 << 30), ("GPU-bbbb-2222", 24 << 30)])
@@ -189,7 +205,8 @@ nvmlDeviceGetMigDeviceHandleByIndex = _fake.nvmlDeviceGetMigDeviceHandleByIndex
 
 
 @pytest.mark.parametrize(
-    ("server", "visible", "expected"), [("triton", None, 24), ("triton", "0", 80), ("mlserver", None, 1)]
+    ("server", "visible", "expected"),
+    [("triton", None, 23), ("triton", "0", 79), ("triton", "GPU-bbbb", 23), ("mlserver", None, 1)],
 )
 def test_the_adapter_process_reports_gpu_capacity(
     tmp_path: Path, server: str, visible: str | None, expected: int
@@ -207,6 +224,7 @@ def test_the_adapter_process_reports_gpu_capacity(
     port = free_port()
     argv = [sys.executable, "-m", "meshd", "adapter", "--server", server, "--server-grpc", "127.0.0.1:1"]
     argv += ["--repository", str(tmp_path / "repo"), "--port", str(port), "--memory-overhead-bytes", "0"]
+    env["MESHD_ADAPTER_GPU_OVERHEAD_BYTES"] = str(GIB)  # on the GPU, this comes off instead
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
