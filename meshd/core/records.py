@@ -167,6 +167,9 @@ class VModelRecord:
 
 
 RUNTIME_DOWN = "runtimeDown"  # instance record key meshd adds beside `shutdown`
+# MM_LOCATION (the node's address): upstream writes it to `loc`, which meshd uses for the
+# address peers dial, so it goes under its own key.
+NODE_LOCATION = "nodeLoc"
 
 
 @dataclass(slots=True)
