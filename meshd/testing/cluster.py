@@ -103,7 +103,7 @@ class LocalMesh:
             raise StartFailed("start etcd (or set etcd_url) before meshd")
         grpc_port = grpc_port or free_port()
         peer_port = peer_port or free_port()
-        # Never the default 8008: several instances share this host.
+        # Never the defaults: several instances share this host.
         http_port = http_port or free_port()
         env = env_for(
             {
@@ -116,6 +116,8 @@ class LocalMesh:
                 "runtime_port": runtime_port,
                 "data_dir": str(self.workdir / instance_id),
                 "metrics": "disabled",  # several instances on one host: no two on port 2112
+                "probe_port": free_port(),  # nor on 8089 and 8090
+                "prestop_port": free_port(),
                 **self.settings,
                 **(settings or {}),
             }
