@@ -21,6 +21,7 @@ from meshd.serving.local import LocalModels
 
 PlaceFn = Callable[[str, int], Awaitable[str | None]]
 SYNC_POLL_S = 0.1
+PLACE_VISIBLE_S = 5.0  # at most this long for a placed copy to show in the mirror
 
 
 class Management:
@@ -136,11 +137,22 @@ class Management:
             placed: str | None = "already"
         else:
             placed = await self.place(model_id, last_used_ms)  # None: nowhere (the status says why)
-        if not sync or placed is None:
+        if placed is None:
+            return
+        loop = asyncio.get_running_loop()
+        if placed != "already":
+            # The answer should show the copy: wait (briefly) until this mirror has the
+            # holder's record write, which comes as its load starts.
+            visible_by = loop.time() + PLACE_VISIBLE_S
+            while loop.time() < visible_by:
+                rec = self.registry.get(model_id)
+                if rec is None or placed in rec.instance_ids or placed in rec.failed_in:
+                    break
+                await asyncio.sleep(SYNC_POLL_S / 2)
+        if not sync:
             return
         # Until loaded or failed: the holder's record write may reach this mirror a moment
         # after it was asked, so NOT_LOADED only means "not yet" here.
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + self.sync_timeout_s
         while loop.time() < deadline:
             view = await self.current_status(model_id)
