@@ -132,3 +132,32 @@ def test_register_load_now_places_by_labels_and_reports_the_peers_copy_loading(
     # ensureLoaded of a loaded model places nothing more.
     a.mm.ensureLoaded(mm.EnsureLoadedRequest(modelId=m.id, sync=True), timeout=30)
     assert a.runtime_loaded() == []
+
+
+def test_max_connection_age_ends_long_calls_after_the_grace(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    a = start_node(settings={"max_connection_age_s": 1, "max_connection_age_grace_s": 1})
+    m = models[0]
+    a.register(m)
+    assert a.infer(m.id, ROWS)  # loaded
+    release = threading.Event()
+
+    def requests() -> Any:
+        yield make_infer_request(m.id, ROWS).SerializeToString()
+        release.wait(60)  # then hold the stream open, sending nothing
+
+    call = a.channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")(
+        requests(), metadata=(("mm-model-id", m.id),), timeout=60
+    )
+    try:
+        answers = []
+        with pytest.raises(grpc.RpcError) as e:
+            for answer in call:
+                answers.append(answer)
+        # The connection's age and its grace passed: the server ended the call (without the
+        # setting it would run into its own 60 s deadline).
+        assert len(answers) == 1 and e.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED, e.value
+    finally:
+        release.set()
+    assert a.infer(m.id, ROWS)  # the channel reconnects for the next call
