@@ -12,7 +12,7 @@ import errno
 import logging
 import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -29,12 +29,15 @@ from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.modelrepo import ModelDirectory
 from meshd.api.parsing import add_servicer
 from meshd.api.peer import PeerServicer
+from meshd.api.probes import ProbeServer
 from meshd.api.repository import MeshRepository
 from meshd.config import Config
 from meshd.core.clock import wall_ms
 from meshd.core.errors import DeadlineExceeded, MeshError
-from meshd.core.records import RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
+from meshd.core.records import NODE_LOCATION, RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.decisions.cache import State, to_units
+from meshd.decisions.ids import ModelInfo
+from meshd.decisions.placement.constraints import TypeConstraints, no_home_message
 from meshd.decisions.placement.liveness import departed_for_ms
 from meshd.decisions.placement.serving import assume_loaded_ms
 from meshd.decisions.placement.view import ClusterView
@@ -45,20 +48,22 @@ from meshd.kv.etcd import EtcdStore
 from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
 from meshd.kv.watch_trace import WatchTrace
+from meshd.loops.config_files import FileWatch
 from meshd.loops.inventory import Inventory
 from meshd.loops.leader import LeaderDuties, cluster_gauges
 from meshd.loops.runtime_watch import RuntimeWatch
 from meshd.loops.scaler import Scaler, ScalerConfig
 from meshd.observability.metrics import ClusterStats, InstanceStats, Metrics, MetricsServer, build_metrics
+from meshd.observability.payloads import PayloadProcessors
 from meshd.observability.tracing import Tracing
 from meshd.observability.tracing import from_env as tracing_from_env
 from meshd.registry.instances import InstancePublisher
 from meshd.registry.models import Registry
-from meshd.registry.vmodels import VModels
+from meshd.registry.vmodels import SetVModel, VModels
 from meshd.runtime.client import RuntimeClient, RuntimeNotReady
-from meshd.runtime.endpoints import internal_server_options, open_channel, server_options
+from meshd.runtime.endpoints import connection_age_options, internal_server_options, open_channel, server_options
 from meshd.security.peer_auth import interceptors as peer_interceptors
-from meshd.security.tls import bind
+from meshd.security.tls import bind, self_signed_server_context
 from meshd.serving.cluster import Cluster
 from meshd.serving.copies import CopyCounter
 from meshd.serving.invocations import Invocations
@@ -66,7 +71,7 @@ from meshd.serving.local import LocalModels
 from meshd.serving.peers import Peers, dial_plaintext
 from meshd.serving.proxy.handler import InferenceHandler
 from meshd.serving.proxy.headers import RequestIds
-from meshd.serving.proxy.methods import MethodSpec, MethodTable
+from meshd.serving.proxy.methods import DataplaneConfig, MethodSpec, MethodTable
 from meshd.serving.proxy.peer_handler import PeerInferenceHandler
 from meshd.serving.router import Router
 
@@ -130,6 +135,10 @@ def listening_ports(cfg: Config) -> list[tuple[str, int]]:
         ports.append(("MESHD_HTTP_PORT (--http-port; or 'disabled')", cfg.http_port))
     if cfg.metrics.enabled:
         ports.append(("MM_METRICS (port=N; or 'disabled')", cfg.metrics.port))
+    if cfg.probe_port is not None:
+        ports.append(("MM_PROBE_PORT (--probe-port; or 'disabled')", cfg.probe_port))
+    if cfg.prestop_port is not None:
+        ports.append(("MM_PRESTOP_WAIT_PORT (--prestop-port; or 'disabled')", cfg.prestop_port))
     return [(what, port) for what, port in ports if port]
 
 
@@ -190,15 +199,26 @@ class Instance:
     http_port: int | None = None
     shutting_down: bool = False
     watch_trace: WatchTrace | None = None
+    serving: bool = False  # /ready: set once start() completes, cleared when stopping
+    probes: ProbeServer | None = None
+    payloads: PayloadProcessors | None = None
+    file_watches: list[FileWatch] = field(default_factory=list)
+    # /prestop: the same shutdown entry SIGTERM uses (set by `serve`); returns once stopped
+    on_prestop: Callable[[], Awaitable[None]] | None = None
+    background_stop: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.metrics: Metrics = build_metrics(self.config.metrics)
+        self._stopped = asyncio.Event()
 
     async def start(self) -> None:
         cfg = self.config
+        for warning in cfg.warnings:
+            log.warning("%s", warning)
         # Everything that can refuse start-up is checked before the runtime is asked for its
         # status (it purges its models then): a mistaken second meshd must not wipe them.
         check_ports_free(listening_ports(cfg))
+        await self._start_probes()
         if self.tracing is None:
             self.tracing = tracing_from_env(cfg.instance_id)
         self.store = await self._open_store()
@@ -257,6 +277,8 @@ class Instance:
             record = instance_record(me, local.cache, q.threads, q.in_progress, rpm, stopping, now)
             if not watch.up:  # tells operators a dead runtime from a drain
                 record.extra[RUNTIME_DOWN] = True
+            if cfg.location:  # MM_LOCATION (the node's address); `loc` is the address peers dial
+                record.extra[NODE_LOCATION] = cfg.location
             return record
 
         instances = self.instances
@@ -323,21 +345,40 @@ class Instance:
             failure_expiry_ms=cfg.load_failure_expiry_ms,
         )
         self.router = router
+
+        def no_home(model_type: str) -> str | None:
+            required = router.constraints.for_type(model_type)[0]
+            return no_home_message(model_type, required, (i.labels for i in cluster.view().serving))
+
+        async def place(model_id: str, last_used_ms: int) -> str | None:
+            return await router.place(model_id, last_used_ms=last_used_ms)
+
+        copies = self.copies
         management = Management(
             cfg.instance_id,
             registry,
             self.local,
             cfg.load_failure_expiry_ms,
             live_instances=lambda: cluster.view().instances.keys(),
+            place=place,  # registerModel(loadNow) and ensureLoaded place through the cluster
+            peer_states=copies.peer_states,
+            no_home=no_home,
+            sync_timeout_s=info.loading_timeout_ms / 1000 * 2,
         )
 
-        external = grpc.aio.server(options=server_options(cfg.max_msg_size, cfg.max_headers_size))
+        external = grpc.aio.server(
+            options=[
+                *server_options(cfg.max_msg_size, cfg.max_headers_size),
+                *connection_age_options(cfg.max_connection_age_s, cfg.max_connection_age_grace_s),
+            ]
+        )
         servicer = ModelMeshServicer(
             management,
             self.vmodels,
             info.loading_timeout_ms / 1000 * 2,
             count_copies=self.copies.refresh,
             wait_loaded=self._wait_loaded,
+            read_only=cfg.kv_read_only,
         )
         add_servicer(external, model_mesh_pb2.DESCRIPTOR.services_by_name["ModelMesh"], servicer)
         inventory = Inventory(registry, cluster, self.local, self.peers, cfg.load_failure_expiry_ms)
@@ -356,7 +397,16 @@ class Instance:
             router.resolve_vmodel,
         )
         handlers = MeshKServe(kserve).handlers
-        invocations = Invocations(self.metrics, cfg.log_each_invoke, cfg.instance_id)
+        if cfg.payload_processors:
+            self.payloads = PayloadProcessors(
+                cfg.payload_processors, cfg.payload_capacity, cfg.payload_senders, self.metrics
+            )
+            await self.payloads.start()
+        if cfg.info_metrics is not None:
+            self.metrics.info(cfg.info_metrics.name, cfg.info_metrics.labels)
+        invocations = Invocations(
+            self.metrics, cfg.log_each_invoke, cfg.instance_id, self.payloads, cfg.log_request_headers
+        )
         external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, handlers, invocations)])
         tls = cfg.tls
         self.grpc_port = bind(external, f"0.0.0.0:{cfg.grpc_port}", tls.external_server_credentials() if tls else None)
@@ -385,6 +435,8 @@ class Instance:
             self.http_port = await self.http.start()
         if cfg.metrics.enabled:  # bound before peers can see the instance: a taken port fails start-up
             https = tls.http_server_context() if cfg.metrics.https and tls else None
+            if cfg.metrics.https and tls is None:  # scheme=https with no MM_TLS_* certificate
+                https = self_signed_server_context()
             self.metrics_server = MetricsServer(self.metrics, cfg.metrics.port, ssl_context=https)
             await self.metrics_server.start()
         for h in self.health:
@@ -428,6 +480,11 @@ class Instance:
         self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
         self.background.append(asyncio.create_task(watch.run(), name="runtime watch"))
         self.background.append(asyncio.create_task(self._janitor(cfg.janitor_ms / 1000, cluster), name="janitor"))
+        self._watch_files(router, methods)
+        for w in self.file_watches:
+            self.background.append(asyncio.create_task(w.run(), name=f"watch {w.what}"))
+        await self._auto_register(management)
+        self.serving = True  # /ready from now on
         log.info(
             "meshd instance %s serving: grpc %d, peer %d, http %s, registry %s/, %s",
             cfg.instance_id,
@@ -437,6 +494,71 @@ class Instance:
             prefix,
             tls.describe() if tls else "plaintext",
         )
+
+    async def stopped(self) -> None:
+        """Returns once `stop` has finished."""
+        await self._stopped.wait()
+
+    async def _start_probes(self) -> None:
+        """/live, /ready and /prestop: first, so liveness answers while start-up waits."""
+        cfg = self.config
+        if cfg.probe_port is None and cfg.prestop_port is None:
+            return
+
+        async def prestop() -> None:
+            if self.on_prestop is not None:
+                await self.on_prestop()
+                return
+            # Not run by `serve` (tests, demo): stop here, draining as SIGTERM does.
+            if not self.shutting_down:
+                self.background_stop = asyncio.create_task(self.stop(drain=True), name="prestop")
+            await self._stopped.wait()
+
+        self.probes = ProbeServer(
+            "0.0.0.0",
+            cfg.probe_port,
+            cfg.prestop_port,
+            ready=lambda: self.serving and not self.shutting_down,
+            prestop=prestop,
+        )
+        await self.probes.start()
+
+    def _watch_files(self, router: Router, methods: MethodTable) -> None:
+        """Follow MM_TYPE_CONSTRAINTS_PATH and MM_DATAPLANE_CONFIG_PATH as their ConfigMap changes."""
+        cfg = self.config
+
+        def constraints(text: str) -> None:
+            router.constraints = TypeConstraints.parse(text) if text.strip() else TypeConstraints()
+
+        def dataplane(text: str) -> None:
+            methods.reconfigure(DataplaneConfig.parse(text) if text.strip() else DataplaneConfig())
+
+        if cfg.type_constraints_path is not None:
+            self.file_watches.append(FileWatch("MM_TYPE_CONSTRAINTS_PATH", cfg.type_constraints_path, constraints))
+        if cfg.dataplane_config_path is not None:
+            self.file_watches.append(FileWatch("MM_DATAPLANE_CONFIG_PATH", cfg.dataplane_config_path, dataplane))
+
+    async def _auto_register(self, management: Management) -> None:
+        """MM_AUTO_REGISTER_MODELS: registered (and their vmodels set) at start-up; an entry
+        that fails is logged, not fatal (another instance may have registered it differently)."""
+        assert self.vmodels is not None
+        for entry in self.config.auto_register:
+            info = ModelInfo(entry.model_type, entry.model_path, entry.model_key)
+            try:
+                if entry.vmodel_id:
+                    await self.vmodels.set_vmodel(
+                        SetVModel(
+                            vmodel_id=entry.vmodel_id,
+                            target_model_id=entry.model_id,
+                            model_info=info,
+                            load_now=entry.ensure_loaded,
+                        )
+                    )
+                else:
+                    await management.register(entry.model_id, info, entry.ensure_loaded, False, 0)
+                log.info("auto-registered %s", entry.model_id)
+            except Exception as e:
+                log.warning("auto-registration of %s failed: %s", entry.model_id, e)
 
     def _watch_gauges(self, local: LocalModels, cluster: Cluster, registry: Registry, election: Election) -> None:
         """/metrics: instance gauges from the cache, cluster gauges (fresh) while leading."""
@@ -629,12 +751,16 @@ class Instance:
     async def stop(self, drain: bool = True) -> None:
         """Stop; with `drain` (SIGTERM) hand held models to other instances first."""
         grace = self.config.shutdown_timeout_ms / 1000
+        if self.shutting_down:  # a second caller (prestop, then SIGTERM) waits for the first
+            await self._stopped.wait()
+            return
         loop = asyncio.get_running_loop()
         # After NOT_SERVING the ports keep accepting and serving for the drain grace: a load
         # balancer or a kubelet probing every few seconds acts only that much later, and a
         # port closed before then refuses its clients (issue 15). Within the stop budget.
         accept_until = loop.time() + min(self.config.drain_grace_ms / 1000, grace) if drain and self.servers else 0.0
         self.shutting_down = True
+        self.serving = False
         for h in self.health:
             await h.set_serving(False)  # probes and balancers stop sending new work now
         for task in self.background:
@@ -681,6 +807,11 @@ class Instance:
                 await self.tracing.shutdown()  # flushes the spans still batched
         if self.watch_trace is not None:
             self.watch_trace.close()
+        if self.payloads is not None:
+            await self.payloads.stop()
+        self._stopped.set()
+        if self.probes is not None:  # last: /prestop callers are answered once stopped
+            await self.probes.stop()
 
 
 async def serve(config: Config) -> None:
@@ -696,6 +827,13 @@ async def serve(config: Config) -> None:
         drain = drain and sig is signal.SIGTERM
         stop.set()
 
+    async def on_prestop() -> None:
+        # The runtime containers' preStop hook (and `stop.sh wait`): the very entry SIGTERM
+        # takes, then wait until the instance has stopped.
+        on_signal(signal.SIGTERM)
+        await instance.stopped()
+
+    instance.on_prestop = on_prestop
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     try:

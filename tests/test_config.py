@@ -122,7 +122,7 @@ def test_eviction_switch() -> None:
 
 
 def test_http_port_and_model_repository(tmp_path: object) -> None:
-    assert load_config(None, {}).http_port == 8008  # upstream's REST proxy port
+    assert load_config(None, {}).http_port == 8091  # not 8008: the pod's rest-proxy holds it
     assert load_config(None, {}).model_repository is None
     for off in ("disabled", "off", "Disabled"):
         assert load_config(None, {"MESHD_HTTP_PORT": off}).http_port is None
@@ -261,3 +261,96 @@ def test_bad_instance_ids_are_a_config_error(bad: str) -> None:
 @pytest.mark.parametrize("good", ["solo", "pod-7f9c.a", "meshd-0", "10.0.0.1:8080"])
 def test_instance_ids_that_are_fine(good: str) -> None:
     assert load_config(None, {"MESHD_INSTANCE_ID": good}).instance_id == good
+
+
+def test_upstream_pod_settings() -> None:
+    from meshd.config import AutoRegistration
+    from meshd.observability.payloads import Processor
+
+    cfg = load_config(None, {})
+    assert (cfg.probe_port, cfg.prestop_port) == (8089, 8090)  # upstream's ports
+    assert cfg.max_connection_age_s is None and cfg.payload_processors == () and not cfg.kv_read_only
+    assert cfg.warnings == ()  # meshd's defaults warn about nothing
+    env = {
+        "MM_PROBE_PORT": "disabled",
+        "MM_PRESTOP_WAIT_PORT": "9090",
+        "MM_SVC_GRPC_MAX_CONNECTION_AGE_SECS": "300",
+        "MM_SVC_GRPC_MAX_CONNECTION_AGE_GRACE_SECS": "10",
+        "MM_PAYLOAD_PROCESSORS": "logger:// http://127.0.0.1:1/p",
+        "MM_PAYLOAD_PROCESSORS_CAPACITY": "8",
+        "MM_LOG_REQUEST_HEADERS": '{"X-Request-Id": "requestId"}',
+        "MM_INFO_METRICS": "assistant_deployment_info;deployment=DEPLOY,slot=SLOT",
+        "DEPLOY": "blue",
+        "KV_READ_ONLY": "true",
+        "MM_LOCATION": "10.0.0.7",
+        "MM_AUTO_REGISTER_MODELS": '[{"modelId": "m1", "modelInfo": {"type": "t", "path": "/p"}, "vModelId": "v1"}]',
+    }
+    cfg = load_config(None, env)
+    assert cfg.probe_port is None and cfg.prestop_port == 9090
+    assert (cfg.max_connection_age_s, cfg.max_connection_age_grace_s) == (300, 10)
+    assert cfg.payload_processors == (Processor("logger", ""), Processor("http", "http://127.0.0.1:1/p"))
+    assert cfg.payload_capacity == 8
+    assert cfg.log_request_headers == {"x-request-id": "requestId"}  # gRPC header names are lower case
+    assert cfg.info_metrics is not None and cfg.info_metrics.labels == {"deployment": "blue", "slot": ""}
+    assert cfg.kv_read_only and cfg.location == "10.0.0.7"
+    assert cfg.auto_register == (AutoRegistration("m1", "t", "/p", "", "v1", False),)
+    for bad, what in (
+        ({"MM_PAYLOAD_PROCESSORS": "ftp://x"}, "MM_PAYLOAD_PROCESSORS"),
+        ({"MM_LOG_REQUEST_HEADERS": "[1]"}, "MM_LOG_REQUEST_HEADERS"),
+        ({"MM_INFO_METRICS": "bad name;x=Y"}, "MM_INFO_METRICS"),
+        ({"KV_READ_ONLY": "yes"}, "KV_READ_ONLY"),
+        ({"MM_AUTO_REGISTER_MODELS": '[{"modelId": "m"}]'}, "MM_AUTO_REGISTER_MODELS"),
+        ({"MM_SVC_GRPC_MAX_CONNECTION_AGE_SECS": "0"}, "MM_SVC_GRPC_MAX_CONNECTION_AGE_SECS"),
+    ):
+        with pytest.raises(ConfigError, match=what):
+            load_config(None, bad)
+
+
+def test_unsupported_upstream_variables_get_one_warning_each() -> None:
+    cfg = load_config(None, {"MM_SEND_DEST_ID": "true", "TAS_OLD_THING": "1", "HEAP_SIZE_MB": "640", "OTHER": "x"})
+    named = sorted(w.split(" ")[0] for w in cfg.warnings)
+    assert named == ["HEAP_SIZE_MB", "MM_SEND_DEST_ID", "TAS_OLD_THING"]
+
+
+def test_metrics_without_a_scheme_is_https_only_with_a_certificate() -> None:
+    # Upstream's default scheme is https; without MM_TLS_* meshd has no certificate: http, said once.
+    cfg = load_config(None, {"MM_METRICS": "prometheus:port=2113"})
+    assert cfg.metrics.https is False and len(cfg.warnings) == 1 and "MM_METRICS" in cfg.warnings[0]
+    cfg = load_config(None, {"MM_METRICS": "prometheus:port=2112;scheme=http"})
+    assert cfg.metrics.https is False and cfg.warnings == ()
+
+
+def test_metrics_without_a_scheme_is_https_with_the_instance_certificate(tmp_path: Path) -> None:
+    from meshd.testing.certs import TestCA
+
+    ca = TestCA(tmp_path)
+    issued = ca.issue("meshd-0")
+    env = {
+        "MM_TLS_KEY_CERT_PATH": str(issued.cert),
+        "MM_TLS_PRIVATE_KEY_PATH": str(issued.key),
+        "MM_TLS_TRUST_CERT_PATH": str(ca.cert),
+    }
+    cfg = load_config(None, env | {"MM_METRICS": "prometheus:port=2113"})
+    assert cfg.metrics.https is True and cfg.warnings == ()
+
+
+def test_metrics_https_without_a_certificate_is_self_signed_and_said() -> None:
+    import ssl
+
+    from meshd.security.tls import self_signed_server_context
+
+    cfg = load_config(None, {"MM_METRICS": "prometheus:port=2112;scheme=https"})  # modelmesh-serving's default
+    assert cfg.metrics.https is True and any("self-signed" in w for w in cfg.warnings)
+    assert isinstance(self_signed_server_context(), ssl.SSLContext)
+
+
+def test_auto_register_reads_upstreams_other_spelling() -> None:
+    cfg = load_config(None, {"MM_AUTO_REGISTER_MODEL": '[{"modelId": "m", "modelInfo": {"type": "t"}}]'})
+    assert [a.model_id for a in cfg.auto_register] == ["m"] and cfg.warnings == ()
+
+
+def test_instance_id_is_the_pod_names_tail_as_upstreams() -> None:
+    assert load_config(None, {"WKUBE_POD_NAME": "modelmesh-serving-mlserver-1.x-6d8f9c7b5d-x2x7k"}).instance_id == (
+        "9c7b5d-x2x7k"
+    )
+    assert load_config(None, {"WKUBE_POD_NAME": "p", "MESHD_INSTANCE_ID": "mine"}).instance_id == "mine"

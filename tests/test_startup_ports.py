@@ -24,6 +24,16 @@ def test_a_taken_metrics_port_refuses_start_naming_mm_metrics() -> None:
             check_ports_free(listening_ports(cfg))
 
 
+def test_a_taken_probe_port_refuses_start() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = load_config(None, {"MM_PROBE_PORT": str(port), "MM_SVC_GRPC_PORT": str(free_port())})
+        with pytest.raises(StartRefused, match=rf"port {port} is already in use .*set MM_PROBE_PORT"):
+            check_ports_free(listening_ports(cfg))
+
+
 def test_two_settings_naming_one_port_refuse_start() -> None:
     port = free_port()
     cfg = load_config(None, {"MM_METRICS": f"prometheus:port={port}", "MM_SVC_GRPC_PORT": str(port)})
@@ -32,9 +42,9 @@ def test_two_settings_naming_one_port_refuse_start() -> None:
 
 
 def test_free_ports_pass_and_disabled_ones_are_not_checked() -> None:
-    cfg = load_config(
-        None, {"MM_METRICS": "disabled", "MESHD_HTTP_PORT": "disabled", "MM_SVC_GRPC_PORT": str(free_port())}
-    )
+    env = {"MM_METRICS": "disabled", "MESHD_HTTP_PORT": "disabled", "MM_PROBE_PORT": "disabled"}
+    env |= {"MM_PRESTOP_WAIT_PORT": "disabled", "MM_SVC_GRPC_PORT": str(free_port())}
+    cfg = load_config(None, {**env, "MESHD_PEER_PORT": str(free_port())})
     assert [what for what, _ in listening_ports(cfg)] == [
         "MM_SVC_GRPC_PORT (--grpc-port)",
         "MESHD_PEER_PORT (--peer-port)",

@@ -173,6 +173,9 @@ RUNTIME_DOWN = "runtimeDown"  # instance record key meshd adds beside `shutdown`
 MESHD_MARKER = "meshd"
 MESHD_RECORD_VERSION = 1
 EMPTY_LRU_TIME = (1 << 63) - 1  # upstream's lruTime of an instance with nothing loaded (Long.MAX_VALUE)
+# MM_LOCATION (the node's address): upstream writes it to `loc`, which meshd uses for the
+# address peers dial, so it goes under its own key.
+NODE_LOCATION = "nodeLoc"
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -52,6 +52,7 @@ MESSAGE_SIZE_BUCKETS = tuple(128 * 4**i for i in range(8))  # 128 B x4
 # Counters keep upstream's exact names (no `_total`): see PrometheusMetrics.exposition.
 LOAD_FAILURE = "modelmesh_loadmodel_failure"
 UNLOAD_FAILURE = "modelmesh_unloadmodel_failure"
+PAYLOADS_DROPPED = "meshd_payloads_dropped"  # ours: MM_PAYLOAD_PROCESSORS records not sent (queue full)
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # upstream exposes no `_created` series; they would double the output
 
@@ -64,7 +65,9 @@ class MetricsConfig:
     port: int = DEFAULT_PORT
     per_model: bool = False  # modelId/vModelId labels (one series per model: mind the cardinality)
     fq_names: bool = False  # method label: full `package.Service/Method` instead of `Method`
-    https: bool = False  # scheme=https: served with the instance's MM_TLS_* certificate
+    # scheme=https: served with the instance's MM_TLS_* certificate; None: no scheme given
+    # (upstream then serves https; `meshd.config` decides, as it knows whether TLS is on)
+    https: bool | None = None
 
     @classmethod
     def parse(cls, text: str) -> MetricsConfig:
@@ -77,7 +80,8 @@ class MetricsConfig:
             raise ValueError(
                 f"expected 'prometheus:key=value;...' or 'disabled' (statsd is not supported), got {text!r}"
             )
-        port, per_model, fq_names, https = DEFAULT_PORT, False, False, False
+        port, per_model, fq_names = DEFAULT_PORT, False, False
+        https: bool | None = None
         for part in params.split(";"):
             if not part.strip():
                 continue
@@ -177,6 +181,12 @@ class Metrics:
 
     def loaded_model_size(self, size_bytes: int, model_id: str) -> None: ...
 
+    def payloads_dropped(self, n: int = 1) -> None:
+        """Payload records dropped because the processors' queue was full (MM_PAYLOAD_PROCESSORS)."""
+
+    def info(self, name: str, labels: dict[str, str]) -> None:
+        """MM_INFO_METRICS: one gauge `name{labels} 1` (upstream's info metric)."""
+
     def watch_instance(self, read: Callable[[], InstanceStats]) -> None:
         """The instance gauges' source, read at each scrape."""
 
@@ -229,7 +239,7 @@ class PrometheusMetrics(Metrics):
         self._model_histograms = {
             key: histogram(name, _DOCS[name], buckets, model_labels) for key, (name, buckets) in per_model.items()
         }
-        self._counts = {LOAD_FAILURE: 0, UNLOAD_FAILURE: 0}
+        self._counts = {LOAD_FAILURE: 0, UNLOAD_FAILURE: 0, PAYLOADS_DROPPED: 0}
         # Bound children: (method, code[, model, vmodel]) -> (time, request size, response size).
         self._api_children: dict[tuple[str, ...], tuple[Histogram, Histogram, Histogram]] = {}
         self._invoke_children: dict[tuple[str, ...], Histogram] = {}
@@ -307,6 +317,13 @@ class PrometheusMetrics(Metrics):
     def unload_failure(self) -> None:
         self._counts[UNLOAD_FAILURE] += 1
 
+    def payloads_dropped(self, n: int = 1) -> None:
+        self._counts[PAYLOADS_DROPPED] += n
+
+    def info(self, name: str, labels: dict[str, str]) -> None:
+        gauge = Gauge(name, "Instance information (MM_INFO_METRICS)", list(labels), registry=self.registry)
+        (gauge.labels(**labels) if labels else gauge).set(1)
+
     def model_sizing(self, ms: float, model_id: str) -> None:
         self._observe("sizing", ms, model_id)
 
@@ -364,6 +381,7 @@ class _Gauges(Collector):
 
 
 _DOCS = {
+    PAYLOADS_DROPPED: "Payload records dropped because the payload processors' queue was full",
     "modelmesh_cache_miss_milliseconds": "Cache miss delay",
     "modelmesh_loadmodel_milliseconds": "Time taken to load model",
     "modelmesh_unloadmodel_milliseconds": "Time taken to unload model",
@@ -411,7 +429,8 @@ class MetricsServer:
         except OSError as e:
             raise OSError(e.errno, f"metrics port {self.port} (MM_METRICS): {e.strerror}") from None
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("serving Prometheus metrics on http port %d /metrics", self.port)
+        scheme = "http" if self.ssl_context is None else "https"
+        log.info("serving Prometheus metrics on %s port %d /metrics", scheme, self.port)
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -35,6 +35,7 @@ from meshd.core.errors import (
     InvalidArgument,
     LoadFailed,
     MeshError,
+    ModelLoadError,
     NotFound,
     ResourceExhausted,
     RuntimeStatusError,
@@ -313,7 +314,7 @@ class Router:
                 expiry = self.failure_expiry_ms
                 recent = recent_failures(record.failed_in, now, expiry)
                 if len(recent) >= MAX_RECENT_FAILURES:
-                    raise Unavailable(self._given_up(model_id, record, recent))
+                    raise ModelLoadError(self._given_up(model_id, record, recent))
                 target = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
                 mode = "load"
                 if target is None:
@@ -350,6 +351,12 @@ class Router:
                     if busy > MAX_BUSY_RETRIES:
                         message = f"model {model_id!r}: copies at their concurrency limit ({e})"
                         raise ResourceExhausted(message) from None
+        record = self.registry.get(model_id) or record
+        recent = recent_failures(record.failed_in, self.cluster.view().now_ms, self.failure_expiry_ms)
+        if recent and excluded and excluded <= set(recent):
+            # Every instance tried failed to load it: a load failure (upstream: INTERNAL with
+            # the runtime's message), not churn worth retrying.
+            raise ModelLoadError(self._given_up(model_id, record, recent))
         raise Unavailable(
             f"model {model_id!r}: no instance could serve it after {len(tried)} attempts: "
             + ("; ".join(tried) or "no live instance")
@@ -389,8 +396,12 @@ class Router:
         return target
 
     def _given_up(self, model_id: str, record: ModelRecord, recent: list[str]) -> str:
-        msgs = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)
-        return f"model {model_id!r} failed to load on {len(recent)} instances recently ({msgs})"
+        """The runtime's message first, as upstream answers a load failure; where and how
+        often after it."""
+        newest = max(recent, key=lambda i: record.failed_in.get(i, 0))
+        first = record.fails.get(newest, {}).get("msg", "load failed")
+        where = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)
+        return f"{first} (model {model_id!r} failed to load on {len(recent)} instances recently: {where})"
 
     # ---- serving here ----------------------------------------------------------------
     async def ensure_here(self, model_id: str, record: ModelRecord) -> CacheEntry:

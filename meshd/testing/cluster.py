@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +105,8 @@ class LocalMesh:
             raise StartFailed("start etcd (or set etcd_url) before meshd")
         grpc_port = grpc_port or free_port()
         peer_port = peer_port or free_port()
-        # Never the default 8008: several instances share this host.
+        probe_port = free_port()
+        # Never the defaults: several instances share this host.
         http_port = http_port or free_port()
         env = env_for(
             {
@@ -117,6 +120,8 @@ class LocalMesh:
                 "data_dir": str(self.workdir / instance_id),
                 "metrics": "disabled",  # several instances on one host: no two on port 2112
                 "drain_grace_ms": 0,  # a test's SIGTERM stops at once unless the test asks for a grace
+                "probe_port": probe_port,  # nor on 8089 and 8090
+                "prestop_port": free_port(),
                 **self.settings,
                 **(settings or {}),
             }
@@ -124,6 +129,9 @@ class LocalMesh:
         child = self.children.start(name or instance_id, [sys.executable, "-m", "meshd", "serve"], env)
         child.teardown_signal = signal.SIGINT  # tearing a test mesh down: no drain
         self._wait_port(child, grpc_port)
+        if str((settings or {}).get("probe_port", self.settings.get("probe_port", probe_port))) == str(probe_port):
+            # Ready (/ready 200) comes after the instance record is published: peers know it.
+            self._wait_ready(child, probe_port)
         return child
 
     def add_node(
@@ -159,6 +167,21 @@ class LocalMesh:
 
         try:
             wait_until(up, START_TIMEOUT_S, f"{child.name} on port {port}")
+        except TimeoutError as e:
+            raise StartFailed(f"{e}\n{child.log_tail()}") from None
+
+    def _wait_ready(self, child: Child, probe_port: int) -> None:
+        def ready() -> bool:
+            if not child.alive():
+                raise StartFailed(f"{child.name} exited with {child.proc.returncode}:\n{child.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{probe_port}/ready", timeout=5) as r:
+                    return bool(r.status == 200)
+            except (urllib.error.URLError, OSError):
+                return False
+
+        try:
+            wait_until(ready, START_TIMEOUT_S, f"{child.name} ready")
         except TimeoutError as e:
             raise StartFailed(f"{e}\n{child.log_tail()}") from None
 

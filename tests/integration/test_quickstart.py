@@ -43,7 +43,7 @@ def test_the_readme_is_a_front_door() -> None:
 
 def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
     script = quickstart()
-    ports = {"8085": free_port(), "8033": free_port(), "8008": free_port()}
+    ports = {"8085": free_port(), "8033": free_port(), "8091": free_port()}
     for default, port in ports.items():
         assert default in script or default == "8033"
         script = re.sub(rf"\b{default}\b", str(port), script)
@@ -52,9 +52,11 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "MM_SVC_GRPC_PORT": str(ports["8033"]),
         "MESHD_ADDRESS": f"localhost:{ports['8033']}",
-        "MESHD_HTTP_PORT": str(ports["8008"]),
+        "MESHD_HTTP_PORT": str(ports["8091"]),
         "MESHD_PEER_PORT": str(free_port()),
         "MM_METRICS": f"prometheus:port={free_port()}",
+        "MM_PROBE_PORT": str(free_port()),
+        "MM_PRESTOP_WAIT_PORT": str(free_port()),
     }
     env.pop("KV_STORE", None)
     proc = subprocess.Popen(
