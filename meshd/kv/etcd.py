@@ -348,11 +348,13 @@ class EtcdStore:
             raise StoreError(f"etcd lease grant: {resp.error}")
         return int(resp.ID)
 
-    async def keep_alive(self, lease_id: int) -> int:
+    async def keep_alive(self, lease_id: int, timeout_s: float | None = None) -> int:
+        deadline = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+
         async def once(conn: _Conn) -> Any:
             # LeaseKeepAlive is a bidi stream; one request and its one reply make a refresh.
             call = conn.lease.LeaseKeepAlive(
-                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=self.timeout_s, metadata=conn.metadata
+                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=deadline, metadata=conn.metadata
             )
             try:
                 return await call.read()

@@ -52,6 +52,7 @@ class LeaseKeeper:
 
     async def _keep(self) -> None:
         interval = max(self.ttl_s / 3, 0.2)
+        loop = asyncio.get_running_loop()
         retry = False
         while True:
             if not retry:
@@ -60,17 +61,21 @@ class LeaseKeeper:
             if self.lost:
                 await self._regrant()
                 continue
+            started = loop.time()
             try:
                 # At most one interval per try: a try stuck on an etcd member that went silent
-                # must not outlive the lease; the next try (at once) may reach another member.
+                # must not outlive the lease. The store's own deadline fires first, so it moves
+                # to the next member, and the next try (at once) goes there.
                 async with asyncio.timeout(interval):
-                    await self.store.keep_alive(self.lease_id)
+                    await self.store.keep_alive(self.lease_id, timeout_s=0.8 * interval)
             except LeaseExpired:
                 self.mark_lost(self.lease_id)
                 await self._regrant()
             except (StoreError, TimeoutError) as e:
                 log.warning("lease keep-alive failed (will retry): %s", e or "no answer in time")
-                retry = isinstance(e, TimeoutError)
+                # A try that waited its time out is retried at once; a refused one (etcd down:
+                # answers at once) after the interval, so an outage does not spin.
+                retry = loop.time() - started >= 0.75 * interval
 
     async def _regrant(self) -> None:
         if self.before_regrant is not None:

@@ -127,7 +127,7 @@ class MemoryStore:
     def responsive(self) -> bool:
         return True  # in process: it always answers
 
-    async def keep_alive(self, lease_id: int) -> int:
+    async def keep_alive(self, lease_id: int, timeout_s: float | None = None) -> int:
         self._begin()
         lease = self._leases.get(lease_id)
         if lease is None:

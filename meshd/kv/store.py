@@ -100,8 +100,10 @@ class KVStore(Protocol):
     async def grant_lease(self, ttl_s: int) -> int:
         """A new lease id with the given TTL in seconds."""
 
-    async def keep_alive(self, lease_id: int) -> int:
-        """Refresh the lease; returns its TTL. Raises LeaseExpired when it is gone."""
+    async def keep_alive(self, lease_id: int, timeout_s: float | None = None) -> int:
+        """Refresh the lease; returns its TTL. Raises LeaseExpired when it is gone.
+        `timeout_s`: a shorter deadline than the store's own (a keep-alive must not outlive
+        the lease on a member that went silent: a timed-out call moves to the next one)."""
 
     async def revoke_lease(self, lease_id: int) -> None:
         """Delete the lease and every key attached to it (absent lease: no-op)."""

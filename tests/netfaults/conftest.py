@@ -125,7 +125,7 @@ class Net:
 
     @property
     def prefix(self) -> str:
-        return f"mm/{self.mesh.service}"
+        return f"/tas-runtime/{self.mesh.service}"
 
     def with_other_copy(self) -> set[str]:
         return {m for m, n in self.max_copies.items() if n > 1}
@@ -163,7 +163,7 @@ class Net:
         return result
 
     def leader_in_etcd(self) -> str | None:
-        base = f"{self.prefix}/leader/"
+        base = f"{self.prefix}/leaderLatch/"
 
         async def read(store: EtcdStore) -> str | None:
             kvs, _ = await store.range_prefix(base)
