@@ -28,6 +28,7 @@ from meshd.testing.cluster import LocalMesh
 from meshd.testing.etcd import start_test_etcd
 
 from ..integration.conftest import MODEL_SIZE, Client, close_enough, expected
+from ..integration.conftest import listed_instances as listed_instances  # re-exported for the fault tests
 
 ROWS = [[1.0, 2.0, 3.0, 4.0]]
 WAIT_S = 60.0  # generous: the machine is small and shared; a condition that holds comes much sooner
