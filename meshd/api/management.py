@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from collections.abc import Set as AbstractSet
 
 from meshd.core.clock import Clock, wall_ms
-from meshd.core.errors import LoadFailed, MeshError
+from meshd.core.errors import LoadFailed, MeshError, Unavailable
 from meshd.core.records import ModelRecord
 from meshd.decisions.ids import ModelInfo, check_id
 from meshd.decisions.status import CopyState, ModelStatus, StatusView, model_status
@@ -136,9 +136,15 @@ class Management:
         if view.status in (ModelStatus.LOADED, ModelStatus.LOADING):
             placed: str | None = "already"
         else:
-            placed = await self.place(model_id, last_used_ms)  # None: nowhere (the status says why)
+            placed = await self.place(model_id, last_used_ms)  # None: nowhere
         if placed is None:
-            return
+            view = await self.current_status(model_id)
+            if view.status is ModelStatus.LOADING_FAILED:
+                return  # the status says why (e.g. no instance meets the type's labels)
+            # Nowhere to put a copy now (every cache too small, every instance refusing): a
+            # load asked for must not look accepted.
+            why = "; ".join(view.errors) or "no instance has room for it or accepted the load"
+            raise Unavailable(f"model {model_id!r} is registered but could not be loaded anywhere: {why}")
         loop = asyncio.get_running_loop()
         if placed != "already":
             # The answer should show the copy: wait (briefly) until this mirror has the

@@ -517,9 +517,10 @@ def test_size_larger_than_any_cache_is_refused_clearly(intact: Mesh) -> None:
     )
     info.key = json.dumps({"meshd": {"size_bytes": 10**30}})
     try:
+        # Placed through the cluster (issue 14): no instance can take it, said as such.
         refused(
             CODE.UNAVAILABLE,
-            "the cache holds",
+            "could not be loaded anywhere",
             lambda: intact.mm.registerModel(
                 mm.RegisterModelRequest(modelId=model_id, modelInfo=info, loadNow=True, sync=True), timeout=30
             ),
