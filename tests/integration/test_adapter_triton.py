@@ -252,6 +252,14 @@ def loaded_in_triton(stack: Stack) -> set[str]:
     return {name for name, state in triton_index(stack).items() if state == "READY"}
 
 
+def loaded_in_triton_once_up(stack: Stack) -> set[str]:
+    """`loaded_in_triton`, or nothing while a restarted server does not answer yet."""
+    try:
+        return loaded_in_triton(stack)
+    except grpc.RpcError:
+        return set()
+
+
 def reported_loaded(channel: grpc.Channel, models: list[Model]) -> set[str]:
     stub = mm_grpc.ModelMeshStub(channel)
     return {
@@ -402,7 +410,9 @@ def test_tritonserver_sigkilled_under_traffic(
             os.kill(first_pid, signal.SIGKILL)
             # The supervisor starts a new server; the adapter loads both models again.
             wait_until(lambda: stack.triton_pid() not in (None, first_pid), 60, "a new tritonserver")
-            wait_until(lambda: loaded_in_triton(stack) >= {m.id for m in models}, 60, "the models to be restored")
+            wait_until(
+                lambda: loaded_in_triton_once_up(stack) >= {m.id for m in models}, 90, "the models to be restored"
+            )
             recovered_at = traffic.outcomes["ok"]
             wait_until(lambda: traffic.outcomes["ok"] >= recovered_at + 10, 60, "traffic to flow again")
         assert not traffic.wrong, traffic.wrong
