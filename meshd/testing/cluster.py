@@ -22,7 +22,7 @@ from meshd._proto.meshd import peer_pb2_grpc as peer_grpc
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.config import env_for
 from meshd.kv.embedded import EmbeddedEtcd
-from meshd.testing.procs import Child, Children, free_port, port_open, wait_until
+from meshd.testing.procs import Child, Children, free_port, free_ports, port_open, wait_until
 
 START_TIMEOUT_S = 60.0
 
@@ -103,11 +103,13 @@ class LocalMesh:
     ) -> Child:
         if not self.etcd_url:
             raise StartFailed("start etcd (or set etcd_url) before meshd")
-        grpc_port = grpc_port or free_port()
-        peer_port = peer_port or free_port()
-        probe_port = free_port()
+        given = [p for p in (grpc_port, peer_port, http_port) if p]
+        spare = iter(free_ports(5, avoid=given))  # distinct: start-up refuses two settings on one port
+        grpc_port = grpc_port or next(spare)
+        peer_port = peer_port or next(spare)
+        probe_port, prestop_port = next(spare), next(spare)
         # Never the defaults: several instances share this host.
-        http_port = http_port or free_port()
+        http_port = http_port or next(spare)
         env = env_for(
             {
                 "service_name": self.service,
@@ -121,7 +123,7 @@ class LocalMesh:
                 "metrics": "disabled",  # several instances on one host: no two on port 2112
                 "drain_grace_ms": 0,  # a test's SIGTERM stops at once unless the test asks for a grace
                 "probe_port": probe_port,  # nor on 8089 and 8090
-                "prestop_port": free_port(),
+                "prestop_port": prestop_port,
                 **self.settings,
                 **(settings or {}),
             }
@@ -141,7 +143,7 @@ class LocalMesh:
         settings: dict[str, str | int] | None = None,
     ) -> Node:
         runtime, runtime_port = self.start_runtime(f"{instance_id}-runtime", runtime_args)
-        grpc_port, peer_port, http_port = free_port(), free_port(), free_port()
+        grpc_port, peer_port, http_port = free_ports(3, avoid=[runtime_port])
         meshd = self.start_meshd(instance_id, runtime_port, settings, grpc_port, peer_port, http_port=http_port)
         node = Node(instance_id, grpc_port, peer_port, runtime_port, meshd, runtime, http_port)
         self.nodes.append(node)
