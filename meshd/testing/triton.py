@@ -35,7 +35,7 @@ from pathlib import Path
 
 from meshd.runtimes.models import DemoModel
 from meshd.testing.cluster import LocalMesh, Node, StartFailed
-from meshd.testing.procs import free_port, port_open, wait_until
+from meshd.testing.procs import free_ports, port_open, wait_until
 from meshd.testing.venvs import ensure_venv
 
 PYTRITON = "nvidia-pytriton==0.7.0"
@@ -352,7 +352,7 @@ def start_triton_node(
     `mesh.stop()`. The adapter stops tritonserver's process group when it stops."""
     workdir = mesh.workdir / instance_id
     repository = workdir / "repository"
-    triton_port, triton_http, adapter_port = free_port(), free_port(), free_port()
+    triton_port, triton_http, adapter_port = free_ports(3)
     shm_prefix = f"meshd-{instance_id}-{uuid.uuid4().hex[:12]}-"
     argv, env = triton_command(install, repository, backends, triton_port, triton_http, shm_prefix)
     adapter_argv = [sys.executable, "-m", "meshd", "adapter", "--server", "triton"]
@@ -372,7 +372,7 @@ def start_triton_node(
         wait_until(up, 60, f"{instance_id}'s adapter and tritonserver")
     except TimeoutError as e:
         raise StartFailed(f"{e}\n{adapter.log_tail()}") from None
-    grpc_port, peer_port, http_port = free_port(), free_port(), free_port()
+    grpc_port, peer_port, http_port = free_ports(3, avoid=[triton_port, triton_http, adapter_port])
     settings: dict[str, str | int] = {"serving_port": triton_port}
     meshd = mesh.start_meshd(instance_id, adapter_port, settings, grpc_port, peer_port, http_port=http_port)
     node = Node(instance_id, grpc_port, peer_port, adapter_port, meshd, adapter, http_port)

@@ -44,7 +44,7 @@ from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.config import ConfigError, parse_kv_store
 from meshd.testing.mlserver import TrainedModel, mlserver_command, mlserver_python, train_sklearn_models
-from meshd.testing.procs import Child, Children, free_port, port_open, wait_until
+from meshd.testing.procs import Child, Children, free_port, free_ports, port_open, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -180,8 +180,7 @@ def pod(mlserver_env: Path, tmp_path: Path, etcd_server: object) -> Iterator[Pod
     write_configmap(
         configmap, 1, {"type_constraints": type_constraints(["mt:onnx"]), "dataplane_api_config": DATAPLANE}
     )
-    grpc_port, probe_port, prestop_port, metrics_port = free_port(), free_port(), free_port(), free_port()
-    adapter_port, mlserver_port = free_port(), free_port()
+    grpc_port, probe_port, prestop_port, metrics_port, adapter_port, mlserver_port, peer_port, http_port = free_ports(8)
     env = {
         # config/internal/base/deployment.yaml.tmpl
         "MM_SERVICE_NAME": SERVICE,
@@ -203,8 +202,8 @@ def pod(mlserver_env: Path, tmp_path: Path, etcd_server: object) -> Iterator[Pod
         # Upstream's fixed ports (8089, 8090) and meshd's own, moved off for a shared host.
         "MM_PROBE_PORT": str(probe_port),
         "MM_PRESTOP_WAIT_PORT": str(prestop_port),
-        "MESHD_PEER_PORT": str(free_port()),
-        "MESHD_HTTP_PORT": str(free_port()),
+        "MESHD_PEER_PORT": str(peer_port),
+        "MESHD_HTTP_PORT": str(http_port),
         "MESHD_DATA_DIR": str(tmp_path / "data"),
     }
     procs = Children(tmp_path / "logs")
