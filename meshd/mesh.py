@@ -794,6 +794,8 @@ class Instance:
             await table.stop()
         if self.serving_channel is not None:
             await self.serving_channel.close()
+        if self.router is not None:
+            await self.router.cluster.close()
         if self.peers is not None:
             await self.peers.close()
         if self.runtime is not None:

@@ -36,6 +36,7 @@ from meshd.kv.store import (
     Event,
     KeyValue,
     LeaseExpired,
+    LeaseTTL,
     Op,
     Put,
     StoreError,
@@ -377,6 +378,19 @@ class EtcdStore:
             )
         except LeaseExpired:
             pass  # revoking an absent lease is a no-op by contract
+
+    async def lease_ttl(self, lease_id: int) -> LeaseTTL | None:
+        request = rpc.LeaseTimeToLiveRequest(ID=lease_id)
+        try:
+            resp = await self._call(
+                "lease time-to-live",
+                lambda c: c.lease.LeaseTimeToLive(request, timeout=self.timeout_s, metadata=c.metadata),
+            )
+        except LeaseExpired:
+            return None
+        if resp.TTL < 0:  # etcd's word for an unknown (expired or revoked) lease
+            return None
+        return LeaseTTL(remaining_s=int(resp.TTL), granted_s=int(resp.grantedTTL))
 
     async def compact(self, revision: int) -> None:
         request = rpc.CompactionRequest(revision=revision)

@@ -1,6 +1,8 @@
 """A lease kept alive by meshd (etcd's own keep-alive streams are not relied upon).
 
-Keep-alives go out every TTL/3. When the store says the lease is gone (expired while etcd
+Keep-alives go out every TTL/3, and at least every `RENEW_MAX_S`: peers read the renewals
+as a heartbeat (`renew_every_s`; decisions.placement.liveness), so they must come often
+whatever the TTL. When the store says the lease is gone (expired while etcd
 or this process was unreachable), the lease is *lost*: `before_regrant` runs first (the
 owner catches up on what changed while it was away; nothing of its own is on a lease
 then, so there is nothing to keep alive), then a new lease is granted and `on_new_lease`
@@ -21,6 +23,14 @@ log = logging.getLogger(__name__)
 
 # before_regrant: a check that hangs must not keep the owner off a lease (out of the mesh) for good.
 CHECK_TIMEOUT_S = 30.0
+# A peer found unreachable is judged dead or cut off by how long ago it renewed its lease:
+# this bounds how long that takes (one renewal a second per instance is nothing to etcd).
+RENEW_MAX_S = 2.0
+
+
+def renew_every_s(ttl_s: float) -> float:
+    """How often an owner renews a lease of `ttl_s` (what peers expect of a live one)."""
+    return max(min(ttl_s / 3, RENEW_MAX_S), 0.2)
 
 
 class LeaseKeeper:
@@ -51,7 +61,7 @@ class LeaseKeeper:
             self.lost = True
 
     async def _keep(self) -> None:
-        interval = max(self.ttl_s / 3, 0.2)
+        interval = renew_every_s(self.ttl_s)
         loop = asyncio.get_running_loop()
         retry = False
         while True:

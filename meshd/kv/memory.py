@@ -24,6 +24,7 @@ from meshd.kv.store import (
     Event,
     KeyValue,
     LeaseExpired,
+    LeaseTTL,
     Op,
     Put,
     StoreError,
@@ -138,6 +139,13 @@ class MemoryStore:
     async def revoke_lease(self, lease_id: int) -> None:
         self._begin()
         self._revoke(lease_id)
+
+    async def lease_ttl(self, lease_id: int) -> LeaseTTL | None:
+        self._begin()
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            return None
+        return LeaseTTL(remaining_s=max(0, int(lease.deadline - self._clock())), granted_s=lease.ttl_s)
 
     def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[list[Event]]:
         self._ensure_open()

@@ -28,6 +28,15 @@ class KeyValue:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseTTL:
+    """A lease as the store has it now: `remaining_s` of `granted_s` (whole seconds, rounded
+    down, as etcd reports them)."""
+
+    remaining_s: int
+    granted_s: int
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     kind: Literal["put", "delete"]
     key: str
@@ -107,6 +116,10 @@ class KVStore(Protocol):
 
     async def revoke_lease(self, lease_id: int) -> None:
         """Delete the lease and every key attached to it (absent lease: no-op)."""
+
+    async def lease_ttl(self, lease_id: int) -> LeaseTTL | None:
+        """How long the lease has left (None: it is gone). Any client may ask about any
+        lease: peers read an instance's renewals as its heartbeat (placement.liveness)."""
 
     def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[list[Event]]:
         """Changes under `prefix` from `start_revision` (inclusive), one list per revision.

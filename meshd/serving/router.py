@@ -81,6 +81,9 @@ log = logging.getLogger(__name__)
 
 MAX_RECENT_FAILURES = 3  # upstream gives up loading after 3 recent failures (SPEC §6)
 PLACE_TIMEOUT_S = 10.0
+# The longest a request waits for etcd's word on holders found unreachable (a live one
+# renews its lease every 2 s at most, so the word comes sooner).
+SETTLE_WAIT_S = 5.0
 
 GRPC_MASKED_STATUS = "Internal error from Core"  # grpc/grpc#36066, see open_entry_stream
 _RUNTIME_HOP = {"meshd.hop": "runtime"}  # the runtime call's span attribute
@@ -342,6 +345,9 @@ class Router:
                     # there, as the mirror may not show it yet.
                     holders = e.holders or await self._holders(model_id)
                     known.update(holders)
+                    # Holders just found unreachable: whether they are gone or only cut off from
+                    # here (etcd's word on their leases) decides whether a copy may load.
+                    await self.cluster.settle(holders, SETTLE_WAIT_S)
                     if target != self.self_id and holders and set(holders) <= self.cluster.view().unreachable:
                         # That peer counts a holder this instance found dead: do not ask it to
                         # load again; load where the evidence is (here, as a last resort).

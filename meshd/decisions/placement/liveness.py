@@ -6,12 +6,16 @@ both ways:
 
 - A holder killed or frozen keeps its record until its lease runs out (the instance TTL,
   20 s by default). When this instance's data path has just found it unreachable (a
-  refused connection, a failed keepalive), that is direct evidence the record is stale:
-  the holder is **unreachable** here for a while (`Expiring`), its copies are not tried
-  and do not count toward a model's max copies, so a capped model is loaded elsewhere at
-  once instead of being unavailable until the lease expires. If the evidence was wrong
-  (a partition between two instances only), the model briefly has one copy over its max;
-  the holder sheds it when it sees the other copy (janitor and scaler), as after a freeze.
+  refused connection, a failed keepalive), the holder is **unreachable** here for a while
+  (`Expiring`): its copies are not tried. That alone does not tell a dead holder from one
+  cut off from this instance only (a partition), so etcd is asked: an instance renews its
+  lease every few seconds (`kv.lease`), and etcd tells how long ago it last did
+  (`lease_verdict`). A holder whose lease is gone or has not been renewed for longer than
+  its renewals allow has **lapsed**: its copies no longer count toward a model's max
+  copies, so a capped model is loaded elsewhere at once instead of being unavailable
+  until the lease expires. A holder that renewed its lease after it was found
+  unreachable is alive beyond a partition: its copies still count, so a capped model is
+  unavailable from this side of the partition rather than loaded beyond its max.
 - When etcd stalls past the lease TTL every record expires at once and they come back
   one by one. An instance whose record went moments ago without the shutdown flag
   (`departed`), and that the data path has not found unreachable, is most likely still
@@ -26,6 +30,7 @@ both ways:
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 
 from meshd.decisions.placement.view import ClusterView, InstanceView
@@ -84,9 +89,37 @@ def recently_departed(
 
 def counted_for_max_copies(view: ClusterView) -> frozenset[str]:
     """The instances whose copies count toward a model's max copies: live and not shutting
-    down, or departed moments ago; in either case not found unreachable by this instance."""
+    down, or departed moments ago; in either case not lapsed (found unreachable here, and
+    etcd confirms it stopped renewing its lease)."""
     serving = {i.instance_id for i in view.serving}
-    return frozenset((serving | set(view.departed)) - view.unreachable)
+    return frozenset((serving | set(view.departed)) - view.lapsed)
+
+
+class LeaseVerdict(enum.Enum):
+    LAPSED = "lapsed"  # gone, or not renewed for longer than its renewals allow
+    ALIVE = "alive"  # renewed since it was found unreachable: cut off from here only
+    UNKNOWN = "unknown"  # renewed lately, but maybe not since: ask again shortly
+
+
+# etcd reports a lease's remaining TTL in whole seconds, rounded down, so the time since its
+# last renewal read from it is up to 1 s too long; the rest is a renewal's own latency.
+RENEWAL_SLACK_S = 1.5
+
+
+def lease_verdict(
+    remaining_s: int | None, granted_s: int, renew_every_s: float, noticed_ms: int, now_ms: int
+) -> LeaseVerdict:
+    """What etcd's word on an unreachable instance's lease means: `remaining_s` (None: the
+    lease or the record is gone) of `granted_s`, renewed every `renew_every_s` by a live
+    owner; `noticed_ms`: when this instance found it unreachable."""
+    if remaining_s is None or remaining_s <= 0:
+        return LeaseVerdict.LAPSED
+    since_renewal_s = max(0, granted_s - remaining_s)  # an upper bound (rounding)
+    if since_renewal_s > renew_every_s + RENEWAL_SLACK_S:
+        return LeaseVerdict.LAPSED
+    if since_renewal_s * 1000 < now_ms - noticed_ms:
+        return LeaseVerdict.ALIVE
+    return LeaseVerdict.UNKNOWN
 
 
 def trusted_peer(view: ClusterView, instance_id: str, gone_since_ms: int | None = None) -> bool:

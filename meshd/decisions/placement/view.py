@@ -66,13 +66,15 @@ class ClusterView:
 
     `departed`: instances whose record went moments ago without the shutdown flag, and
     `unreachable`: instances this one's data path has just found unreachable, record or
-    not (see `placement.liveness`; both empty in the simulator)."""
+    not, and `lapsed`: those of them etcd confirms stopped renewing their lease (see
+    `placement.liveness`; all empty in the simulator)."""
 
     self_id: str
     now_ms: int
     instances: Mapping[str, InstanceView] = field(default_factory=dict)
     departed: Mapping[str, InstanceView] = field(default_factory=dict)
     unreachable: frozenset[str] = frozenset()
+    lapsed: frozenset[str] = frozenset()
 
     # No slots: cached_property needs an instance dict. A view is a snapshot, so what is
     # derived from it is computed once, however many decisions read it (the scaler and the

@@ -1,13 +1,16 @@
 """Which holders count and serve beyond the instance records: found unreachable by the data
-path, or departed moments ago (issue 15)."""
+path (and lapsed, by etcd's word on their leases), or departed moments ago (issue 15)."""
 
 from __future__ import annotations
 
 from meshd.decisions.placement.liveness import (
     PEER_GONE_GRACE_MS,
+    RENEWAL_SLACK_S,
     Expiring,
+    LeaseVerdict,
     counted_for_max_copies,
     departed_for_ms,
+    lease_verdict,
     recently_departed,
     trusted_peer,
 )
@@ -17,13 +20,16 @@ from meshd.decisions.placement.view import ClusterView
 from .factories import NOW, inst
 
 
-def _view(*live: str, departed: tuple[str, ...] = (), unreachable: tuple[str, ...] = ()) -> ClusterView:
+def _view(
+    *live: str, departed: tuple[str, ...] = (), unreachable: tuple[str, ...] = (), lapsed: tuple[str, ...] = ()
+) -> ClusterView:
     return ClusterView(
         self_id="me",
         now_ms=NOW,
         instances={i: inst(i) for i in ("me", *live)},
         departed={i: inst(i) for i in departed},
-        unreachable=frozenset(unreachable),
+        unreachable=frozenset(unreachable) | frozenset(lapsed),
+        lapsed=frozenset(lapsed),
     )
 
 
@@ -37,12 +43,30 @@ def test_expiring_forgets_after_its_time() -> None:
     assert marks.current(NOW) == frozenset()
 
 
-def test_a_holder_found_unreachable_does_not_count_toward_max_copies_nor_serve() -> None:
-    v = _view("x", "y", unreachable=("x",))
-    assert counted_for_max_copies(v) == {"me", "y"}
+def test_a_holder_found_unreachable_is_not_tried_and_counts_toward_max_copies_until_it_lapses() -> None:
     old = NOW - 60_000
-    assert choose_copy(v, {"x": old}, {}, set(), 3000, False, False) is None
-    assert choose_copy(v, {"x": old, "y": old}, {}, set(), 3000, False, False) == "y"
+    for v in (_view("x", "y", unreachable=("x",)), _view("x", "y", lapsed=("x",))):
+        assert choose_copy(v, {"x": old}, {}, set(), 3000, False, False) is None
+        assert choose_copy(v, {"x": old, "y": old}, {}, set(), 3000, False, False) == "y"
+    # Cut off from here only (etcd has not said otherwise): a capped model must not load again.
+    assert counted_for_max_copies(_view("x", "y", unreachable=("x",))) == {"me", "x", "y"}
+    assert counted_for_max_copies(_view("x", "y", lapsed=("x",))) == {"me", "y"}
+
+
+def test_lease_verdict_tells_gone_from_cut_off_by_when_the_lease_was_last_renewed() -> None:
+    every = 2.0  # a live owner renews every 2 s (kv.lease); etcd rounds what is left down
+    noticed = NOW - 100
+    assert lease_verdict(None, 0, every, noticed, NOW) is LeaseVerdict.LAPSED  # lease or record gone
+    assert lease_verdict(0, 20, every, noticed, NOW) is LeaseVerdict.LAPSED  # about to expire
+    stale = 20 - int(every + RENEWAL_SLACK_S) - 1
+    assert lease_verdict(stale, 20, every, noticed, NOW) is LeaseVerdict.LAPSED  # missed its renewals
+    # Renewed 1 s ago at most, but found unreachable only 0.1 s ago: it may have died since.
+    assert lease_verdict(19, 20, every, noticed, NOW) is LeaseVerdict.UNKNOWN
+    # Renewed after it was found unreachable: alive, cut off from here only.
+    assert lease_verdict(19, 20, every, NOW - 1500, NOW) is LeaseVerdict.ALIVE
+    assert lease_verdict(20, 20, every, NOW - 1, NOW) is LeaseVerdict.ALIVE
+    # Within its renewal period, not yet renewed since: undecided either way.
+    assert lease_verdict(17, 20, every, NOW - 2500, NOW) is LeaseVerdict.UNKNOWN
 
 
 def test_a_departed_holder_counts_and_serves_only_when_no_live_copy_does() -> None:
@@ -52,7 +76,7 @@ def test_a_departed_holder_counts_and_serves_only_when_no_live_copy_does() -> No
     assert choose_copy(v, {"x": old}, {}, set(), 3000, False, False) == "x"
     assert choose_copy(v, {"x": old, "y": old}, {}, set(), 3000, False, False) == "y"
     assert choose_copy(v, {"x": old}, {}, {"x"}, 3000, False, False) is None
-    gone = _view(departed=("x",), unreachable=("x",))
+    gone = _view(departed=("x",), lapsed=("x",))
     assert counted_for_max_copies(gone) == {"me"}
     assert choose_copy(gone, {"x": old}, {}, set(), 3000, False, False) is None
 
