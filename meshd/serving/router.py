@@ -293,6 +293,7 @@ class Router:
         `tried`: what was tried already (the local copy), for the final message."""
         record = await self.record(model_id)
         known: dict[str, int] = {}  # holders learnt from a load refused at max copies
+        refused_load: set[str] = set()  # peers excluded only for refusing a load at max copies
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
             view = self.cluster.view()
@@ -337,21 +338,25 @@ class Router:
                 if e.exclude:
                     excluded.add(target)
                 if e.unreachable:
-                    # Direct evidence its record is stale (killed, frozen): its copies are not
-                    # tried, nor counted toward max copies, for a while (placement.liveness).
+                    # Its record may be stale (killed, frozen) or this instance cut off from it:
+                    # its copies are not tried for a while, and etcd is asked which it is
+                    # (placement.liveness).
                     self.cluster.note_unreachable(target)
                 if e.holders is not None:
                     # Another instance won the copy (its record write came first): serve
-                    # there, as the mirror may not show it yet.
+                    # there, as the mirror may not show it yet, even from a peer that refused
+                    # to load it before it did.
                     holders = e.holders or await self._holders(model_id)
                     known.update(holders)
+                    excluded -= refused_load & set(holders)
                     # Holders just found unreachable: whether they are gone or only cut off from
                     # here (etcd's word on their leases) decides whether a copy may load.
                     await self.cluster.settle(holders, SETTLE_WAIT_S)
                     if target != self.self_id and holders and set(holders) <= self.cluster.view().unreachable:
-                        # That peer counts a holder this instance found dead: do not ask it to
-                        # load again; load where the evidence is (here, as a last resort).
+                        # That peer counts a holder this instance found unreachable: do not ask
+                        # it to load again; load where the evidence is (here, as a last resort).
                         excluded.add(target)
+                        refused_load.add(target)
                 if e.busy:
                     busy += 1
                     if busy > MAX_BUSY_RETRIES:
