@@ -3,7 +3,11 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md constraints.txt ./
 COPY meshd ./meshd
-RUN pip install --no-cache-dir -c constraints.txt ".[otel]"
-EXPOSE 8033 8080 8085 8008 2112
+# tls: cryptography, for encrypted keys and a self-signed /metrics certificate (MM_METRICS scheme=https)
+RUN pip install --no-cache-dir -c constraints.txt ".[otel,tls]"
+# Upstream's pre-stop script path: a modelmesh-serving pod's mm container calls `stop.sh wait`.
+COPY deploy/image/stop.sh /opt/kserve/mmesh/stop.sh
+# gRPC, peers, KServe HTTP (not 8008: rest-proxy's in a modelmesh-serving pod), probes, prestop, metrics
+EXPOSE 8033 8080 8091 8089 8090 2112
 ENTRYPOINT ["meshd"]
 CMD ["serve"]

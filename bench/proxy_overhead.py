@@ -10,6 +10,9 @@ runtime. Registers and loads (sync) one echo model, then, for payloads of ~100 B
     direct  the runtime's own port
     bare    bare_proxy.py -> runtime       (what any Python gRPC hop costs)
     meshd   meshd -> runtime               (what we cost)
+    http    meshd's KServe V2 REST port -> runtime (unary only: the same echo request as
+            the binary-data extension, JSON header + raw tensor, output asked for as binary;
+            the load generator is aiohttp, so compare its CPU per request with care)
 
 The load generator is this process (grpc.aio, one channel per target, N tasks each
 sending the same pre-serialised request bytes in a loop). Each case prints req/s,
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import shlex
@@ -61,7 +65,8 @@ TINY_PAYLOAD = 64  # raw tensor bytes; the serialised ModelInferRequest is ~100 
 BIG_PAYLOAD = 1 << 20  # 1 MiB: well under meshd's 16 MiB and the runtime's 64 MiB limits
 CLIENT_MAX_MESSAGE = 64 << 20
 RPC_TIMEOUT_S = 30.0
-TARGETS = ("direct", "bare", "meshd")
+TARGETS = ("direct", "bare", "meshd", "http")
+GRPC_TARGETS = ("direct", "bare", "meshd")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 T = TypeVar("T")
 
@@ -226,6 +231,81 @@ async def drive(
     return Measured(len(latencies), errors, t1 - t0, latencies, cpu)
 
 
+def http_echo_body(payload_bytes: int) -> tuple[bytes, dict[str, str]]:
+    """The echo request as KServe V2 HTTP with the binary-data extension, and its headers."""
+    raw = make_echo_request(MODEL_ID, payload_bytes).raw_input_contents[0]
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [payload_bytes],
+                    "datatype": "UINT8",
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    headers = {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
+    return header + raw, headers
+
+
+async def drive_http(
+    url: str, payload_bytes: int, concurrency: int, warmup_s: float, duration_s: float, pids: dict[str, int]
+) -> Measured:
+    """`drive` over HTTP: N tasks posting the echo request to meshd's REST port in a loop."""
+    import aiohttp
+
+    body, headers = http_echo_body(payload_bytes)
+    recording = False
+    stop = False
+    latencies: list[float] = []
+    errors = 0
+    perf = time.perf_counter
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=RPC_TIMEOUT_S)) as http:
+
+        async def worker() -> None:
+            nonlocal errors
+            while not stop:
+                t0 = perf()
+                async with http.post(url, data=body, headers=headers) as resp:
+                    answer = await resp.read()
+                if resp.status != 200:
+                    errors += 1
+                    if errors > 100:
+                        raise RuntimeError(f"too many errors, last: {resp.status} {answer[:200]!r}")
+                    continue
+                if recording:
+                    latencies.append(perf() - t0)
+                elif len(answer) < payload_bytes:
+                    raise RuntimeError(f"short response: {len(answer)} bytes for a {payload_bytes}-byte tensor")
+
+        tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+        try:
+            await _sleep_or_fail(warmup_s, tasks)
+            cpu0 = {role: cpu_seconds(pid) for role, pid in pids.items()}
+            client0 = self_cpu_seconds()
+            t0 = perf()
+            recording = True
+            await _sleep_or_fail(duration_s, tasks)
+            recording = False
+            t1 = perf()
+            cpu1 = {role: cpu_seconds(pid) for role, pid in pids.items()}
+            client1 = self_cpu_seconds()
+            stop = True
+            await asyncio.gather(*tasks)
+        finally:
+            stop = True
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    cpu = {role: cpu1[role] - cpu0[role] for role in pids}
+    cpu["client"] = client1 - client0
+    return Measured(len(latencies), errors, t1 - t0, latencies, cpu)
+
+
 async def _sleep_or_fail(seconds: float, tasks: list[asyncio.Task[None]]) -> None:
     done, _ = await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_EXCEPTION)
     for t in done:
@@ -294,7 +374,9 @@ async def run_all(settings: Settings, node: Node, bare: Child, bare_port: int, l
         "direct": {"runtime": node.runtime.pid},
         "bare": {"proxy": bare.pid, "runtime": node.runtime.pid},
         "meshd": {"proxy": node.meshd.pid, "runtime": node.runtime.pid},
+        "http": {"proxy": node.meshd.pid, "runtime": node.runtime.pid},
     }
+    http_url = f"{node.http_url}/v2/models/{MODEL_ID}/infer"
     # One channel (one HTTP/2 connection) per target, kept for the whole run.
     channels = {t: grpc.aio.insecure_channel(a, options=opts) for t, a in addrs.items()}
     metadata = (("mm-model-id", MODEL_ID),)
@@ -305,6 +387,23 @@ async def run_all(settings: Settings, node: Node, bare: Child, bare_port: int, l
             order = TARGETS[rep % len(TARGETS) :] + TARGETS[: rep % len(TARGETS)]
             for case in settings.cases():
                 for target in order:
+                    if target == "http" and case.shape != "unary":
+                        continue  # no streams over HTTP
+                    if target == "http":
+                        m = await drive_http(
+                            http_url,
+                            case.payload_bytes,
+                            case.concurrency,
+                            settings.warmup_s,
+                            settings.duration_s,
+                            pids[target],
+                        )
+                        results.add(case, target, m)
+                        log(
+                            f"  run {rep + 1}/{settings.repeat} {case.label:>7} c={case.concurrency:<3} {target:<6} "
+                            f"{m.rps:9.0f} req/s  p50 {m.pct_ms(0.5):7.3f} ms  p99 {m.pct_ms(0.99):7.3f} ms"
+                        )
+                        continue
                     m = await drive(
                         channels[target],
                         requests[case.payload_bytes],
@@ -381,7 +480,7 @@ def report(results: Results, settings: Settings, command: str, elapsed_s: float)
     out.append("-" * len(hdr2))
     summary: dict[tuple[str, int], dict[str, float]] = {}
     for case in cases:
-        d, b, x = (results.per_run(case, t) for t in TARGETS)
+        d, b, x = (results.per_run(case, t) for t in GRPC_TARGETS)
         n = min(len(d), len(b), len(x))
         row = {
             "md": median([ratio(x[i].rps, d[i].rps) for i in range(n)]),
@@ -400,6 +499,31 @@ def report(results: Results, settings: Settings, command: str, elapsed_s: float)
             f"{fmt(row['cm'], '12.2f')} {fmt(row['cb'], '11.2f')} {fmt(row['cmb'], '14.2f')}"
         )
     out.append("")
+    http_rows = []
+    cpu = Measured.cpu_us_per_req
+    for case in cases:
+        d, x, h = (results.per_run(case, t) for t in ("direct", "meshd", "http"))
+        n = min(len(d), len(x), len(h))
+        if not n:
+            continue
+        http_rows.append(
+            f"{case.label:>7} {case.concurrency:>4} "
+            f"{fmt(median([ratio(h[i].rps, d[i].rps) for i in range(n)]), '11.2f')} "
+            f"{fmt(median([ratio(h[i].rps, x[i].rps) for i in range(n)]), '10.2f')} "
+            f"{fmt(median([h[i].pct_ms(0.5) - d[i].pct_ms(0.5) for i in range(n)]), '+12.3f')} "
+            f"{fmt(median([ratio(cpu(h[i], 'proxy'), cpu(h[i], 'runtime')) for i in range(n)]), '11.2f')} "
+            f"{fmt(median([ratio(cpu(h[i], 'proxy'), cpu(x[i], 'proxy')) for i in range(n)]), '13.2f')}"
+        )
+    if http_rows:
+        out.append("HTTP (KServe V2 REST, binary-data extension) through meshd, against direct gRPC and meshd's gRPC")
+        hdr3 = (
+            f"{'payload':>7} {'conc':>4} {'http/direct':>11} {'http/meshd':>10} {'+p50 http ms':>12} "
+            f"{'http cpu/rt':>11} {'http/grpc cpu':>13}"
+        )
+        out.append(hdr3)
+        out.append("-" * len(hdr3))
+        out.extend(http_rows)
+        out.append("")
     tiny = settings.payloads[0][0]
     c8 = summary.get((tiny, 8))
     c1 = summary.get((tiny, 1))

@@ -279,7 +279,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
     traces = [workdir / f"trace-{i}.txt" for i in range(INSTANCES)]
     try:
         mesh.start_etcd()
-        registry_prefix = f"mm/{mesh.service}/registry/"
+        registry_prefix = f"/tas-runtime/{mesh.service}/registry/"
         nodes: list[Node] = []
         empty_start: list[float] = []
         for i in range(INSTANCES):

@@ -23,7 +23,7 @@ def _run(coro: object) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from meshd.mesh import serve
+    from meshd.mesh import StartRefused, serve
     from meshd.runtime.client import RuntimeNotReady
 
     try:
@@ -34,6 +34,9 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, config.log_format)
     try:
         _run(serve(config))
+    except StartRefused as e:  # nothing was changed: a setting to fix, like a bad value
+        print(f"meshd serve: {e}", file=sys.stderr)
+        return 2
     except RuntimeNotReady as e:
         print(f"meshd serve: {e}", file=sys.stderr)
         return 1
@@ -50,6 +53,32 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop(args: argparse.Namespace) -> int:
+    """`meshd stop [wait]` (what the image's /opt/kserve/mmesh/stop.sh runs): asks the local
+    instance to shut down through its /prestop endpoint, the same drain SIGTERM starts; with
+    `wait`, returns only once it has stopped (the mm container's preStop hook)."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    port = os.environ.get("MM_PRESTOP_WAIT_PORT") or "8090"
+    url = f"http://127.0.0.1:{port}/prestop"
+    wait = args.mode == "wait"
+    budget_s = int(os.environ.get("SHUTDOWN_TIMEOUT_MS") or "30000") / 1000 + 10
+    try:
+        with urllib.request.urlopen(url, timeout=budget_s if wait else 2.0) as resp:
+            resp.read()
+    except TimeoutError:
+        if wait:
+            print(f"meshd stop: no answer from {url} within {budget_s:.0f} s", file=sys.stderr)
+            return 1
+    except (urllib.error.URLError, ConnectionError, OSError) as e:
+        # Nothing listening (not started, or gone already) or the connection closed as it
+        # exited: there is nothing left to stop.
+        print(f"meshd stop: {url}: {getattr(e, 'reason', e)} (instance not running)", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meshd", description="A Python model mesh beside any ModelMesh runtime.")
     parser.add_argument("--version", action="version", version=f"meshd {__version__}")
@@ -59,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve)
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=_serve)
+
+    stop = sub.add_parser("stop", help="ask the local instance to drain and stop (/prestop); 'wait': until it has")
+    stop.add_argument("mode", nargs="?", choices=["wait"], help="wait until the instance has stopped")
+    stop.set_defaults(func=_stop)
 
     demo = sub.add_parser("demo", help="run a self-contained mesh with reference runtimes and drive traffic")
     from meshd.demo import add_demo_arguments, run_demo

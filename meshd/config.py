@@ -9,22 +9,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlparse
 
 from meshd.decisions.cache import Eviction
+from meshd.decisions.ids import instance_id_problem
 from meshd.decisions.placement.constraints import TypeConstraints
+from meshd.kv import target as kv_target
+from meshd.kv.target import EtcdTarget
 from meshd.observability.logs import parse_log_format
 from meshd.observability.metrics import MetricsConfig
+from meshd.observability.payloads import Processor, parse_processors
 from meshd.security import tls as meshtls
 from meshd.serving.proxy.methods import DataplaneConfig
 
 T = TypeVar("T")
+DEFAULT_METRICS = "prometheus:port=2112"
 MAX_GRPC_INT = 2**31 - 1  # grpc channel arguments are C ints: larger overflows at server creation
+MAX_PORT = 65535  # grpc takes larger port numbers modulo 65536 (70000 listened on 4464)
 
 
 class ConfigError(ValueError):
@@ -42,8 +48,13 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("service_name", "MM_SERVICE_NAME", "--service-name", "mesh service name (etcd key segment)", "modelmesh"),
-    Setting("kv_store", "KV_STORE", "--kv-store", "etcd:<url or json>; unset: start a private embedded etcd"),
-    Setting("kv_prefix", "MM_KVSTORE_PREFIX", "--kv-prefix", "key prefix under the etcd root", "mm"),
+    Setting(
+        "kv_store",
+        "KV_STORE",
+        "--kv-store",
+        "etcd:<json file>, etcd:{json} or etcd:ep1,ep2;rootPrefix=p; unset: start a private embedded etcd",
+    ),
+    Setting("kv_prefix", "MM_KVSTORE_PREFIX", "--kv-prefix", "key prefix under the etcd root", "tas-runtime"),
     Setting("labels", "MM_LABELS", "--labels", "comma-separated instance labels"),
     Setting("grpc_port", "MM_SVC_GRPC_PORT", "--grpc-port", "external gRPC port (inference + management)", "8033"),
     Setting("max_msg_size", "MM_SVC_GRPC_MAX_MSG_SIZE", "--max-msg-size", "max gRPC message bytes", str(16 << 20)),
@@ -66,6 +77,13 @@ SETTINGS: tuple[Setting, ...] = (
         "900000",
     ),
     Setting("shutdown_timeout_ms", "SHUTDOWN_TIMEOUT_MS", "--shutdown-timeout-ms", "graceful stop budget", "30000"),
+    Setting(
+        "drain_grace_ms",
+        "MESHD_DRAIN_GRACE_MS",
+        "--drain-grace-ms",
+        "after SIGTERM, how long the ports keep accepting and serving once health says NOT_SERVING",
+        "10000",
+    ),
     Setting("instance_id", "MESHD_INSTANCE_ID", "--instance-id", "instance id (default: from the host name)"),
     Setting("peer_port", "MESHD_PEER_PORT", "--peer-port", "internal peer gRPC port", "8080"),
     Setting("advertise_host", "MESHD_ADVERTISE_HOST", "--advertise-host", "address peers dial (default: pod IP)"),
@@ -137,7 +155,7 @@ SETTINGS: tuple[Setting, ...] = (
         "eviction",
         "MESHD_EVICTION",
         "--eviction",
-        "cache eviction order: lru (upstream's) or gdsf (size- and load-time-aware, see README Simulator)",
+        "cache eviction order: lru (upstream's) or gdsf (size- and load-time-aware, see docs/simulator.md)",
         "lru",
     ),
     Setting(
@@ -166,8 +184,8 @@ SETTINGS: tuple[Setting, ...] = (
         "http_port",
         "MESHD_HTTP_PORT",
         "--http-port",
-        "KServe V2 REST port ('disabled' turns it off; upstream's REST proxy used 8008)",
-        "8008",
+        "KServe V2 REST port ('disabled' turns it off; not 8008: a modelmesh-serving pod's rest-proxy has it)",
+        "8091",
     ),
     Setting(
         "model_repository",
@@ -218,8 +236,8 @@ SETTINGS: tuple[Setting, ...] = (
         "metrics",
         "MM_METRICS",
         "--metrics",
-        "prometheus:port=N;per_model_metrics=true|false;fq_names=true|false, or disabled",
-        "prometheus:port=2112",
+        "prometheus:port=N;per_model_metrics=true|false;fq_names=true|false;scheme=http|https, or disabled",
+        DEFAULT_METRICS,
     ),
     Setting("log_each_invoke", "MM_LOG_EACH_INVOKE", "--log-each-invoke", "one INFO log record per inference", "false"),
     Setting("log_format", "MESHD_LOG_FORMAT", "--log-format", "log lines: text or json", "text"),
@@ -229,13 +247,81 @@ SETTINGS: tuple[Setting, ...] = (
         "--watch-trace",
         "file to append '<revision> <wall ns>' to as each registry change reaches this instance (benchmarks)",
     ),
+    # ---- upstream's pod contract (README, Inside a modelmesh-serving pod) ----
+    Setting("probe_port", "MM_PROBE_PORT", "--probe-port", "HTTP /ready and /live ('disabled': off)", "8089"),
+    Setting(
+        "prestop_port",
+        "MM_PRESTOP_WAIT_PORT",
+        "--prestop-port",
+        "HTTP /prestop: starts the drain ('disabled': off)",
+        "8090",
+    ),
+    Setting(
+        "max_connection_age_s",
+        "MM_SVC_GRPC_MAX_CONNECTION_AGE_SECS",
+        "--max-connection-age-s",
+        "external gRPC connections are closed (GOAWAY) after this many seconds (unset: never)",
+    ),
+    Setting(
+        "max_connection_age_grace_s",
+        "MM_SVC_GRPC_MAX_CONNECTION_AGE_GRACE_SECS",
+        "--max-connection-age-grace-s",
+        "time calls in flight get after that GOAWAY (unset: unlimited)",
+    ),
+    Setting(
+        "payload_processors",
+        "MM_PAYLOAD_PROCESSORS",
+        "--payload-processors",
+        "space-separated logger://[model] or http(s)://host/path: inference payload logging",
+    ),
+    Setting(
+        "payload_capacity",
+        "MM_PAYLOAD_PROCESSORS_CAPACITY",
+        "--payload-capacity",
+        "payload records queued before new ones are dropped",
+        "64",
+    ),
+    Setting("payload_senders", "MM_PAYLOAD_PROCESSORS_THREADS", "--payload-senders", "payload sender tasks", "2"),
+    Setting(
+        "log_request_headers",
+        "MM_LOG_REQUEST_HEADERS",
+        "--log-request-headers",
+        'JSON {"header": "log field"}: request headers added to the invoke log record',
+    ),
+    Setting("info_metrics", "MM_INFO_METRICS", "--info-metrics", "name;label=ENVVAR,...: a constant info gauge"),
+    Setting("kv_read_only", "KV_READ_ONLY", "--kv-read-only", "refuse model and vmodel changes (migration)", "false"),
+    Setting("location", "MM_LOCATION", "--location", "node address reported in the instance record"),
+    Setting(
+        "auto_register", "MM_AUTO_REGISTER_MODELS", "--auto-register", "JSON list of models registered at start-up"
+    ),
+    Setting(
+        "auto_register_path",
+        "MM_AUTO_REGISTER_MODELS_PATH",
+        "--auto-register-path",
+        "file with that JSON list",
+    ),
 )
 
-
-@dataclass(frozen=True, slots=True)
-class EtcdTarget:
-    url: str  # http://host:port
-    root_prefix: str = ""
+# Upstream variables meshd does not act on: set, each gets one warning at start-up.
+UPSTREAM_IGNORED: dict[str, str] = {
+    "MM_SEND_DEST_ID": "meshd does not add the destination instance id to responses",
+    "MM_MULTI_PARALLELISM": "multi-model requests are not supported",
+    "BOOTSTRAP_CLEARANCE_PERIOD_MS": "meshd has no bootstrap fail-fast of rolling updates",
+    "MM_FAILFAST_UPGRADE_ENABLED": "meshd has no bootstrap fail-fast of rolling updates",
+    "MM_ENABLE_SSL": "peer TLS follows MM_TLS_KEY_CERT_PATH",
+    "MM_INTERNAL_TRUST_CERTS": "peer trust follows MM_TLS_TRUST_CERT_PATH",
+    "MM_SVC_GRPC_CA_CERT_PATH": "a deprecated name: use MM_TLS_KEY_CERT_PATH",
+    "MM_SVC_GRPC_PRIVATE_KEY_PATH": "a deprecated name: use MM_TLS_PRIVATE_KEY_PATH",
+    "MM_SVC_GRPC_PRIVATE_KEY_PASSPHRASE": "a deprecated name: use MM_TLS_PRIVATE_KEY_PASSPHRASE",
+    "HEAP_SIZE_MB": "a JVM setting",
+    "MAX_DIRECT_BUFS_MB": "a JVM setting",
+    "MEM_LIMIT_MB": "a JVM setting",
+    "MM_JVM_OPTS": "a JVM setting",
+    "LL_REGISTRY": "litelinks: meshd peers use their own gRPC port (MESHD_PEER_PORT)",
+    "LITELINKS_PORT": "litelinks: meshd peers use their own gRPC port (MESHD_PEER_PORT)",
+    "MM_SVC_GRPC_MAX_HEADER_SIZE": "use MM_SVC_GRPC_MAX_HEADERS_SIZE",
+}
+UPSTREAM_IGNORED_PREFIXES = ("TAS_",)  # upstream's older names
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +343,7 @@ class Config:
     runtime_ready_timeout_s: float
     zone: str = ""
     instance_ttl_s: int = 20
+    drain_grace_ms: int = 10_000
     default_vmodel_owner: str = ""
     type_constraints: TypeConstraints = field(default_factory=TypeConstraints)
     scaleup_rpm_threshold: int = 2000
@@ -274,7 +361,7 @@ class Config:
     load_queue: bool = True  # MESHD_LOAD_QUEUE=value; False: fifo (upstream's)
     load_wait_limit_ms: int = 10_000
     tls: meshtls.MeshTls | None = None
-    http_port: int | None = 8008  # None: no REST endpoints
+    http_port: int | None = 8091  # None: no REST endpoints
     model_repository: Path | None = None
     model_repository_type: str = ""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -282,44 +369,48 @@ class Config:
     log_format: str = "text"
     max_headers_size: int = 8 << 10
     watch_trace: Path | None = None
+    probe_port: int | None = 8089
+    prestop_port: int | None = 8090
+    max_connection_age_s: int | None = None
+    max_connection_age_grace_s: int | None = None
+    payload_processors: tuple[Processor, ...] = ()
+    payload_capacity: int = 64
+    payload_senders: int = 2
+    log_request_headers: dict[str, str] = field(default_factory=dict)
+    info_metrics: InfoMetric | None = None
+    kv_read_only: bool = False
+    location: str = ""
+    auto_register: tuple[AutoRegistration, ...] = ()
+    type_constraints_path: Path | None = None  # followed as it changes (ConfigMap updates)
+    dataplane_config_path: Path | None = None
+    warnings: tuple[str, ...] = ()  # logged once at start-up
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def key_prefix(self) -> str:
-        """`<root>/<kv prefix>/<service>` under which registry/, vmodels/, instances/ live."""
-        parts = [self.kv_store.root_prefix if self.kv_store else "", self.kv_prefix, self.service_name]
-        return "/".join(p.strip("/") for p in parts if p.strip("/"))
+        """`<root>/<kv prefix>/<service>`: registry/, vmodels/, instances/, leaderLatch/ live under it.
+
+        Upstream's rule (kv-utils): the root prefix is prepended to the path exactly as given,
+        and the path always starts with '/', so an empty root gives `/tas-runtime/<svc>` and a
+        root ending in '/' gives a double slash.
+        """
+        root = self.kv_store.root_prefix if self.kv_store else ""
+        return f"{root}/{self.kv_prefix}/{self.service_name.strip('/')}"
 
 
 def parse_kv_store(value: str) -> EtcdTarget:
-    """`etcd:http://host:port`, `etcd:host:port` or `etcd:{"endpoints": ..., "root_prefix": ...}`."""
-    if not value.startswith("etcd:"):
-        raise ConfigError(f"KV_STORE must start with 'etcd:' (got {value!r})")
-    body = value[5:].strip()
-    root = ""
-    if body.startswith("{"):
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"KV_STORE JSON is invalid: {e}") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("endpoints"), str):
-            raise ConfigError("KV_STORE JSON needs a string field 'endpoints'")
-        body = obj["endpoints"].split(",")[0].strip()
-        root_raw = obj.get("root_prefix") or ""
-        if not isinstance(root_raw, str):
-            raise ConfigError("KV_STORE JSON field 'root_prefix' must be a string")
-        root = root_raw
-    else:
-        body = body.split(",")[0].strip()
-    url = body if "://" in body else f"http://{body}"
-    parsed = urlparse(url)
+    """Every upstream `KV_STORE` form (see meshd.kv.target); files it names are read now."""
     try:
-        port = parsed.port
-    except ValueError:  # not a number, or out of range
-        port = None
-    if not parsed.hostname or not port:
-        raise ConfigError(f"KV_STORE endpoint must include host and a valid port (got {body!r})")
-    return EtcdTarget(f"http://{parsed.hostname}:{parsed.port}", root)
+        return kv_target.parse_kv_store(value)
+    except kv_target.KVStoreError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _kv_prefix(name: str, value: str) -> str:
+    # Upstream refuses these too: the prefix is one path segment.
+    if not value or any(c == "/" or c.isspace() for c in value):
+        raise ConfigError(f"{name} must be one non-empty path segment, without '/' or whitespace (got {value!r})")
+    return value
 
 
 def default_instance_id() -> str:
@@ -340,7 +431,8 @@ def _int(name: str, value: str, minimum: int = 0) -> int:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     for s in SETTINGS:
         default = f" (env {s.env}" + (f", default {s.default})" if s.default else ")")
-        parser.add_argument(s.flag, dest=s.dest, default=None, help=s.help + default)
+        # argparse formats help with %: a literal one ("this % of ...") must be doubled.
+        parser.add_argument(s.flag, dest=s.dest, default=None, help=(s.help + default).replace("%", "%%"))
 
 
 def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Config:
@@ -366,24 +458,27 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         else (raw["serving_port"] if raw["serving_port"] else runtime)
     )
     if not runtime.startswith("unix:"):
-        _int(name("runtime_port"), runtime, 1)
+        _bounded(name("runtime_port"), runtime, 1, MAX_PORT)
     if not serving.startswith("unix:"):
-        _int(name("serving_port"), serving, 1)
+        _bounded(name("serving_port"), serving, 1, MAX_PORT)
     advertise = raw["advertise_host"] or env.get("POD_IP") or env.get("WKUBE_POD_IPADDR") or "127.0.0.1"
     labels = tuple(x.strip() for x in (raw["labels"] or "").split(",") if x.strip())
     config = Config(
         service_name=need("service_name"),
         kv_store=parse_kv_store(raw["kv_store"]) if raw["kv_store"] else None,
-        kv_prefix=need("kv_prefix"),
+        kv_prefix=_kv_prefix(name("kv_prefix"), need("kv_prefix")),
         labels=labels,
-        grpc_port=_int(name("grpc_port"), need("grpc_port"), 0),
+        grpc_port=_bounded(name("grpc_port"), need("grpc_port"), 0, MAX_PORT),
         max_msg_size=_int(name("max_msg_size"), need("max_msg_size"), 1024),
         runtime_endpoint=runtime,
         serving_endpoint=serving,
         load_failure_expiry_ms=_int(name("load_failure_expiry_ms"), need("load_failure_expiry_ms"), 0),
         shutdown_timeout_ms=_int(name("shutdown_timeout_ms"), need("shutdown_timeout_ms"), 0),
-        instance_id=raw["instance_id"] or default_instance_id(),
-        peer_port=_int(name("peer_port"), need("peer_port"), 0),
+        # Upstream: the last 12 characters of the pod name (WKUBE_POD_NAME in its pods).
+        instance_id=_instance_id(
+            name("instance_id"), raw["instance_id"] or env.get("WKUBE_POD_NAME", "")[-12:] or default_instance_id()
+        ),
+        peer_port=_bounded(name("peer_port"), need("peer_port"), 0, MAX_PORT),
         advertise_host=advertise,
         data_dir=Path(need("data_dir")),
         runtime_ready_timeout_s=float(_int(name("runtime_ready_timeout_s"), need("runtime_ready_timeout_s"), 1)),
@@ -398,6 +493,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         dead_instance_prune_ms=_int(name("dead_instance_prune_ms"), need("dead_instance_prune_ms"), 0),
         copy_idle_ms=_int(name("copy_idle_ms"), raw["copy_idle_ms"], 0) if raw["copy_idle_ms"] else None,
         instance_ttl_s=_int(name("instance_ttl_s"), need("instance_ttl_s"), 2),
+        drain_grace_ms=_int(name("drain_grace_ms"), need("drain_grace_ms"), 0),
         dataplane=_dataplane(raw["dataplane_config"], raw["dataplane_config_path"]),
         max_inflight_per_copy=_int(name("max_inflight_per_copy"), need("max_inflight_per_copy"), -(1 << 31)),
         conc_scaleup_bandwidth_pct=_bounded(
@@ -417,11 +513,155 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         max_headers_size=_bounded(name("max_headers_size"), need("max_headers_size"), 1024, MAX_GRPC_INT),
         watch_trace=_writable_file(name("watch_trace"), raw["watch_trace"]),
     )
-    if config.metrics.https and config.tls is None:
+    if config.metrics.https and config.tls is None and not meshtls.can_self_sign():
         raise ConfigError(
-            f"{name('metrics')}: scheme=https needs the instance certificate ({meshtls.CERT_ENV} and {meshtls.KEY_ENV})"
+            f"{name('metrics')}: scheme=https needs the instance certificate ({meshtls.CERT_ENV} and "
+            f"{meshtls.KEY_ENV}) or, for a self-signed one, the cryptography package (pip install 'meshd[tls]')"
         )
-    return config
+    return _upstream_pod(config, raw, env, name)
+
+
+def _upstream_pod(
+    config: Config, raw: Mapping[str, str | None], env: Mapping[str, str], name: Callable[[str], str]
+) -> Config:
+    """The settings of upstream's pod contract, and the start-up warnings they bring."""
+    warnings: list[str] = []
+    metrics = config.metrics
+    if metrics.https and config.tls is None:
+        warnings.append(
+            f"{name('metrics')}: scheme=https without {meshtls.CERT_ENV}: /metrics is served with a "
+            "self-signed certificate made at start-up"
+        )
+    if metrics.enabled and metrics.https is None:
+        # Upstream serves https when MM_METRICS names no scheme; meshd has a certificate only
+        # with MM_TLS_*: https with it, else http (and says so).
+        metrics = replace(metrics, https=config.tls is not None)
+        if config.tls is None and raw["metrics"] != DEFAULT_METRICS:  # meshd's own default: no warning
+            warnings.append(
+                f"{name('metrics')} names no scheme: upstream would serve https; without "
+                f"{meshtls.CERT_ENV} meshd serves /metrics over http (set scheme=http to silence this)"
+            )
+    age = raw["max_connection_age_s"]
+    grace = raw["max_connection_age_grace_s"]
+    processors = _parsed(name("payload_processors"), raw["payload_processors"] or "", parse_processors)
+    none: tuple[AutoRegistration, ...] = ()
+    auto = _json_setting(
+        "MM_AUTO_REGISTER_MODELS",
+        raw["auto_register"] or env.get("MM_AUTO_REGISTER_MODEL"),  # upstream reads both spellings
+        raw["auto_register_path"] or env.get("MM_AUTO_REGISTER_MODEL_PATH"),
+        parse_auto_register,
+        none,
+    )
+    for var in sorted(env):
+        reason = UPSTREAM_IGNORED.get(var)
+        if reason is None and var.startswith(UPSTREAM_IGNORED_PREFIXES):
+            reason = "an older upstream name"
+        if reason is not None and env[var]:
+            warnings.append(f"{var} is set but meshd does not support it ({reason}); ignored")
+    return replace(
+        config,
+        metrics=metrics,
+        probe_port=_http_port(name("probe_port"), raw["probe_port"] or "8089"),
+        prestop_port=_http_port(name("prestop_port"), raw["prestop_port"] or "8090"),
+        max_connection_age_s=_int(name("max_connection_age_s"), age, 1) if age else None,
+        max_connection_age_grace_s=_int(name("max_connection_age_grace_s"), grace, 0) if grace else None,
+        payload_processors=processors,
+        payload_capacity=_int(name("payload_capacity"), raw["payload_capacity"] or "64", 1),
+        payload_senders=_bounded(name("payload_senders"), raw["payload_senders"] or "2", 1, 64),
+        log_request_headers=_parsed(name("log_request_headers"), raw["log_request_headers"] or "", _header_fields),
+        info_metrics=_parsed(name("info_metrics"), raw["info_metrics"] or "", lambda t: parse_info_metric(t, env)),
+        kv_read_only=_bool(name("kv_read_only"), raw["kv_read_only"] or "false"),
+        location=raw["location"] or "",
+        auto_register=auto,
+        type_constraints_path=Path(raw["type_constraints_path"]) if raw["type_constraints_path"] else None,
+        dataplane_config_path=Path(raw["dataplane_config_path"]) if raw["dataplane_config_path"] else None,
+        warnings=tuple(warnings),
+    )
+
+
+def _header_fields(text: str) -> dict[str, str]:
+    """MM_LOG_REQUEST_HEADERS: `{"header-name": "log field"}` (header names case-insensitive)."""
+    if not text.strip():
+        return {}
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"not valid JSON: {e}") from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
+        raise ValueError('expected a JSON object of strings, {"header-name": "log field"}')
+    return {k.lower(): v for k, v in obj.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class InfoMetric:
+    name: str
+    labels: dict[str, str]
+
+
+MAX_INFO_LABELS = 5  # upstream's limit
+
+
+def parse_info_metric(text: str, env: Mapping[str, str]) -> InfoMetric | None:
+    """MM_INFO_METRICS: `metric_name;label1=ENV_VAR1,label2=ENV_VAR2` (values read from the
+    environment at start-up; an unset variable gives an empty value)."""
+    text = text.strip()
+    if not text:
+        return None
+    metric, _, rest = text.partition(";")
+    metric = metric.strip()
+    if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", metric):
+        raise ValueError(f"{metric!r} is not a valid metric name")
+    labels: dict[str, str] = {}
+    for part in rest.split(","):
+        if not part.strip():
+            continue
+        label, eq, var = (x.strip() for x in part.partition("="))
+        if not eq or not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label) or not var:
+            raise ValueError(f"expected label=ENV_VAR, got {part.strip()!r}")
+        labels[label] = env.get(var, "")
+    if len(labels) > MAX_INFO_LABELS:
+        raise ValueError(f"at most {MAX_INFO_LABELS} labels, got {len(labels)}")
+    return InfoMetric(metric, labels)
+
+
+@dataclass(frozen=True, slots=True)
+class AutoRegistration:
+    """One entry of MM_AUTO_REGISTER_MODELS (upstream's static registrations)."""
+
+    model_id: str
+    model_type: str
+    model_path: str = ""
+    model_key: str = ""
+    vmodel_id: str = ""
+    ensure_loaded: bool = False
+
+
+def parse_auto_register(text: str) -> tuple[AutoRegistration, ...]:
+    """`[{"modelId", "modelInfo": {"type", "path", "key"}, "vModelId"?, "ensureLoaded"?}]`."""
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"not valid JSON: {e}") from None
+    if not isinstance(obj, list):
+        raise ValueError("expected a JSON list of registrations")
+    out: list[AutoRegistration] = []
+    for i, entry in enumerate(obj):
+        info = entry.get("modelInfo") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("modelId"), str) or not isinstance(info, dict):
+            raise ValueError(f"entry {i}: needs a string 'modelId' and an object 'modelInfo'")
+        if not isinstance(info.get("type"), str) or not info["type"]:
+            raise ValueError(f"entry {i}: 'modelInfo' needs a non-empty string 'type'")
+        out.append(
+            AutoRegistration(
+                entry["modelId"],
+                info["type"],
+                str(info.get("path") or ""),
+                str(info.get("key") or ""),
+                str(entry.get("vModelId") or ""),
+                bool(entry.get("ensureLoaded", False)),
+            )
+        )
+    return tuple(out)
 
 
 def _tls(raw: Mapping[str, str | None], advertise_host: str) -> meshtls.MeshTls | None:
@@ -496,7 +736,19 @@ HTTP_OFF = frozenset({"disabled", "off"})
 
 
 def _http_port(what: str, text: str) -> int | None:
-    return None if text.strip().lower() in HTTP_OFF else _bounded(what, text, 0, 65535)
+    if text.strip().lower() in HTTP_OFF:
+        return None
+    try:
+        return _bounded(what, text, 0, MAX_PORT)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (or 'disabled' to serve no HTTP)") from None
+
+
+def _instance_id(what: str, text: str) -> str:
+    problem = instance_id_problem(text)
+    if problem is not None:
+        raise ConfigError(f"{what}: {problem} (got {text!r})")
+    return text
 
 
 def _directory(what: str, text: str | None) -> Path | None:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
+import socket
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -20,17 +23,22 @@ from meshd.api.admin import MeshAdminServicer
 from meshd.api.health import EXTERNAL_SERVICES, INTERNAL_SERVICES, Health
 from meshd.api.kserve import MeshKServe
 from meshd.api.kserve_core import KServeCore
-from meshd.api.kserve_http import HttpServer
+from meshd.api.kserve_http import HttpServer, Infer
 from meshd.api.management import Management
 from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.modelrepo import ModelDirectory
 from meshd.api.parsing import add_servicer
 from meshd.api.peer import PeerServicer
+from meshd.api.probes import ProbeServer
 from meshd.api.repository import MeshRepository
 from meshd.config import Config
 from meshd.core.clock import wall_ms
-from meshd.core.records import RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
+from meshd.core.errors import DeadlineExceeded, MeshError
+from meshd.core.records import NODE_LOCATION, RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.decisions.cache import State, to_units
+from meshd.decisions.ids import ModelInfo
+from meshd.decisions.placement.constraints import TypeConstraints, no_home_message
+from meshd.decisions.placement.liveness import departed_for_ms
 from meshd.decisions.placement.serving import assume_loaded_ms
 from meshd.decisions.placement.view import ClusterView
 from meshd.decisions.publishing import Identity, RpmMeter, instance_record
@@ -40,27 +48,30 @@ from meshd.kv.etcd import EtcdStore
 from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
 from meshd.kv.watch_trace import WatchTrace
+from meshd.loops.config_files import FileWatch
 from meshd.loops.inventory import Inventory
 from meshd.loops.leader import LeaderDuties, cluster_gauges
 from meshd.loops.runtime_watch import RuntimeWatch
 from meshd.loops.scaler import Scaler, ScalerConfig
 from meshd.observability.metrics import ClusterStats, InstanceStats, Metrics, MetricsServer, build_metrics
+from meshd.observability.payloads import PayloadProcessors
 from meshd.observability.tracing import Tracing
 from meshd.observability.tracing import from_env as tracing_from_env
 from meshd.registry.instances import InstancePublisher
 from meshd.registry.models import Registry
-from meshd.registry.vmodels import VModels
+from meshd.registry.vmodels import SetVModel, VModels
 from meshd.runtime.client import RuntimeClient, RuntimeNotReady
-from meshd.runtime.endpoints import internal_server_options, open_channel, server_options
+from meshd.runtime.endpoints import connection_age_options, internal_server_options, open_channel, server_options
 from meshd.security.peer_auth import interceptors as peer_interceptors
-from meshd.security.tls import bind
+from meshd.security.tls import bind, self_signed_server_context
 from meshd.serving.cluster import Cluster
 from meshd.serving.copies import CopyCounter
 from meshd.serving.invocations import Invocations
 from meshd.serving.local import LocalModels
 from meshd.serving.peers import Peers, dial_plaintext
 from meshd.serving.proxy.handler import InferenceHandler
-from meshd.serving.proxy.methods import MethodTable
+from meshd.serving.proxy.headers import RequestIds
+from meshd.serving.proxy.methods import DataplaneConfig, MethodSpec, MethodTable
 from meshd.serving.proxy.peer_handler import PeerInferenceHandler
 from meshd.serving.router import Router
 
@@ -70,6 +81,85 @@ KV_STARTUP_TIMEOUT_S = 20.0  # upstream fails fast when the KV store is unreacha
 TRANSITION_CHECK_S = 1.0
 DRAIN_POLL_S = 0.25
 DRAIN_RESERVE_S = 5.0  # upstream stops waiting for reloads 5 s before the shutdown deadline
+
+
+SERVING_CHECK_S = 10.0  # the runtime answered READY: its inference endpoint should answer at once
+ID_RELEASE_GRACE_S = 2.0  # beyond the lease TTL, for etcd to delete a dead holder's record
+
+
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def http_inference(
+    router: Router, spec: MethodSpec | None, timeout_s: float | None, invocations: Invocations
+) -> Infer | None:
+    """KServe V2 HTTP inference as one ModelInfer through the router (None: the runtime does
+    not serve ModelInfer, and HTTP answers 501). Recorded like a gRPC call of that method."""
+    if spec is None:
+        return None
+
+    async def infer(request: bytes, ids: RequestIds) -> bytes:
+        started = invocations.start()
+        code = "OK"
+        response = b""
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await router.unary(spec, request, ids, (), timeout_s)
+                return response
+        except TimeoutError:
+            code = "DEADLINE_EXCEEDED"
+            raise DeadlineExceeded(
+                f"no answer within the default request timeout of {timeout_s:g} s (MESHD_REQUEST_TIMEOUT_MS)"
+            ) from None
+        except MeshError as e:
+            code = e.code.name
+            raise
+        except BaseException:
+            code = "UNKNOWN"
+            raise
+        finally:
+            invocations.done(spec.path, ids, code, started, len(request), len(response) if code == "OK" else -1)
+
+    return infer
+
+
+class StartRefused(Exception):
+    """Start-up stopped before anything was changed: a port taken, the instance id held by
+    a live instance. One line, naming the setting to change (exit 2)."""
+
+
+def listening_ports(cfg: Config) -> list[tuple[str, int]]:
+    """(setting, port) of every port this instance listens on; 0 (any free port) left out."""
+    ports = [("MM_SVC_GRPC_PORT (--grpc-port)", cfg.grpc_port), ("MESHD_PEER_PORT (--peer-port)", cfg.peer_port)]
+    if cfg.http_port is not None:
+        ports.append(("MESHD_HTTP_PORT (--http-port; or 'disabled')", cfg.http_port))
+    if cfg.metrics.enabled:
+        ports.append(("MM_METRICS (port=N; or 'disabled')", cfg.metrics.port))
+    if cfg.probe_port is not None:
+        ports.append(("MM_PROBE_PORT (--probe-port; or 'disabled')", cfg.probe_port))
+    if cfg.prestop_port is not None:
+        ports.append(("MM_PRESTOP_WAIT_PORT (--prestop-port; or 'disabled')", cfg.prestop_port))
+    return [(what, port) for what, port in ports if port]
+
+
+def check_ports_free(ports: Sequence[tuple[str, int]]) -> None:
+    """StartRefused naming the first port another process listens on (or two settings that
+    name one port). grpc would share a taken port (SO_REUSEPORT): two unrelated meshes then
+    answer on one port. Checked before the store, the runtime or any record is touched."""
+    seen: dict[int, str] = {}
+    for what, port in ports:
+        if port in seen:
+            raise StartRefused(f"{what} and {seen[port]} both name port {port}: give each its own")
+        seen[port] = what
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "taken"
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError as e:
+                reason = "already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+                raise StartRefused(
+                    f"port {port} is {reason} (another meshd on this host?): set {what} to a free port"
+                ) from None
 
 
 def _live_copies(record: ModelRecord, view: ClusterView) -> int:
@@ -109,16 +199,31 @@ class Instance:
     http_port: int | None = None
     shutting_down: bool = False
     watch_trace: WatchTrace | None = None
+    serving: bool = False  # /ready: set once start() completes, cleared when stopping
+    probes: ProbeServer | None = None
+    payloads: PayloadProcessors | None = None
+    file_watches: list[FileWatch] = field(default_factory=list)
+    # /prestop: the same shutdown entry SIGTERM uses (set by `serve`); returns once stopped
+    on_prestop: Callable[[], Awaitable[None]] | None = None
+    background_stop: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.metrics: Metrics = build_metrics(self.config.metrics)
+        self._stopped = asyncio.Event()
 
     async def start(self) -> None:
         cfg = self.config
+        for warning in cfg.warnings:
+            log.warning("%s", warning)
+        # Everything that can refuse start-up is checked before the runtime is asked for its
+        # status (it purges its models then): a mistaken second meshd must not wipe them.
+        check_ports_free(listening_ports(cfg))
+        await self._start_probes()
         if self.tracing is None:
             self.tracing = tracing_from_env(cfg.instance_id)
         self.store = await self._open_store()
         prefix = cfg.key_prefix
+        await self._check_id_free(f"{prefix}/instances/{cfg.instance_id}")
         models: Table[ModelRecord] = Table(self.store, f"{prefix}/registry/", ModelRecord.decode, ModelRecord.encode)
         vmodels: Table[VModelRecord] = Table(self.store, f"{prefix}/vmodels/", VModelRecord.decode, VModelRecord.encode)
         self.instances = Table(self.store, f"{prefix}/instances/", InstanceRecord.decode, InstanceRecord.encode)
@@ -175,6 +280,8 @@ class Instance:
             record = instance_record(me, local.cache, q.threads, loading, rpm, stopping, now)
             if not watch.up:  # tells operators a dead runtime from a drain
                 record.extra[RUNTIME_DOWN] = True
+            if cfg.location:  # MM_LOCATION (the node's address); `loc` is the address peers dial
+                record.extra[NODE_LOCATION] = cfg.location
             return record
 
         instances = self.instances
@@ -189,6 +296,8 @@ class Instance:
         watch.on_change = self.publisher.kick
 
         self.serving_channel = open_channel(cfg.serving_endpoint, cfg.max_msg_size)
+        if cfg.serving_endpoint != cfg.runtime_endpoint:
+            await self._check_serving(self.serving_channel)
         self.peers = Peers(cfg.max_msg_size, cfg.tls.dial_peer if cfg.tls else dial_plaintext)
         cluster = Cluster(
             cfg.instance_id,
@@ -196,6 +305,7 @@ class Instance:
             self.peers,
             assume_loaded_ms(info.loading_timeout_ms),
             to_units(info.default_model_size),
+            departed_ms=departed_for_ms(cfg.instance_ttl_s * 1000),
         )
         local.cluster_view = cluster.view  # the max-copies rule counts serving holders only
         router = Router(
@@ -238,21 +348,40 @@ class Instance:
             failure_expiry_ms=cfg.load_failure_expiry_ms,
         )
         self.router = router
+
+        def no_home(model_type: str) -> str | None:
+            required = router.constraints.for_type(model_type)[0]
+            return no_home_message(model_type, required, (i.labels for i in cluster.view().serving))
+
+        async def place(model_id: str, last_used_ms: int) -> str | None:
+            return await router.place(model_id, last_used_ms=last_used_ms)
+
+        copies = self.copies
         management = Management(
             cfg.instance_id,
             registry,
             self.local,
             cfg.load_failure_expiry_ms,
             live_instances=lambda: cluster.view().instances.keys(),
+            place=place,  # registerModel(loadNow) and ensureLoaded place through the cluster
+            peer_states=copies.peer_states,
+            no_home=no_home,
+            sync_timeout_s=info.loading_timeout_ms / 1000 * 2,
         )
 
-        external = grpc.aio.server(options=server_options(cfg.max_msg_size, cfg.max_headers_size))
+        external = grpc.aio.server(
+            options=[
+                *server_options(cfg.max_msg_size, cfg.max_headers_size),
+                *connection_age_options(cfg.max_connection_age_s, cfg.max_connection_age_grace_s),
+            ]
+        )
         servicer = ModelMeshServicer(
             management,
             self.vmodels,
             info.loading_timeout_ms / 1000 * 2,
             count_copies=self.copies.refresh,
             wait_loaded=self._wait_loaded,
+            read_only=cfg.kv_read_only,
         )
         add_servicer(external, model_mesh_pb2.DESCRIPTOR.services_by_name["ModelMesh"], servicer)
         inventory = Inventory(registry, cluster, self.local, self.peers, cfg.load_failure_expiry_ms)
@@ -271,7 +400,16 @@ class Instance:
             router.resolve_vmodel,
         )
         handlers = MeshKServe(kserve).handlers
-        invocations = Invocations(self.metrics, cfg.log_each_invoke, cfg.instance_id)
+        if cfg.payload_processors:
+            self.payloads = PayloadProcessors(
+                cfg.payload_processors, cfg.payload_capacity, cfg.payload_senders, self.metrics
+            )
+            await self.payloads.start()
+        if cfg.info_metrics is not None:
+            self.metrics.info(cfg.info_metrics.name, cfg.info_metrics.labels)
+        invocations = Invocations(
+            self.metrics, cfg.log_each_invoke, cfg.instance_id, self.payloads, cfg.log_request_headers
+        )
         external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, handlers, invocations)])
         tls = cfg.tls
         self.grpc_port = bind(external, f"0.0.0.0:{cfg.grpc_port}", tls.external_server_credentials() if tls else None)
@@ -293,10 +431,15 @@ class Instance:
             self.servers.append(server)
         if cfg.http_port is not None:
             ssl_context = tls.http_server_context() if tls else None
-            self.http = HttpServer(kserve, "0.0.0.0", cfg.http_port, ssl_context=ssl_context)
+            infer = http_inference(router, methods.spec(MODEL_INFER), timeout_s, invocations)
+            self.http = HttpServer(
+                kserve, "0.0.0.0", cfg.http_port, ssl_context=ssl_context, infer=infer, max_body_bytes=cfg.max_msg_size
+            )
             self.http_port = await self.http.start()
         if cfg.metrics.enabled:  # bound before peers can see the instance: a taken port fails start-up
             https = tls.http_server_context() if cfg.metrics.https and tls else None
+            if cfg.metrics.https and tls is None:  # scheme=https with no MM_TLS_* certificate
+                https = self_signed_server_context()
             self.metrics_server = MetricsServer(self.metrics, cfg.metrics.port, ssl_context=https)
             await self.metrics_server.start()
         for h in self.health:
@@ -304,7 +447,7 @@ class Instance:
         await self.publisher.start()  # last: peers see the instance only once it serves
         self.election = Election(
             self.store,
-            f"{prefix}/leader/",
+            f"{prefix}/leaderLatch/",  # upstream's election path
             cfg.instance_id,
             cfg.instance_id.encode(),
             cfg.instance_ttl_s,
@@ -321,6 +464,7 @@ class Instance:
             cfg.load_failure_expiry_ms,
             sweep_ms=cfg.leader_sweep_ms,
             prune_after_ms=cfg.dead_instance_prune_ms,
+            upstream_ids=cluster.upstream_ids,
         )
         election = self.election
         self.peer_servicer.gauges = lambda: duties.gauges if election.is_leader else None
@@ -339,6 +483,11 @@ class Instance:
         self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
         self.background.append(asyncio.create_task(watch.run(), name="runtime watch"))
         self.background.append(asyncio.create_task(self._janitor(cfg.janitor_ms / 1000, cluster), name="janitor"))
+        self._watch_files(router, methods)
+        for w in self.file_watches:
+            self.background.append(asyncio.create_task(w.run(), name=f"watch {w.what}"))
+        await self._auto_register(management)
+        self.serving = True  # /ready from now on
         log.info(
             "meshd instance %s serving: grpc %d, peer %d, http %s, registry %s/, %s",
             cfg.instance_id,
@@ -348,6 +497,71 @@ class Instance:
             prefix,
             tls.describe() if tls else "plaintext",
         )
+
+    async def stopped(self) -> None:
+        """Returns once `stop` has finished."""
+        await self._stopped.wait()
+
+    async def _start_probes(self) -> None:
+        """/live, /ready and /prestop: first, so liveness answers while start-up waits."""
+        cfg = self.config
+        if cfg.probe_port is None and cfg.prestop_port is None:
+            return
+
+        async def prestop() -> None:
+            if self.on_prestop is not None:
+                await self.on_prestop()
+                return
+            # Not run by `serve` (tests, demo): stop here, draining as SIGTERM does.
+            if not self.shutting_down:
+                self.background_stop = asyncio.create_task(self.stop(drain=True), name="prestop")
+            await self._stopped.wait()
+
+        self.probes = ProbeServer(
+            "0.0.0.0",
+            cfg.probe_port,
+            cfg.prestop_port,
+            ready=lambda: self.serving and not self.shutting_down,
+            prestop=prestop,
+        )
+        await self.probes.start()
+
+    def _watch_files(self, router: Router, methods: MethodTable) -> None:
+        """Follow MM_TYPE_CONSTRAINTS_PATH and MM_DATAPLANE_CONFIG_PATH as their ConfigMap changes."""
+        cfg = self.config
+
+        def constraints(text: str) -> None:
+            router.constraints = TypeConstraints.parse(text) if text.strip() else TypeConstraints()
+
+        def dataplane(text: str) -> None:
+            methods.reconfigure(DataplaneConfig.parse(text) if text.strip() else DataplaneConfig())
+
+        if cfg.type_constraints_path is not None:
+            self.file_watches.append(FileWatch("MM_TYPE_CONSTRAINTS_PATH", cfg.type_constraints_path, constraints))
+        if cfg.dataplane_config_path is not None:
+            self.file_watches.append(FileWatch("MM_DATAPLANE_CONFIG_PATH", cfg.dataplane_config_path, dataplane))
+
+    async def _auto_register(self, management: Management) -> None:
+        """MM_AUTO_REGISTER_MODELS: registered (and their vmodels set) at start-up; an entry
+        that fails is logged, not fatal (another instance may have registered it differently)."""
+        assert self.vmodels is not None
+        for entry in self.config.auto_register:
+            info = ModelInfo(entry.model_type, entry.model_path, entry.model_key)
+            try:
+                if entry.vmodel_id:
+                    await self.vmodels.set_vmodel(
+                        SetVModel(
+                            vmodel_id=entry.vmodel_id,
+                            target_model_id=entry.model_id,
+                            model_info=info,
+                            load_now=entry.ensure_loaded,
+                        )
+                    )
+                else:
+                    await management.register(entry.model_id, info, entry.ensure_loaded, False, 0)
+                log.info("auto-registered %s", entry.model_id)
+            except Exception as e:
+                log.warning("auto-registration of %s failed: %s", entry.model_id, e)
 
     def _watch_gauges(self, local: LocalModels, cluster: Cluster, registry: Registry, election: Election) -> None:
         """/metrics: instance gauges from the cache, cluster gauges (fresh) while leading."""
@@ -360,8 +574,16 @@ class Instance:
             cache = local.cache
             loaded = sum(1 for e in cache.entries() if e.state is State.LOADED)
             q = local.queue
+            upstream = len(cluster.upstream_ids())
             return InstanceStats(
-                cache.lru_ms(now), now, cache.capacity_units, cache.used_units, loaded, q.waiting, q.in_progress
+                cache.lru_ms(now),
+                now,
+                cache.capacity_units,
+                cache.used_units,
+                loaded,
+                loads_waiting=q.waiting,
+                loads_in_progress=q.in_progress,
+                upstream_instances=upstream,
             )
 
         def leader() -> ClusterStats | None:
@@ -376,14 +598,16 @@ class Instance:
     async def _open_store(self) -> KVStore:
         cfg = self.config
         if cfg.kv_store is not None:
-            url = cfg.kv_store.url
+            url = cfg.kv_store.describe()
+            store = EtcdStore(cfg.kv_store)
+            log.info("etcd: %s", url)
         else:
             data = cfg.data_dir / "etcd"
             self.embedded = EmbeddedEtcd(data, log_dir=cfg.data_dir)
             await asyncio.to_thread(self.embedded.start)
             url = self.embedded.url
             log.info("embedded etcd pid %s at %s (data %s)", self.embedded.pid, url, data)
-        store = EtcdStore.from_url(url)
+            store = EtcdStore.from_url(url)
         deadline = asyncio.get_running_loop().time() + KV_STARTUP_TIMEOUT_S
         while True:
             try:
@@ -396,6 +620,37 @@ class Instance:
                     await store.close()
                     raise StoreUnavailable(f"etcd at {url} unreachable for {KV_STARTUP_TIMEOUT_S:.0f}s: {e}") from e
                 await asyncio.sleep(0.5)
+
+    async def _check_id_free(self, key: str) -> None:
+        """StartRefused while another live instance holds this instance id. A record left by
+        a holder that died goes with its lease: waited for up to one lease TTL."""
+        assert self.store is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.instance_ttl_s + ID_RELEASE_GRACE_S
+        held = await self.store.get(key)
+        if held is not None:
+            log.info("instance id %s has a record; waiting up to one lease TTL for it to go", self.config.instance_id)
+        while held is not None:
+            if loop.time() >= deadline:
+                raise StartRefused(
+                    f"instance id {self.config.instance_id!r} is held by a live instance (its record "
+                    f"{key} is kept alive): set MESHD_INSTANCE_ID (--instance-id) to another id"
+                )
+            await asyncio.sleep(0.5)
+            held = await self.store.get(key)
+
+    async def _check_serving(self, channel: grpc.aio.Channel) -> None:
+        """The runtime's inference endpoint answers (a wrong --serving-port was only found
+        at the first inference)."""
+        cfg = self.config
+        try:
+            await asyncio.wait_for(channel.channel_ready(), SERVING_CHECK_S)
+        except TimeoutError:
+            raise RuntimeNotReady(
+                f"the runtime's inference endpoint {cfg.serving_endpoint} does not answer "
+                f"(its management endpoint {cfg.runtime_endpoint} does): check INTERNAL_SERVING_GRPC_PORT "
+                "(--serving-port) or INTERNAL_SERVING_GRPC_SOCKET_PATH (--serving-socket)"
+            ) from None
 
     def _on_model_change(self, model_id: str, old: ModelRecord | None, new: ModelRecord | None) -> None:
         # Unregistered elsewhere: unload our copy.
@@ -509,7 +764,16 @@ class Instance:
     async def stop(self, drain: bool = True) -> None:
         """Stop; with `drain` (SIGTERM) hand held models to other instances first."""
         grace = self.config.shutdown_timeout_ms / 1000
+        if self.shutting_down:  # a second caller (prestop, then SIGTERM) waits for the first
+            await self._stopped.wait()
+            return
+        loop = asyncio.get_running_loop()
+        # After NOT_SERVING the ports keep accepting and serving for the drain grace: a load
+        # balancer or a kubelet probing every few seconds acts only that much later, and a
+        # port closed before then refuses its clients (issue 15). Within the stop budget.
+        accept_until = loop.time() + min(self.config.drain_grace_ms / 1000, grace) if drain and self.servers else 0.0
         self.shutting_down = True
+        self.serving = False
         for h in self.health:
             await h.set_serving(False)  # probes and balancers stop sending new work now
         for task in self.background:
@@ -524,6 +788,9 @@ class Instance:
             # flight finish, then disappear.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.local.deregister_copies(), DRAIN_RESERVE_S)
+        # Still serving: held copies locally (they stay loaded), the rest through peers.
+        await asyncio.sleep(max(0.0, accept_until - loop.time()))
+        # No new calls from here on; those in flight finish (up to 5 s of the budget).
         await asyncio.gather(*(server.stop(min(grace, 5.0)) for server in self.servers))
         if self.http is not None:
             with contextlib.suppress(Exception):
@@ -540,6 +807,8 @@ class Instance:
             await table.stop()
         if self.serving_channel is not None:
             await self.serving_channel.close()
+        if self.router is not None:
+            await self.router.cluster.close()
         if self.peers is not None:
             await self.peers.close()
         if self.runtime is not None:
@@ -553,6 +822,11 @@ class Instance:
                 await self.tracing.shutdown()  # flushes the spans still batched
         if self.watch_trace is not None:
             self.watch_trace.close()
+        if self.payloads is not None:
+            await self.payloads.stop()
+        self._stopped.set()
+        if self.probes is not None:  # last: /prestop callers are answered once stopped
+            await self.probes.stop()
 
 
 async def serve(config: Config) -> None:
@@ -568,10 +842,29 @@ async def serve(config: Config) -> None:
         drain = drain and sig is signal.SIGTERM
         stop.set()
 
+    async def on_prestop() -> None:
+        # The runtime containers' preStop hook (and `stop.sh wait`): the very entry SIGTERM
+        # takes, then wait until the instance has stopped.
+        on_signal(signal.SIGTERM)
+        await instance.stopped()
+
+    instance.on_prestop = on_prestop
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        await instance.start()
+        # A signal during start-up (waiting for the runtime or etcd) stops it there.
+        starting = asyncio.create_task(instance.start(), name="start-up")
+        stopped = asyncio.create_task(stop.wait(), name="signal")
+        await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            log.info("stopped during start-up")
+            drain = False
+            return
+        starting.result()  # start-up's error, if it failed
         http = f", http port {instance.http_port}" if instance.http_port is not None else ""
         print(
             f"meshd {config.instance_id} ready: grpc port {instance.grpc_port}, peer port {instance.peer_port}{http}",

@@ -437,7 +437,7 @@ class Simulation:
                 forwarded = target != me
                 if entry is not None and entry.state is State.LOADED:
                     holder.cache.touch(mid, t)
-                    if forwarded:  # counted from the call on, as Router._forward does
+                    if forwarded:  # counted from the call on, as Forwarder.unary does
                         inflight[target] = inflight.get(target, 0) + 1
                     if self._serve(t, holder, m, entry, arrival, inst.index, forwarded):
                         if fresh and self.counting:
@@ -771,7 +771,7 @@ class Simulation:
             record = instance_record(inst.identity, inst.cache, self.fleet.loading_threads, loading, rpm, False, t)
             if force or publish_due(inst.record, record, inst.record_ms, t, inst.changed_since_publish):
                 inst.record, inst.record_ms, inst.changed_since_publish = record, t, False
-                self.views[inst.instance_id] = InstanceView.from_record(inst.instance_id, record)
+                self.views[inst.instance_id] = InstanceView.from_record(inst.instance_id, record, empty_lru_ms=t)
 
     def _rate_check(self, t: int) -> None:
         """Scaler.check on every instance: copy scaling for each loaded copy."""

@@ -23,7 +23,7 @@ def test_proxy_overhead_smoke() -> None:
     rows = [line.split() for line in proc.stdout.splitlines()]
     for payload in ("100B", "1MiB"):
         for conc in ("1", "8", "64"):
-            for target in ("direct", "bare", "meshd"):
+            for target in ("direct", "bare", "meshd", "http"):
                 assert any(r[:3] == [payload, conc, target] for r in rows), (
                     f"no row for {payload} c={conc} {target}:\n{proc.stdout}"
                 )

@@ -23,7 +23,7 @@ def test_defaults_are_upstreams() -> None:
     assert cfg.kv_store is None  # embedded etcd
     assert cfg.runtime_endpoint == cfg.serving_endpoint == "8085"
     assert cfg.load_failure_expiry_ms == 900_000 and cfg.shutdown_timeout_ms == 30_000
-    assert cfg.key_prefix == "mm/modelmesh"
+    assert cfg.key_prefix == "/tas-runtime/modelmesh"  # upstream's default prefix, empty root
 
 
 def test_environment_names_and_flags_flag_wins() -> None:
@@ -42,16 +42,17 @@ def test_environment_names_and_flags_flag_wins() -> None:
     assert cfg.runtime_endpoint == "unix:/tmp/rt.sock"  # type: ignore[attr-defined]
     assert cfg.serving_endpoint == "8001"  # type: ignore[attr-defined]
     assert cfg.instance_id == "i-1" and cfg.labels == ("mt:sklearn", "gpu")  # type: ignore[attr-defined]
-    assert cfg.key_prefix == "pre/svc"  # type: ignore[attr-defined]
+    assert cfg.key_prefix == "/pre/svc"  # type: ignore[attr-defined]
 
 
 def test_kv_store_forms() -> None:
     assert parse_kv_store("etcd:127.0.0.1:2379").url == "http://127.0.0.1:2379"
+    assert parse_kv_store("etcd:e1").url == "http://e1:2379"  # upstream's simple form: port optional
     t = parse_kv_store(
         'etcd:{"endpoints": "http://e1:2379,http://e2:2379", "root_prefix": "modelmesh-serving/mm_ns/ns"}'
     )
     assert (t.url, t.root_prefix) == ("http://e1:2379", "modelmesh-serving/mm_ns/ns")
-    for bad in ["zookeeper:x", "etcd:{bad json", 'etcd:{"x": 1}', "etcd:http://nohostport"]:
+    for bad in ["zookeeper:x", "etcd:{bad json", 'etcd:{"x": 1}', "etcd:http://host:port", "etcd:/no/such/file"]:
         with pytest.raises(ConfigError):
             parse_kv_store(bad)
 
@@ -130,7 +131,7 @@ def test_load_queue_switch() -> None:
 
 
 def test_http_port_and_model_repository(tmp_path: object) -> None:
-    assert load_config(None, {}).http_port == 8008  # upstream's REST proxy port
+    assert load_config(None, {}).http_port == 8091  # not 8008: the pod's rest-proxy holds it
     assert load_config(None, {}).model_repository is None
     for off in ("disabled", "off", "Disabled"):
         assert load_config(None, {"MESHD_HTTP_PORT": off}).http_port is None
@@ -175,3 +176,190 @@ def test_max_headers_size_is_bounded(value: str) -> None:
         load_config(None, {"MM_SVC_GRPC_MAX_HEADERS_SIZE": value})
     assert "\n" not in str(e.value)
     assert load_config(None, {"MM_SVC_GRPC_MAX_HEADERS_SIZE": "2147483647"}).max_headers_size == 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    ("kv_store", "prefix", "expected"),
+    [
+        # upstream (kv-utils): root prefix + "/" + MM_KVSTORE_PREFIX + "/" + service, root as given
+        (None, None, "/tas-runtime/svc"),
+        ("etcd:127.0.0.1:2379", "mm", "/mm/svc"),
+        ("etcd:127.0.0.1:2379;rootPrefix=modelmesh-serving", "mm", "modelmesh-serving/mm/svc"),
+        ('etcd:{"endpoints": "e:1", "root_prefix": "/r/"}', "mm", "/r//mm/svc"),
+        ('etcd:{"endpoints": "e:1", "root_prefix": "/r"}', None, "/r/tas-runtime/svc"),
+    ],
+)
+def test_key_prefix_follows_upstreams_key_rule(kv_store: str | None, prefix: str | None, expected: str) -> None:
+    env = {"MM_SERVICE_NAME": "svc"}
+    if kv_store:
+        env["KV_STORE"] = kv_store
+    if prefix:
+        env["MM_KVSTORE_PREFIX"] = prefix
+    assert load_config(None, env).key_prefix == expected
+
+
+@pytest.mark.parametrize("bad", ["a/b", "a b", ""])
+def test_kv_prefix_is_one_segment(bad: str) -> None:
+    with pytest.raises(ConfigError, match="MM_KVSTORE_PREFIX"):
+        parse(["--kv-prefix", bad], {})
+
+
+def test_bad_kv_store_is_a_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from meshd.cli import main
+
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{nope")
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text('{"endpoints": "e:1", "root-prefix": "x"}')
+    unreadable = tmp_path / "cert.json"
+    unreadable.write_text('{"endpoints": "https://e:1", "certificate_file": "missing.pem"}')
+    not_pem = tmp_path / "notpem.json"
+    (tmp_path / "junk.pem").write_text("junk")
+    not_pem.write_text('{"endpoints": "https://e:1", "certificate_file": "junk.pem"}')
+    half_client = tmp_path / "half.json"
+    half_client.write_text('{"endpoints": "https://e:1", "client_key": "-----BEGIN PRIVATE KEY-----"}')
+    cases = {
+        str(tmp_path / "absent.json"): "not found",
+        str(bad_json): "not valid JSON",
+        str(unknown): "unknown key(s) root-prefix",
+        str(unreadable): "cannot read certificate_file",
+        str(not_pem): "certificate is not PEM",
+        str(half_client): "both or neither",
+    }
+    for path, message in cases.items():
+        assert main(["serve", "--kv-store", f"etcd:{path}"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"MM_SVC_GRPC_PORT": "70000"},
+        {"MESHD_PEER_PORT": "65536"},
+        {"INTERNAL_GRPC_PORT": "70000"},
+        {"INTERNAL_SERVING_GRPC_PORT": "99999"},
+    ],
+)
+def test_ports_above_65535_are_refused(env: dict[str, str]) -> None:
+    """grpc took them modulo 65536 (70000 listened on 4464)."""
+    with pytest.raises(ConfigError, match=f"{next(iter(env))} .*between") as e:
+        load_config(None, env)
+    assert "\n" not in str(e.value)
+    port_env = next(iter(env))
+    assert load_config(None, {port_env: "65535"}) is not None
+
+
+def test_http_port_error_says_it_can_be_disabled() -> None:
+    with pytest.raises(ConfigError, match=r"MESHD_HTTP_PORT .*'disabled'"):
+        load_config(None, {"MESHD_HTTP_PORT": "no"})
+
+
+@pytest.mark.parametrize("bad", ["bad/id", "two words", "", "tab\there", "é", "x" * 254])
+def test_bad_instance_ids_are_a_config_error(bad: str) -> None:
+    """An instance id is an etcd key segment: 'bad/id' used to end in a traceback after the
+    embedded etcd had started and the runtime had purged its models."""
+    if bad == "":
+        assert load_config(None, {"MESHD_INSTANCE_ID": ""}).instance_id  # unset: from the host name
+        return
+    with pytest.raises(ConfigError, match="MESHD_INSTANCE_ID") as e:
+        load_config(None, {"MESHD_INSTANCE_ID": bad})
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("good", ["solo", "pod-7f9c.a", "meshd-0", "10.0.0.1:8080"])
+def test_instance_ids_that_are_fine(good: str) -> None:
+    assert load_config(None, {"MESHD_INSTANCE_ID": good}).instance_id == good
+
+
+def test_upstream_pod_settings() -> None:
+    from meshd.config import AutoRegistration
+    from meshd.observability.payloads import Processor
+
+    cfg = load_config(None, {})
+    assert (cfg.probe_port, cfg.prestop_port) == (8089, 8090)  # upstream's ports
+    assert cfg.max_connection_age_s is None and cfg.payload_processors == () and not cfg.kv_read_only
+    assert cfg.warnings == ()  # meshd's defaults warn about nothing
+    env = {
+        "MM_PROBE_PORT": "disabled",
+        "MM_PRESTOP_WAIT_PORT": "9090",
+        "MM_SVC_GRPC_MAX_CONNECTION_AGE_SECS": "300",
+        "MM_SVC_GRPC_MAX_CONNECTION_AGE_GRACE_SECS": "10",
+        "MM_PAYLOAD_PROCESSORS": "logger:// http://127.0.0.1:1/p",
+        "MM_PAYLOAD_PROCESSORS_CAPACITY": "8",
+        "MM_LOG_REQUEST_HEADERS": '{"X-Request-Id": "requestId"}',
+        "MM_INFO_METRICS": "assistant_deployment_info;deployment=DEPLOY,slot=SLOT",
+        "DEPLOY": "blue",
+        "KV_READ_ONLY": "true",
+        "MM_LOCATION": "10.0.0.7",
+        "MM_AUTO_REGISTER_MODELS": '[{"modelId": "m1", "modelInfo": {"type": "t", "path": "/p"}, "vModelId": "v1"}]',
+    }
+    cfg = load_config(None, env)
+    assert cfg.probe_port is None and cfg.prestop_port == 9090
+    assert (cfg.max_connection_age_s, cfg.max_connection_age_grace_s) == (300, 10)
+    assert cfg.payload_processors == (Processor("logger", ""), Processor("http", "http://127.0.0.1:1/p"))
+    assert cfg.payload_capacity == 8
+    assert cfg.log_request_headers == {"x-request-id": "requestId"}  # gRPC header names are lower case
+    assert cfg.info_metrics is not None and cfg.info_metrics.labels == {"deployment": "blue", "slot": ""}
+    assert cfg.kv_read_only and cfg.location == "10.0.0.7"
+    assert cfg.auto_register == (AutoRegistration("m1", "t", "/p", "", "v1", False),)
+    for bad, what in (
+        ({"MM_PAYLOAD_PROCESSORS": "ftp://x"}, "MM_PAYLOAD_PROCESSORS"),
+        ({"MM_LOG_REQUEST_HEADERS": "[1]"}, "MM_LOG_REQUEST_HEADERS"),
+        ({"MM_INFO_METRICS": "bad name;x=Y"}, "MM_INFO_METRICS"),
+        ({"KV_READ_ONLY": "yes"}, "KV_READ_ONLY"),
+        ({"MM_AUTO_REGISTER_MODELS": '[{"modelId": "m"}]'}, "MM_AUTO_REGISTER_MODELS"),
+        ({"MM_SVC_GRPC_MAX_CONNECTION_AGE_SECS": "0"}, "MM_SVC_GRPC_MAX_CONNECTION_AGE_SECS"),
+    ):
+        with pytest.raises(ConfigError, match=what):
+            load_config(None, bad)
+
+
+def test_unsupported_upstream_variables_get_one_warning_each() -> None:
+    cfg = load_config(None, {"MM_SEND_DEST_ID": "true", "TAS_OLD_THING": "1", "HEAP_SIZE_MB": "640", "OTHER": "x"})
+    named = sorted(w.split(" ")[0] for w in cfg.warnings)
+    assert named == ["HEAP_SIZE_MB", "MM_SEND_DEST_ID", "TAS_OLD_THING"]
+
+
+def test_metrics_without_a_scheme_is_https_only_with_a_certificate() -> None:
+    # Upstream's default scheme is https; without MM_TLS_* meshd has no certificate: http, said once.
+    cfg = load_config(None, {"MM_METRICS": "prometheus:port=2113"})
+    assert cfg.metrics.https is False and len(cfg.warnings) == 1 and "MM_METRICS" in cfg.warnings[0]
+    cfg = load_config(None, {"MM_METRICS": "prometheus:port=2112;scheme=http"})
+    assert cfg.metrics.https is False and cfg.warnings == ()
+
+
+def test_metrics_without_a_scheme_is_https_with_the_instance_certificate(tmp_path: Path) -> None:
+    from meshd.testing.certs import TestCA
+
+    ca = TestCA(tmp_path)
+    issued = ca.issue("meshd-0")
+    env = {
+        "MM_TLS_KEY_CERT_PATH": str(issued.cert),
+        "MM_TLS_PRIVATE_KEY_PATH": str(issued.key),
+        "MM_TLS_TRUST_CERT_PATH": str(ca.cert),
+    }
+    cfg = load_config(None, env | {"MM_METRICS": "prometheus:port=2113"})
+    assert cfg.metrics.https is True and cfg.warnings == ()
+
+
+def test_metrics_https_without_a_certificate_is_self_signed_and_said() -> None:
+    import ssl
+
+    from meshd.security.tls import self_signed_server_context
+
+    cfg = load_config(None, {"MM_METRICS": "prometheus:port=2112;scheme=https"})  # modelmesh-serving's default
+    assert cfg.metrics.https is True and any("self-signed" in w for w in cfg.warnings)
+    assert isinstance(self_signed_server_context(), ssl.SSLContext)
+
+
+def test_auto_register_reads_upstreams_other_spelling() -> None:
+    cfg = load_config(None, {"MM_AUTO_REGISTER_MODEL": '[{"modelId": "m", "modelInfo": {"type": "t"}}]'})
+    assert [a.model_id for a in cfg.auto_register] == ["m"] and cfg.warnings == ()
+
+
+def test_instance_id_is_the_pod_names_tail_as_upstreams() -> None:
+    assert load_config(None, {"WKUBE_POD_NAME": "modelmesh-serving-mlserver-1.x-6d8f9c7b5d-x2x7k"}).instance_id == (
+        "9c7b5d-x2x7k"
+    )
+    assert load_config(None, {"WKUBE_POD_NAME": "p", "MESHD_INSTANCE_ID": "mine"}).instance_id == "mine"

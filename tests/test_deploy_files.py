@@ -219,8 +219,28 @@ def test_k8s_ports_and_probes_agree_with_settings() -> None:
                 env.update(config_maps[source["configMapRef"]["name"]])
             cfg = load_config(None, env)
             assert ports["grpc"] == cfg.grpc_port and ports["peer"] == cfg.peer_port, workload
-            for probe in ("readinessProbe", "livenessProbe"):
-                assert container[probe]["grpc"]["port"] == cfg.grpc_port, f"{workload}: {probe}"
+            assert ports["http"] == cfg.http_port and ports["metrics"] == cfg.metrics.port, workload
+            assert ports["probes"] == cfg.probe_port and ports["prestop"] == cfg.prestop_port, workload
+            # A modelmesh-serving pod's rest-proxy holds 8008: meshd's own ports keep clear of it.
+            assert 8008 not in ports.values(), workload
+            # Upstream's HTTP probes, on the probe port.
+            assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": cfg.probe_port}, workload
+            assert container["livenessProbe"]["httpGet"] == {"path": "/live", "port": cfg.probe_port}, workload
+            hook = container["lifecycle"]["preStop"]["exec"]["command"]
+            assert hook == ["/opt/kserve/mmesh/stop.sh", "wait"], workload
+            assert cli.build_parser().parse_args(["stop", "wait"]).mode == "wait"
+
+
+def test_image_ships_stop_sh_where_upstream_has_it() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY deploy/image/stop.sh /opt/kserve/mmesh/stop.sh" in dockerfile
+    script = ROOT / "deploy" / "image" / "stop.sh"
+    assert script.stat().st_mode & 0o111, "stop.sh must be executable"
+    assert "exec meshd stop" in script.read_text()
+    exposed = {int(p) for p in re.findall(r"\b\d{4}\b", dockerfile.split("EXPOSE", 1)[1].splitlines()[0])}
+    cfg = load_config(None, {})
+    assert {cfg.grpc_port, cfg.peer_port, cfg.http_port, cfg.probe_port, cfg.prestop_port} <= exposed
+    assert 8008 not in exposed
 
 
 def exported_samples() -> set[str]:

@@ -27,7 +27,11 @@ ASSEMBLY = {"config", "mesh", "cli", "demo", "__main__", "__init__"}
 ANYTHING = "anything"
 PURE = {"core", "decisions"}
 # Libraries that do I/O, run an event loop or read the wall clock: not for the pure rooms.
-IMPURE = {"asyncio", "aetcd", "aiohttp", "grpc", "os", "socket", "subprocess", "threading", "time", "uvloop"}
+IMPURE = {
+    *("asyncio", "aetcd", "aiohttp", "grpc", "os", "socket", "subprocess", "threading", "uvloop"),
+    *("time", "datetime"),  # the wall clock: decisions take `now_ms`
+    "importlib",  # an import by name would slip past these rules
+}
 PURE_EXCEPTIONS = {
     ("meshd.core.clock", "time"),  # the one wall clock, which the daemon injects
     ("meshd.core.errors", "grpc"),  # only grpc.StatusCode: each error's status
@@ -63,11 +67,21 @@ def scan(root: Path, package: str = "meshd") -> Tree:
             tree.docs[mod] = ast.get_docstring(syntax) or ""
         found: set[str] = set()
         outside: set[str] = set()
+        package_parts = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
         for node in ast.walk(syntax):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # `from ..x import y`: resolved against this module's package
+                    anchor = package_parts[: len(package_parts) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                if not base:
+                    continue
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
+                outside.add("importlib")  # the same hole as importlib.import_module
+                continue
             else:
                 continue
             for name in names:
@@ -213,6 +227,12 @@ def test_allowances_run_one_way() -> None:
     assert allowance_loops(allowances(MESHD)) == []
 
 
+def test_allowances_name_rooms_and_never_the_assembly() -> None:
+    allowed = allowances(MESHD)
+    named = {room for rooms in allowed.values() for room in rooms} - {ANYTHING}
+    assert named <= set(allowed), f"not rooms: {sorted(named - set(allowed))}"
+
+
 def test_sim_imports_only_the_pure_rooms() -> None:
     sim = scan(REPO / "sim", package="sim")
     uses = {name for outside in sim.externals.values() for name in outside}
@@ -270,6 +290,31 @@ def test_the_checker_finds_an_import_outside_the_allowance(
     tree = scan(_write(tmp_path, {**_rooms(), **files}))
     found = list(room_violations(tree, allowances(tree)))
     assert any(expected in v for v in found), found
+
+
+def test_the_checker_resolves_relative_imports(tmp_path: Path) -> None:
+    files = {
+        "core/a.py": "from ..upper import b\nfrom . import a2\n",
+        "core/a2.py": "from .a import X\n",
+    }
+    tree = scan(_write(tmp_path, {**_rooms(), **files}))
+    found = list(room_violations(tree, allowances(tree)))
+    assert any("meshd.core.a (core) imports meshd.upper.b" in v for v in found), found
+    assert cycles(tree.imports) == [["meshd.core.a", "meshd.core.a2", "meshd.upper.b"]]
+
+
+def test_the_checker_finds_imports_by_name_and_the_wall_clock_in_a_pure_room(tmp_path: Path) -> None:
+    files = {
+        "core/a.py": "import importlib\nm = importlib.import_module('meshd.upper.b')\n",
+        "core/c.py": "import datetime\nnow = datetime.datetime.now()\n",
+        "core/d.py": "m = __import__('meshd.upper.b')\n",
+    }
+    tree = scan(_write(tmp_path, {**_rooms(), **files}))
+    assert sorted(purity_violations(tree)) == [
+        "meshd.core.a is in a pure room but imports importlib",
+        "meshd.core.c is in a pure room but imports datetime",
+        "meshd.core.d is in a pure room but imports importlib",
+    ]
 
 
 def test_the_checker_finds_io_in_a_pure_room_and_a_loop(tmp_path: Path) -> None:

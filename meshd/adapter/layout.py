@@ -28,27 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from meshd.core.model_types import MLSERVER_IMPLEMENTATIONS, TRITON_BACKENDS
+
 MLSERVER_SETTINGS = "model-settings.json"
 MARKER = ".meshd-adapter"  # in every folder the adapter makes, and only those
 TRITON_CONFIG = "config.pbtxt"
-
-# Model type (lower case) -> MLServer runtime class, as modelmesh-serving's runtimes name them.
-MLSERVER_IMPLEMENTATIONS = {
-    "sklearn": "mlserver_sklearn.SKLearnModel",
-    "xgboost": "mlserver_xgboost.XGBoostModel",
-    "lightgbm": "mlserver_lightgbm.LightGBMModel",
-    "mlflow": "mlserver_mlflow.MLflowRuntime",
-    "huggingface": "mlserver_huggingface.HuggingFaceRuntime",
-}
-
-# Model type -> (Triton backend, file or folder name inside the version folder).
-TRITON_BACKENDS = {
-    "onnx": ("onnxruntime", "model.onnx"),
-    "pytorch": ("pytorch", "model.pt"),
-    "tensorflow": ("tensorflow", "model.savedmodel"),
-    "tensorrt": ("tensorrt", "model.plan"),
-    "python": ("python", "model.py"),
-}
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 

@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(needs nvidia-ml-py; env MESHD_ADAPTER_GPU_CAPACITY; default auto)",
     )
     p.add_argument("--memory-overhead-bytes", type=int, help="what the server needs itself (env MEM_BUFFER_BYTES)")
+    p.add_argument(
+        "--gpu-memory-overhead-bytes",
+        type=int,
+        help="triton on a GPU: what comes off the device's memory before models (CUDA context, the "
+        "server's pools, other users of the device; env MESHD_ADAPTER_GPU_OVERHEAD_BYTES; default 1 GiB)",
+    )
     p.add_argument("--default-model-size", type=int, help="size of a model of unknown size (env DEFAULT_MODELSIZE)")
     p.add_argument("--size-multiplier", type=float, help="loaded size / disk size (env MODELSIZE_MULTIPLIER)")
     p.add_argument("--loading-concurrency", type=int, help="loads at a time (env LOADING_CONCURRENCY)")
@@ -107,6 +113,9 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str], gpu_bytes: int | 
     if memory is None:
         memory = _env_int(env, "MODEL_SERVER_MEM_REQ_BYTES", "CONTAINER_MEM_REQ_BYTES")
     overhead = pick(a.memory_overhead_bytes, "MEM_BUFFER_BYTES", default=sizing.DEFAULT_OVERHEAD_BYTES)
+    gpu_overhead = pick(
+        a.gpu_memory_overhead_bytes, "MESHD_ADAPTER_GPU_OVERHEAD_BYTES", default=sizing.DEFAULT_GPU_OVERHEAD_BYTES
+    )
     multiplier = a.size_multiplier
     if multiplier is None:
         multiplier = float(env.get("MODELSIZE_MULTIPLIER") or sizing.DEFAULT_MULTIPLIER)
@@ -115,7 +124,7 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str], gpu_bytes: int | 
     return AdapterConfig(
         repository=a.repository,
         model_root=a.model_root,
-        capacity_bytes=sizing.capacity_with_gpu(memory, gpu_bytes, overhead, DEFAULT_MEMORY_BYTES),
+        capacity_bytes=sizing.capacity_with_gpu(memory, gpu_bytes, overhead, DEFAULT_MEMORY_BYTES, gpu_overhead),
         default_model_size=pick(a.default_model_size, "DEFAULT_MODELSIZE", default=1 << 20),
         size_multiplier=multiplier,
         max_loading_concurrency=max(1, pick(a.loading_concurrency, "LOADING_CONCURRENCY", default=1)),

@@ -4,7 +4,8 @@ A model's size is what the user declared (`{"meshd": {"size_bytes": N}}` in the 
 else its size on disk (upstream's `disk_size_bytes` in the key, else measured) times a
 multiplier (upstream `MODELSIZE_MULTIPLIER`, 1.25): loaded models take more memory than their
 files. Capacity is the model server's memory (upstream `CONTAINER_MEM_REQ_BYTES`) minus what
-the server itself needs (upstream `MEM_BUFFER_BYTES`, 256 MiB).
+the server itself needs (upstream `MEM_BUFFER_BYTES`, 256 MiB); on a GPU, its memory minus
+meshd's own GPU overhead (1 GiB by default, see DEFAULT_GPU_OVERHEAD_BYTES).
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from meshd.decisions.placement.modelkey import policy_from_key
 
 DEFAULT_MULTIPLIER = 1.25
 DEFAULT_OVERHEAD_BYTES = 256 << 20
+# What comes off a GPU's memory before models: a CUDA context per process and device (~300-600
+# MiB with CUDA 12, more with eager module loading), Triton's CUDA memory pool (64 MiB per device
+# by default, --cuda-memory-pool-byte-size), and framework workspaces (cuBLAS/cuDNN) that models
+# allocate beside their weights. 256 MiB, the host default, is below the context alone.
+DEFAULT_GPU_OVERHEAD_BYTES = 1 << 30
 MIN_CAPACITY_BYTES = 16 << 20
 
 
@@ -38,15 +44,22 @@ def capacity(memory_bytes: int, overhead_bytes: int) -> int:
     return max(MIN_CAPACITY_BYTES, memory_bytes - overhead_bytes)
 
 
-def capacity_with_gpu(host_bytes: int | None, gpu_bytes: int | None, overhead_bytes: int, default_host: int) -> int:
+def capacity_with_gpu(
+    host_bytes: int | None,
+    gpu_bytes: int | None,
+    overhead_bytes: int,
+    default_host: int,
+    gpu_overhead_bytes: int = DEFAULT_GPU_OVERHEAD_BYTES,
+) -> int:
     """Capacity when the server may run models on a GPU (`gpu_bytes`: the smallest visible
-    device's memory, None without one). Without a GPU: host memory (`host_bytes` as configured,
-    else `default_host`). With one: the GPU's memory, or, when host memory was configured too,
-    whichever of the two leaves less room (a model must fit in both). The same overhead comes
-    off each (CUDA's context and the server's own buffers on the device)."""
+    device's total memory, None without one). Without a GPU: host memory (`host_bytes` as
+    configured, else `default_host`) minus `overhead_bytes`. With one: the GPU's memory minus
+    `gpu_overhead_bytes` (CUDA's context, the server's pools on the device, and whatever else
+    uses the device: `total` does not know about other processes), or, when host memory was
+    configured too, whichever of the two leaves less room (a model must fit in both)."""
     if gpu_bytes is None:
         return capacity(default_host if host_bytes is None else host_bytes, overhead_bytes)
-    on_gpu = capacity(gpu_bytes, overhead_bytes)
+    on_gpu = capacity(gpu_bytes, gpu_overhead_bytes)
     return on_gpu if host_bytes is None else min(on_gpu, capacity(host_bytes, overhead_bytes))
 
 

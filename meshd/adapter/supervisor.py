@@ -9,7 +9,8 @@ return after an outage counts as a new `generation`: the adapter then restores t
 had loaded (in a task of its own, so the watch goes on), since a restarted server holds none.
 
 A launched server dies with the adapter (parent-death signal), and one left by an adapter
-that was killed before that could be set up is found through the pid file and killed.
+that was killed before that could be set up is found through the pid file and killed. The pid
+file is written whole (renamed into place) and removed once its server is reaped.
 """
 
 from __future__ import annotations
@@ -178,8 +179,24 @@ class Supervisor:
             preexec_fn=_die_with_parent,
         )
         log.info("started model server (pid %d): %s", self.process.pid, " ".join(self.command))
-        if self.pid_file is not None:
-            self.pid_file.write_text(f"{self.process.pid}\n")
+        self._write_pid_file(self.process.pid)
+
+    def _write_pid_file(self, pid: int) -> None:
+        """Whole or not at all (a temporary file renamed over it): a reader never sees it half written."""
+        if self.pid_file is None:
+            return
+        temporary = self.pid_file.with_name(f".{self.pid_file.name}.{os.getpid()}.tmp")
+        temporary.write_text(f"{pid}\n")
+        os.replace(temporary, self.pid_file)
+
+    def _remove_pid_file(self, pid: int) -> None:
+        """Once the server is reaped its PID may be reused by any process: the file goes with it
+        (only if it still names that server)."""
+        if self.pid_file is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if int(self.pid_file.read_text().strip()) == pid:
+                self.pid_file.unlink()
 
     async def _wait_ready(self) -> bool:
         loop = asyncio.get_running_loop()
@@ -244,6 +261,7 @@ class Supervisor:
             return
         if proc.returncode is not None:
             _signal_group(proc.pid, signal.SIGKILL)  # its workers may outlive it
+            self._remove_pid_file(proc.pid)
             return
         _signal_group(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
         try:
@@ -253,6 +271,7 @@ class Supervisor:
             _signal_group(proc.pid, signal.SIGKILL)
             await proc.wait()
         _signal_group(proc.pid, signal.SIGKILL)  # whatever of its group is left
+        self._remove_pid_file(proc.pid)
 
 
 PR_SET_PDEATHSIG = 1

@@ -56,6 +56,7 @@ def instance_message(s: InstanceSummary) -> Any:
         loadingInProgress=r.loading_in_progress,
         leader=s.leader,
         runtimeDown=r.runtime_down,
+        upstream=r.upstream,
     )
 
 

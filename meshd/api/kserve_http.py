@@ -10,15 +10,23 @@ Endpoints (KServe V2 REST protocol and its model-repository extension):
                                               200 [{"name", "version", "state", "reason"}]
     POST /v2/repository/models/{name}/load    200 {} once loaded somewhere in the mesh
     POST /v2/repository/models/{name}/unload  200 {} once every copy is unloaded
+    POST /v2/models/{name}[/versions/{v}]/infer   KServe V2 inference (JSON, or the binary-data
+                                              extension with Inference-Header-Content-Length),
+                                              translated to one ModelInfer (api/kserve_json.py) and
+                                              routed like a gRPC call: `mm-model-id` or
+                                              `mm-vmodel-id` headers, else the model named in the path
 
-Model metadata and inference over HTTP are not served (501): use gRPC for those. Errors are
+Model metadata over HTTP is not served (501): use gRPC for that. Errors are
 `{"error": "..."}` with the HTTP status matching the core error's gRPC status. Model names
 are path segments, percent-decoded (`%2F` for a `/` in an id). Versions are accepted and
-ignored: meshd models have none.
+ignored: meshd models have none. A request aiohttp cannot parse (a request line or header
+over its 8190-byte limits, e.g. a 10,000-character model name in the path) is answered the
+same way, 400 `{"error": ...}`, and logged as one line, not as an error with a traceback.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import ssl
@@ -27,15 +35,23 @@ from typing import Any
 
 import grpc
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp.web_protocol import RequestHandler
 
+from meshd._proto.inference import grpc_predict_v2_pb2 as pb
 from meshd.api.kserve_core import KServeCore
-from meshd.core.errors import MeshError
+from meshd.api.kserve_json import BadTensor, parse_infer_request, render_infer_response
+from meshd.core.errors import InvalidArgument, MeshError
+from meshd.decisions.ids import check_id
 from meshd.decisions.status import ModelStatus
+from meshd.serving.proxy.headers import RequestIds, parse_request_headers
 
 log = logging.getLogger(__name__)
 
 UPSTREAM_REST_PORT = 8008  # modelmesh-serving's REST proxy (kserve/rest-proxy) listens here
-MAX_BODY_BYTES = 1 << 20  # repository calls carry tiny bodies
+MAX_BODY_BYTES = 1 << 20  # repository calls carry tiny bodies; inference is bounded by max_body_bytes
+HEADER_LENGTH = "Inference-Header-Content-Length"  # KServe V2 binary-data extension
+BINARY_TYPE = "application/octet-stream"
 
 # gRPC status of a core error -> HTTP status (the mapping grpc-gateway and KServe's rest-proxy use).
 HTTP_STATUS = {
@@ -52,6 +68,8 @@ HTTP_STATUS = {
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# One serialized ModelInferRequest routed to a copy of the model the ids name; its response.
+Infer = Callable[[bytes, RequestIds], Awaitable[bytes]]
 
 
 def http_status(code: grpc.StatusCode) -> int:
@@ -63,11 +81,14 @@ def error(status: int, message: str) -> web.Response:
 
 
 class KServeHttp:
-    def __init__(self, core: KServeCore) -> None:
+    def __init__(self, core: KServeCore, infer: Infer | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        """`infer`: where inference goes (None: 501); `max_body_bytes`: the largest request."""
         self.core = core
+        self._infer = infer
+        self.max_body_bytes = max_body_bytes
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[_errors], client_max_size=max(self.max_body_bytes, MAX_BODY_BYTES))
         r = app.router
         r.add_get("/v2/health/live", self.live)
         r.add_get("/v2/health/ready", self.ready)
@@ -80,7 +101,7 @@ class KServeHttp:
         for path in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
             r.add_get(path, self.not_served)
         for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
-            r.add_post(path, self.not_served)
+            r.add_post(path, self.infer)
         return app
 
     async def live(self, request: web.Request) -> web.Response:
@@ -127,8 +148,54 @@ class KServeHttp:
         await self.core.unload(request.match_info["name"])
         return web.json_response({})
 
+    async def infer(self, request: web.Request) -> web.Response:
+        if self._infer is None:
+            return await self.not_served(request)
+        name = request.match_info["name"]
+        length = request.headers.get(HEADER_LENGTH)
+        try:
+            header_length = int(length) if length is not None else None
+        except ValueError:
+            return error(400, f"{HEADER_LENGTH} must be a number of bytes (got {length!r})")
+        ids = _ids(request, name)
+        body = await request.read()
+        try:
+            message, choice = parse_infer_request(body, header_length, name, request.match_info.get("version", ""))
+        except BadTensor as e:
+            return error(400, str(e))
+        answer = pb.ModelInferResponse.FromString(await self._infer(message.SerializeToString(), ids))
+        try:
+            out, json_length = render_infer_response(answer, choice)
+        except BadTensor as e:
+            return error(400, str(e))
+        if json_length is None:
+            return web.Response(body=out, content_type="application/json")
+        return web.Response(body=out, content_type=BINARY_TYPE, headers={HEADER_LENGTH: str(json_length)})
+
     async def not_served(self, request: web.Request) -> web.Response:
         return error(501, f"{request.method} {request.path} is not served over HTTP by meshd; use gRPC")
+
+
+def _ids(request: web.Request, name: str) -> RequestIds:
+    """The model a request names: `mm-model-id[-bin]` / `mm-vmodel-id[-bin]` headers as on
+    gRPC (both is an error), else the model named in the path."""
+    mm: list[tuple[str, str | bytes]] = []
+    for key, value in request.headers.items():
+        key = key.lower()
+        if key.endswith("-bin") and key.startswith("mm-"):  # base64 in HTTP, as gRPC sends it
+            try:
+                mm.append((key, base64.b64decode(value + "=" * (-len(value) % 4), validate=True)))
+            except ValueError:
+                raise InvalidArgument(f"the {key} header is not base64") from None
+        elif key.startswith("mm-"):
+            mm.append((key, value))
+    ids, _ = parse_request_headers(mm, required=False)
+    if ids.model_id is None and ids.vmodel_id is None:
+        try:
+            return RequestIds(check_id(name), None, ids.balanced)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"the model name in the path: {e.message}") from None
+    return ids
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -167,6 +234,58 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error(500, f"{type(e).__name__}: {e}")
 
 
+ERROR_DETAIL_CHARS = 200  # of a parser's message, which may quote the offending line
+
+
+def parse_error(exc: BaseException | None, message: str | None) -> str:
+    """What to tell a client whose request could not be parsed (short: never the line itself)."""
+    if isinstance(exc, LineTooLong):
+        what, limit = exc.args[0], exc.args[1]
+        what = what.decode(errors="replace") if isinstance(what, bytes) else str(what)
+        if len(what) <= ERROR_DETAIL_CHARS:
+            return f"bad HTTP request: {what} (the limit is {limit} bytes)"
+        return f"bad HTTP request: a request line or header is over {limit} bytes"
+    detail = message or (exc.message if isinstance(exc, HttpProcessingError) else "") or "cannot be parsed"
+    if len(detail) > ERROR_DETAIL_CHARS:
+        detail = detail[:ERROR_DETAIL_CHARS] + "..."
+    return f"bad HTTP request: {detail}"
+
+
+class _Connection(RequestHandler):
+    """aiohttp's connection handler, answering a request its parser refused (status 4xx,
+    before any route or middleware runs) as `{"error": ...}` and logging it as one line."""
+
+    __slots__ = ()  # the same layout as RequestHandler: `_Server` retypes its handlers
+
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        if not 400 <= status < 500:
+            return super().handle_error(request, status, exc, message)
+        text = parse_error(exc, message)
+        log.info("HTTP %d to %s: %s", status, request.remote, text)
+        response = web.json_response({"error": text}, status=status)
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        handler = super().__call__()
+        handler.__class__ = _Connection
+        return handler
+
+
+class _Runner(web.AppRunner):
+    """An AppRunner whose connections answer unparseable requests as JSON (`_Connection`):
+    aiohttp answers those in its protocol handler, with no hook for the body."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _Server
+        return server
+
+
 class HttpServer:
     """The REST endpoints on one TCP port; `stop()` closes it (idempotent)."""
 
@@ -177,11 +296,12 @@ class HttpServer:
         port: int,
         shutdown_timeout_s: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
+        infer: Infer | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         self.ssl_context = ssl_context
-        self.runner = web.AppRunner(
-            KServeHttp(core).app(), access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout_s
-        )
+        app = KServeHttp(core, infer, max_body_bytes).app()
+        self.runner = _Runner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout_s)
         self.host = host
         self.port = port
 

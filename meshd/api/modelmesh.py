@@ -9,6 +9,7 @@ from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.api.grpc_errors import statuses
 from meshd.api.management import Management
+from meshd.core.errors import FailedPrecondition
 from meshd.decisions.ids import ModelInfo
 from meshd.decisions.status import StatusView
 from meshd.registry.vmodels import SetVModel, VModels, VModelStatusView
@@ -25,7 +26,7 @@ def status_message(view: StatusView) -> Any:
     )
 
 
-def vmodel_message(m: Management, view: VModelStatusView) -> Any:
+async def vmodel_message(m: Management, view: VModelStatusView) -> Any:
     msg = mm.VModelStatusInfo(
         status=view.status.name,
         activeModelId=view.active_model_id,
@@ -33,9 +34,9 @@ def vmodel_message(m: Management, view: VModelStatusView) -> Any:
         owner=view.owner,
     )
     if view.active_model_id:
-        msg.activeModelStatus.CopyFrom(status_message(m.status(view.active_model_id)))
+        msg.activeModelStatus.CopyFrom(status_message(await m.current_status(view.active_model_id)))
     if view.target_model_id:
-        msg.targetModelStatus.CopyFrom(status_message(m.status(view.target_model_id)))
+        msg.targetModelStatus.CopyFrom(status_message(await m.current_status(view.target_model_id)))
     return msg
 
 
@@ -47,15 +48,24 @@ class ModelMeshServicer(mm_grpc.ModelMeshServicer):  # type: ignore[misc]
         sync_timeout_s: float,
         count_copies: Callable[[list[str]], Awaitable[None]],
         wait_loaded: Callable[[str, float], Awaitable[None]],
+        read_only: bool = False,
     ) -> None:
         self.wait_loaded = wait_loaded  # until a copy of the model is loaded somewhere
+        self.read_only = read_only  # KV_READ_ONLY: model and vmodel records are not changed here
         self.m = management
         self.v = vmodels
         self.sync_timeout_s = sync_timeout_s
         self.count_copies = count_copies  # refresh loaded-copy counts the switch rule reads
 
+    def _writable(self) -> None:
+        if self.read_only:
+            raise FailedPrecondition(
+                "the KV store is read-only here (KV_READ_ONLY=true): models and vmodels cannot be changed"
+            )
+
     @statuses
     async def registerModel(self, request: Any, context: Any) -> Any:
+        self._writable()
         info = request.modelInfo
         view = await self.m.register(
             request.modelId,
@@ -68,12 +78,13 @@ class ModelMeshServicer(mm_grpc.ModelMeshServicer):  # type: ignore[misc]
 
     @statuses
     async def unregisterModel(self, request: Any, context: Any) -> Any:
+        self._writable()
         await self.m.unregister(request.modelId)
         return mm.UnregisterModelResponse()
 
     @statuses
     async def getModelStatus(self, request: Any, context: Any) -> Any:
-        return status_message(self.m.status(request.modelId))
+        return status_message(await self.m.current_status(request.modelId))
 
     @statuses
     async def ensureLoaded(self, request: Any, context: Any) -> Any:
@@ -81,6 +92,7 @@ class ModelMeshServicer(mm_grpc.ModelMeshServicer):  # type: ignore[misc]
 
     @statuses
     async def setVModel(self, request: Any, context: Any) -> Any:
+        self._writable()
         info = request.modelInfo if request.HasField("modelInfo") else None
         req = SetVModel(
             vmodel_id=request.vModelId,
@@ -101,13 +113,14 @@ class ModelMeshServicer(mm_grpc.ModelMeshServicer):  # type: ignore[misc]
             view = await self.v.wait_transition(request.vModelId, request.targetModelId, self.sync_timeout_s)
         elif request.sync and request.loadNow and view.target_model_id:
             await self.wait_loaded(view.target_model_id, self.sync_timeout_s)  # a new vmodel's target
-        return vmodel_message(self.m, view)
+        return await vmodel_message(self.m, view)
 
     @statuses
     async def deleteVModel(self, request: Any, context: Any) -> Any:
+        self._writable()
         await self.v.delete_vmodel(request.vModelId, request.owner)
         return mm.DeleteVModelResponse()
 
     @statuses
     async def getVModelStatus(self, request: Any, context: Any) -> Any:
-        return vmodel_message(self.m, self.v.status(request.vModelId, request.owner))
+        return await vmodel_message(self.m, self.v.status(request.vModelId, request.owner))

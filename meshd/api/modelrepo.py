@@ -27,8 +27,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from meshd.adapter.layout import MLSERVER_IMPLEMENTATIONS, TRITON_BACKENDS
 from meshd.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from meshd.core.model_types import MLSERVER_IMPLEMENTATIONS, TRITON_BACKENDS
 from meshd.decisions.ids import ModelInfo, check_id
 
 MESHD_FILE = "meshd-model.json"

@@ -57,6 +57,13 @@ class LoadFailed(MeshError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class ModelLoadError(MeshError):
+    """A model that failed to load wherever it was tried: upstream answers INTERNAL with the
+    runtime's message (churn and capacity stay UNAVAILABLE: those are worth retrying)."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
 class RuntimeStatusError(MeshError):
     """A status the runtime answered with, passed through to the client unchanged."""
 

@@ -4,6 +4,9 @@ Field names are upstream ModelMesh's so tools that watch its etcd keep working. 
 meshd does not know are kept in `extra` and written back unchanged on every rewrite.
 Decoding is total: a value that is not a JSON object, or has fields of the wrong type,
 raises `RecordError` naming the problem, so a corrupt record is reported, never fatal.
+Decoding is also as tolerant as upstream's writer needs: its Jackson writer omits every
+field at its default (an absent `type`, `instanceIds`, `count`, `shutdown`...), so an absent
+field reads as its default.
 """
 
 from __future__ import annotations
@@ -85,9 +88,7 @@ class ModelRecord:
     def decode(cls, data: bytes) -> Self:
         obj = _load_object(data)
         n = cls._NAMES
-        model_type = obj.get(n["type"])
-        if not isinstance(model_type, str):
-            raise RecordError("field 'type' must be a string")
+        model_type = _typed(obj.get(n["type"]), n["type"], str, "")  # upstream omits a null type
         fails_raw = _typed(obj.get(n["fails"]), n["fails"], dict, {})
         if not all(isinstance(v, dict) for v in fails_raw.values()):
             raise RecordError("field 'fails' must be an object of objects")
@@ -167,6 +168,14 @@ class VModelRecord:
 
 
 RUNTIME_DOWN = "runtimeDown"  # instance record key meshd adds beside `shutdown`
+# The instance record key that marks a meshd instance (value: the version of meshd's record
+# and peer protocol). Upstream (Java) instances never write it; see `InstanceRecord.upstream`.
+MESHD_MARKER = "meshd"
+MESHD_RECORD_VERSION = 1
+EMPTY_LRU_TIME = (1 << 63) - 1  # upstream's lruTime of an instance with nothing loaded (Long.MAX_VALUE)
+# MM_LOCATION (the node's address): upstream writes it to `loc`, which meshd uses for the
+# address peers dial, so it goes under its own key.
+NODE_LOCATION = "nodeLoc"
 
 
 @dataclass(slots=True)
@@ -187,6 +196,8 @@ class InstanceRecord:
     zone: str = ""
     labels: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Read, not written: the record was written by an upstream (Java) ModelMesh instance.
+    upstream: bool = field(default=False, compare=False)
 
     _NAMES: ClassVar[dict[str, str]] = {
         "lru_time": "lruTime",
@@ -209,7 +220,7 @@ class InstanceRecord:
         obj = _load_object(data)
         values: dict[str, Any] = {}
         for f in fields(cls):
-            if f.name == "extra":
+            if f.name in ("extra", "upstream"):
                 continue
             wire = cls._NAMES[f.name]
             default = cls.__dataclass_fields__[f.name].default
@@ -222,11 +233,15 @@ class InstanceRecord:
                 values[f.name] = _typed(obj.get(wire), wire, bool, False)
             else:
                 values[f.name] = _typed(obj.get(wire), wire, type(default), default)
-        values["extra"] = {k: v for k, v in obj.items() if k not in cls._NAMES.values()}
+        values["extra"] = {k: v for k, v in obj.items() if k not in cls._NAMES.values() and k != MESHD_MARKER}
+        values["upstream"] = is_upstream_instance(obj)
         return cls(**values)
 
     def encode(self) -> bytes:
-        known = {self._NAMES[f.name]: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        known = {
+            self._NAMES[f.name]: getattr(self, f.name) for f in fields(self) if f.name not in ("extra", "upstream")
+        }
+        known[MESHD_MARKER] = MESHD_RECORD_VERSION
         return _dump(known, self.extra)
 
     @property
@@ -234,3 +249,15 @@ class InstanceRecord:
         """meshd only: `shutdown` is set because the runtime does not answer, not for a drain.
         Carried as an extra key, which upstream ignores (it reads `shutdown`)."""
         return self.extra.get(RUNTIME_DOWN) is True
+
+
+def is_upstream_instance(obj: dict[str, Any]) -> bool:
+    """Whether a decoded instance record was written by an upstream (Java) ModelMesh instance.
+
+    meshd writes `"meshd": <record version>` in every instance record; upstream never does.
+    meshd before that marker wrote every field, `"shutdown": false` included, which
+    upstream's writer never writes (it omits a false). So: no marker and no explicit
+    `"shutdown": false` means upstream. (An older meshd while draining, `shutdown` true,
+    reads as upstream for its last seconds; both mean "do not route there".)
+    """
+    return MESHD_MARKER not in obj and obj.get("shutdown") is not False

@@ -14,7 +14,7 @@ Two eviction orders (`Eviction`), one switch:
   model used once push out one used a hundred times (the scan resistance that S3-FIFO and
   SIEVE get from quick demotion). Evicted models leave a ghost (id and use count, up to 4
   per cached model), so a model that returns resumes its count. On independent Zipf(1.0)
-  requests at 5 % capacity this closes the gap from LRU to S3-FIFO/SIEVE (README "Simulator").
+  requests at 5 % capacity this closes the gap from LRU to S3-FIFO/SIEVE (docs/simulator.md).
 """
 
 from __future__ import annotations

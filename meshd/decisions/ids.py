@@ -30,6 +30,23 @@ def check_id(value: str, what: str = "model id") -> str:
     return value
 
 
+# An instance id is an etcd key segment (`instances/<id>`), a peer-header value and a label
+# in logs and tables: one path segment of printable ASCII, no spaces.
+MAX_INSTANCE_ID_CHARS = 253  # a Kubernetes pod name's limit; upstream uses the last 12 characters
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9._:@-]+")
+
+
+def instance_id_problem(value: str) -> str | None:
+    """Why `value` cannot be an instance id, or None when it can."""
+    if not value:
+        return "must not be empty"
+    if len(value) > MAX_INSTANCE_ID_CHARS:
+        return f"is {len(value)} characters long; the limit is {MAX_INSTANCE_ID_CHARS}"
+    if _INSTANCE_ID.fullmatch(value) is None:
+        return "may hold only letters, digits and . _ : @ - (it is an etcd key segment)"
+    return None
+
+
 def decode_id(raw: bytes, what: str = "model id") -> str:
     try:
         return check_id(raw.decode("utf-8"), what)

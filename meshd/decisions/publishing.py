@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from meshd import __version__
-from meshd.core.records import InstanceRecord
+from meshd.core.records import EMPTY_LRU_TIME, InstanceRecord
 from meshd.decisions.cache import State, WeightedLRU
 
 PUBLISH_MIN_INTERVAL_MS = 2_000  # upstream: >= 2 s apart
@@ -48,7 +48,7 @@ def instance_record(
 ) -> InstanceRecord:
     loaded = [e for e in cache.entries() if e.state is State.LOADED]
     return InstanceRecord(
-        lru_time=cache.lru_ms(now_ms),
+        lru_time=cache.lru_ms(now_ms) if loaded else EMPTY_LRU_TIME,  # upstream's value when empty
         count=len(loaded),
         capacity=cache.capacity_units,
         used=cache.used_units,

@@ -39,6 +39,16 @@ class StatusView:
 NOT_FOUND = StatusView(ModelStatus.NOT_FOUND)
 
 
+class CopyState(enum.Enum):
+    """A peer's copy as the peer itself reports it."""
+
+    LOADING = "loading"
+    LOADED = "loaded"
+    FAILED = "failed"
+    GONE = "gone"  # the peer holds no such copy (the record is behind)
+    UNKNOWN = "unknown"  # the peer did not answer
+
+
 def failure_expired(failed_ms: int, now_ms: int, expiry_ms: int) -> bool:
     return now_ms - failed_ms >= expiry_ms
 
@@ -55,15 +65,22 @@ def model_status(
     now_ms: int,
     failure_expiry_ms: int,
     live: AbstractSet[str] | None = None,
+    peers: Mapping[str, CopyState] | None = None,
+    no_home: str | None = None,
 ) -> StatusView:
     """Status across the mesh as this instance sees it.
 
-    The local copy's state is known exactly; other instances' copies are taken as loaded
-    (their state is theirs to report) while the instance is live (`live`: ids with a
-    record, None: all). Unexpired failures count; newest copies first.
+    The local copy's state is known exactly; other instances' copies are as they reported
+    them (`peers`: a copy still loading is LOADING, one they no longer hold is left out), and
+    taken as loaded when not asked or not answering, while the instance is live (`live`:
+    ids with a record, None: all). Unexpired failures count; newest copies first.
+    `no_home`: upstream's message when no running instance may load the model's type
+    (`constraints.no_home_message`); with no copy and no failure the status is then
+    LOADING_FAILED with that message, which modelmesh-serving's controller decodes.
     """
     if record is None:
         return NOT_FOUND
+    peers = peers or {}
     copies: list[CopyView] = []
     for iid, start_ms in record.instance_ids.items():
         if iid == self_id:
@@ -74,7 +91,11 @@ def model_status(
             )
             copies.append(CopyView(iid, state, start_ms))
         elif live is None or iid in live:
-            copies.append(CopyView(iid, ModelStatus.LOADED, start_ms))
+            said = peers.get(iid, CopyState.UNKNOWN)
+            if said is CopyState.LOADING:
+                copies.append(CopyView(iid, ModelStatus.LOADING, start_ms))
+            elif said in (CopyState.LOADED, CopyState.UNKNOWN):
+                copies.append(CopyView(iid, ModelStatus.LOADED, start_ms))
     if local is not None and local.state is State.LOADING and self_id not in record.instance_ids:
         copies.append(CopyView(self_id, ModelStatus.LOADING, local.since_ms))
     errors: list[str] = []
@@ -92,6 +113,8 @@ def model_status(
         status = ModelStatus.LOADING
     elif ModelStatus.LOADING_FAILED in states:
         status = ModelStatus.LOADING_FAILED
+    elif no_home is not None:
+        return StatusView(ModelStatus.LOADING_FAILED, (no_home,), tuple(copies))
     else:
         status = ModelStatus.NOT_LOADED
     return StatusView(status, tuple(errors), tuple(copies))

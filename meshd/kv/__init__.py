@@ -4,7 +4,8 @@ Owns: `store` (the `KVStore` interface: revisions, compare-and-set transactions,
 prefix watches), `etcd` (over aetcd) and `memory` (in-process, same semantics, for unit
 tests and the simulator), `embedded` (the private etcd child process), `lease`, `txn`,
 `table` (watch-fed mirrors of a key prefix), `election` (leader election),
-`watch_trace` (a trace file of applied revisions).
+`watch_trace` (a trace file of applied revisions), `health` (whether the store answers;
+caller-facing calls that give up at once when it does not).
 
 May import: core.
 """

@@ -1,6 +1,8 @@
 """A lease kept alive by meshd (etcd's own keep-alive streams are not relied upon).
 
-Keep-alives go out every TTL/3. When the store says the lease is gone (expired while etcd
+Keep-alives go out every TTL/3, and at least every `RENEW_MAX_S`: peers read the renewals
+as a heartbeat (`renew_every_s`; decisions.placement.liveness), so they must come often
+whatever the TTL. When the store says the lease is gone (expired while etcd
 or this process was unreachable), the lease is *lost*: `before_regrant` runs first (the
 owner catches up on what changed while it was away; nothing of its own is on a lease
 then, so there is nothing to keep alive), then a new lease is granted and `on_new_lease`
@@ -21,6 +23,14 @@ log = logging.getLogger(__name__)
 
 # before_regrant: a check that hangs must not keep the owner off a lease (out of the mesh) for good.
 CHECK_TIMEOUT_S = 30.0
+# A peer found unreachable is judged dead or cut off by how long ago it renewed its lease:
+# this bounds how long that takes (one renewal a second per instance is nothing to etcd).
+RENEW_MAX_S = 2.0
+
+
+def renew_every_s(ttl_s: float) -> float:
+    """How often an owner renews a lease of `ttl_s` (what peers expect of a live one)."""
+    return max(min(ttl_s / 3, RENEW_MAX_S), 0.2)
 
 
 class LeaseKeeper:
@@ -51,19 +61,31 @@ class LeaseKeeper:
             self.lost = True
 
     async def _keep(self) -> None:
-        interval = max(self.ttl_s / 3, 0.2)
+        interval = renew_every_s(self.ttl_s)
+        loop = asyncio.get_running_loop()
+        retry = False
         while True:
-            await asyncio.sleep(interval)
+            if not retry:
+                await asyncio.sleep(interval)
+            retry = False
             if self.lost:
                 await self._regrant()
                 continue
+            started = loop.time()
             try:
-                await self.store.keep_alive(self.lease_id)
+                # At most one interval per try: a try stuck on an etcd member that went silent
+                # must not outlive the lease. The store's own deadline fires first, so it moves
+                # to the next member, and the next try (at once) goes there.
+                async with asyncio.timeout(interval):
+                    await self.store.keep_alive(self.lease_id, timeout_s=0.8 * interval)
             except LeaseExpired:
                 self.mark_lost(self.lease_id)
                 await self._regrant()
-            except StoreError as e:
-                log.warning("lease keep-alive failed (will retry): %s", e)
+            except (StoreError, TimeoutError) as e:
+                log.warning("lease keep-alive failed (will retry): %s", e or "no answer in time")
+                # A try that waited its time out is retried at once; a refused one (etcd down:
+                # answers at once) after the interval, so an outage does not spin.
+                retry = loop.time() - started >= 0.75 * interval
 
     async def _regrant(self) -> None:
         if self.before_regrant is not None:

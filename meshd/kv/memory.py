@@ -24,6 +24,7 @@ from meshd.kv.store import (
     Event,
     KeyValue,
     LeaseExpired,
+    LeaseTTL,
     Op,
     Put,
     StoreError,
@@ -124,7 +125,10 @@ class MemoryStore:
         self._leases[lease_id] = _Lease(lease_id, ttl, self._clock() + ttl)
         return lease_id
 
-    async def keep_alive(self, lease_id: int) -> int:
+    def responsive(self) -> bool:
+        return True  # in process: it always answers
+
+    async def keep_alive(self, lease_id: int, timeout_s: float | None = None) -> int:
         self._begin()
         lease = self._leases.get(lease_id)
         if lease is None:
@@ -135,6 +139,13 @@ class MemoryStore:
     async def revoke_lease(self, lease_id: int) -> None:
         self._begin()
         self._revoke(lease_id)
+
+    async def lease_ttl(self, lease_id: int) -> LeaseTTL | None:
+        self._begin()
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            return None
+        return LeaseTTL(remaining_s=max(0, int(lease.deadline - self._clock())), granted_s=lease.ttl_s)
 
     def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[list[Event]]:
         self._ensure_open()

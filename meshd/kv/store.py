@@ -28,6 +28,15 @@ class KeyValue:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseTTL:
+    """A lease as the store has it now: `remaining_s` of `granted_s` (whole seconds, rounded
+    down, as etcd reports them)."""
+
+    remaining_s: int
+    granted_s: int
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     kind: Literal["put", "delete"]
     key: str
@@ -100,11 +109,17 @@ class KVStore(Protocol):
     async def grant_lease(self, ttl_s: int) -> int:
         """A new lease id with the given TTL in seconds."""
 
-    async def keep_alive(self, lease_id: int) -> int:
-        """Refresh the lease; returns its TTL. Raises LeaseExpired when it is gone."""
+    async def keep_alive(self, lease_id: int, timeout_s: float | None = None) -> int:
+        """Refresh the lease; returns its TTL. Raises LeaseExpired when it is gone.
+        `timeout_s`: a shorter deadline than the store's own (a keep-alive must not outlive
+        the lease on a member that went silent: a timed-out call moves to the next one)."""
 
     async def revoke_lease(self, lease_id: int) -> None:
         """Delete the lease and every key attached to it (absent lease: no-op)."""
+
+    async def lease_ttl(self, lease_id: int) -> LeaseTTL | None:
+        """How long the lease has left (None: it is gone). Any client may ask about any
+        lease: peers read an instance's renewals as its heartbeat (placement.liveness)."""
 
     def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[list[Event]]:
         """Changes under `prefix` from `start_revision` (inclusive), one list per revision.
@@ -114,6 +129,10 @@ class KVStore(Protocol):
         resume from has been compacted (the caller re-lists), StoreUnavailable only if
         the implementation gives up reconnecting. Ends when the iterator is closed.
         """
+
+    def responsive(self) -> bool:
+        """False while the store is known not to answer (kv.health): caller-facing calls
+        then give up at once instead of waiting out their deadline."""
 
     async def compact(self, revision: int) -> None:
         """Discard history before `revision` (tests use this to exercise re-listing)."""

@@ -113,8 +113,12 @@ class LeaderDuties:
         failure_expiry_ms: int,
         sweep_ms: int = LEADER_SWEEP_MS,
         prune_after_ms: int = DEAD_INSTANCE_PRUNE_MS,
+        upstream_ids: Callable[[], Iterable[str]] = lambda: (),
     ) -> None:
         self.election = election
+        # Live upstream (Java) instances: left out of the view, but alive, so their ids in
+        # model records are never pruned (meshd does not rewrite what they own).
+        self.upstream_ids = upstream_ids
         self.registry = registry
         self.view = view
         self.place = place
@@ -142,7 +146,7 @@ class LeaderDuties:
         records = dict(self.registry.models.items())
         self.gauges = cluster_gauges(view, records, self.failure_expiry_ms)
         named = {iid for rec in records.values() for iid in rec.instance_ids}
-        self.missing.observe(named, view.instances.keys(), view.now_ms)
+        self.missing.observe(named, {*view.instances.keys(), *self.upstream_ids()}, view.now_ms)
         dead = prune_plan(self.missing, view.now_ms, self.prune_after_ms)
         for mid, rec in records.items():
             if dead & rec.instance_ids.keys():

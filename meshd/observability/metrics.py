@@ -18,7 +18,7 @@ import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -53,6 +53,7 @@ MESSAGE_SIZE_BUCKETS = tuple(128 * 4**i for i in range(8))  # 128 B x4
 LOAD_FAILURE = "modelmesh_loadmodel_failure"
 UNLOAD_FAILURE = "modelmesh_unloadmodel_failure"
 LOAD_REFUSED = "modelmesh_loadmodel_refused"  # misses refused for load capacity (issue 24)
+PAYLOADS_DROPPED = "meshd_payloads_dropped"  # ours: MM_PAYLOAD_PROCESSORS records not sent (queue full)
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # upstream exposes no `_created` series; they would double the output
 
@@ -65,7 +66,9 @@ class MetricsConfig:
     port: int = DEFAULT_PORT
     per_model: bool = False  # modelId/vModelId labels (one series per model: mind the cardinality)
     fq_names: bool = False  # method label: full `package.Service/Method` instead of `Method`
-    https: bool = False  # scheme=https: served with the instance's MM_TLS_* certificate
+    # scheme=https: served with the instance's MM_TLS_* certificate; None: no scheme given
+    # (upstream then serves https; `meshd.config` decides, as it knows whether TLS is on)
+    https: bool | None = None
 
     @classmethod
     def parse(cls, text: str) -> MetricsConfig:
@@ -78,7 +81,8 @@ class MetricsConfig:
             raise ValueError(
                 f"expected 'prometheus:key=value;...' or 'disabled' (statsd is not supported), got {text!r}"
             )
-        port, per_model, fq_names, https = DEFAULT_PORT, False, False, False
+        port, per_model, fq_names = DEFAULT_PORT, False, False
+        https: bool | None = None
         for part in params.split(";"):
             if not part.strip():
                 continue
@@ -130,6 +134,7 @@ class InstanceStats:
     models: int  # loaded copies
     loads_waiting: int = 0  # loads waiting for a loading thread
     loads_in_progress: int = 0  # loading threads taken
+    upstream_instances: int = 0  # upstream (Java) instance records in the registry: never routed to
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +186,12 @@ class Metrics:
     def age_at_eviction(self, ms: float, model_id: str) -> None: ...
 
     def loaded_model_size(self, size_bytes: int, model_id: str) -> None: ...
+
+    def payloads_dropped(self, n: int = 1) -> None:
+        """Payload records dropped because the processors' queue was full (MM_PAYLOAD_PROCESSORS)."""
+
+    def info(self, name: str, labels: dict[str, str]) -> None:
+        """MM_INFO_METRICS: one gauge `name{labels} 1` (upstream's info metric)."""
 
     def watch_instance(self, read: Callable[[], InstanceStats]) -> None:
         """The instance gauges' source, read at each scrape."""
@@ -235,6 +246,7 @@ class PrometheusMetrics(Metrics):
             key: histogram(name, _DOCS[name], buckets, model_labels) for key, (name, buckets) in per_model.items()
         }
         self._counts = {LOAD_FAILURE: 0, UNLOAD_FAILURE: 0, LOAD_REFUSED: 0}
+        self._counts = {LOAD_FAILURE: 0, UNLOAD_FAILURE: 0, PAYLOADS_DROPPED: 0}
         # Bound children: (method, code[, model, vmodel]) -> (time, request size, response size).
         self._api_children: dict[tuple[str, ...], tuple[Histogram, Histogram, Histogram]] = {}
         self._invoke_children: dict[tuple[str, ...], Histogram] = {}
@@ -315,6 +327,13 @@ class PrometheusMetrics(Metrics):
     def unload_failure(self) -> None:
         self._counts[UNLOAD_FAILURE] += 1
 
+    def payloads_dropped(self, n: int = 1) -> None:
+        self._counts[PAYLOADS_DROPPED] += n
+
+    def info(self, name: str, labels: dict[str, str]) -> None:
+        gauge = Gauge(name, "Instance information (MM_INFO_METRICS)", list(labels), registry=self.registry)
+        (gauge.labels(**labels) if labels else gauge).set(1)
+
     def model_sizing(self, ms: float, model_id: str) -> None:
         self._observe("sizing", ms, model_id)
 
@@ -362,6 +381,7 @@ class _Gauges(Collector):
                 "modelmesh_instance_models_total": s.models,
                 "modelmesh_instance_loading_queue_size": s.loads_waiting,
                 "modelmesh_instance_loads_in_progress": s.loads_in_progress,
+                "meshd_upstream_instances": s.upstream_instances,
             }
             for name, value in values.items():
                 yield GaugeMetricFamily(name, _DOCS[name], value=value)
@@ -373,6 +393,7 @@ class _Gauges(Collector):
 
 
 _DOCS = {
+    PAYLOADS_DROPPED: "Payload records dropped because the payload processors' queue was full",
     "modelmesh_cache_miss_milliseconds": "Cache miss delay",
     "modelmesh_loadmodel_milliseconds": "Time taken to load model",
     "modelmesh_unloadmodel_milliseconds": "Time taken to unload model",
@@ -392,6 +413,7 @@ _DOCS = {
     "modelmesh_instance_models_total": "Number of model copies loaded in pod",
     "modelmesh_instance_loading_queue_size": "Number of model loads waiting for a loading thread in pod",
     "modelmesh_instance_loads_in_progress": "Number of loading threads in use in pod",
+    "meshd_upstream_instances": "Upstream (Java) ModelMesh instance records seen in this mesh's registry (never used)",
     "loaded": "Total number of models with at least one loaded copy",
     "failed": "Total number of models with one or more recent load failures",
     "managed": "Total number of models managed",
@@ -422,7 +444,8 @@ class MetricsServer:
         except OSError as e:
             raise OSError(e.errno, f"metrics port {self.port} (MM_METRICS): {e.strerror}") from None
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("serving Prometheus metrics on http port %d /metrics", self.port)
+        scheme = "http" if self.ssl_context is None else "https"
+        log.info("serving Prometheus metrics on %s port %d /metrics", scheme, self.port)
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -57,10 +57,30 @@ def _utf8(text: str) -> str:
 
 
 def _address(text: str) -> str:
+    """host:port of meshd's external gRPC port ([v6]:port, or unix:PATH); what to fix when not."""
     text = text.strip()
     if not text:
         raise argparse.ArgumentTypeError("must not be empty")
+    problem = address_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
+
+
+def address_problem(text: str) -> str | None:
+    """Why `text` is not an address the CLI can dial, saying what to write instead."""
+    if text.startswith(("unix:", "unix-abstract:")):
+        return None
+    _, sep, rest = text.partition("://")
+    if sep:
+        host = rest.split("/")[0] or "HOST:8033"
+        return f"{text!r} is a URL; give host:port of meshd's gRPC port, e.g. {host if ':' in host else host + ':8033'}"
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or (host.endswith(":") and not host.startswith("[")):
+        return f"{text!r} has no port; meshd's gRPC port is 8033 by default: {text}:8033"
+    if not port.isdigit() or not 0 < int(port) <= 65535:
+        return f"{text!r}: the port must be a number from 1 to 65535"
+    return None
 
 
 def _common() -> argparse.ArgumentParser:
@@ -74,7 +94,7 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "--timeout", type=_timeout, default=DEFAULT_TIMEOUT_S, help=f"seconds per call (default {DEFAULT_TIMEOUT_S:g})"
     )
-    common.add_argument("--json", action="store_true", help="print JSON (stable field names, see README)")
+    common.add_argument("--json", action="store_true", help="print JSON (stable field names, see docs/operations.md)")
     tls = common.add_argument_group("TLS (a meshd with MM_TLS_* set)")
     tls.add_argument("--tls", action="store_true", help="dial with TLS, checking the server against system roots")
     tls.add_argument("--tls-ca", metavar="FILE", help="CA certificates (PEM) to check the server with; implies --tls")
@@ -107,7 +127,13 @@ def add_commands(sub: Any) -> None:
     _model_info_arguments(p, required=True)
     p.add_argument("--load-now", action="store_true", help="start loading a copy now")
     p.add_argument("--sync", action="store_true", help="with --load-now: wait for the load to finish")
-    p.add_argument("--last-used-ms", type=_non_negative, default=0, help="last-used time to record (ms)")
+    p.add_argument(
+        "--last-used-ms",
+        type=_non_negative,
+        default=0,
+        help="last-used time to record (ms since the epoch; default: 6 h ago, 1 h ago with --load-now, "
+        "upstream's rule so a new model cannot evict models in use: hence LAST USED '6h ago')",
+    )
     p.set_defaults(func=_run(_models_register, "models register"))
     p = msub.add_parser("unregister", parents=[common], help="unregister a model (mmesh unregisterModel)")
     p.add_argument("model_id", type=_utf8, metavar="MODEL_ID")
@@ -180,7 +206,12 @@ def _run(handler: Handler, command: str, check: Check | None = None) -> Callable
         if bool(args.tls_cert) != bool(args.tls_key):
             print(f"meshd {command}: --tls-cert and --tls-key go together", file=sys.stderr)
             return 2
-        target = Target(args.address or default_address(), args.timeout, _target_tls(args))
+        address = args.address or default_address()
+        problem = None if args.address else address_problem(address)
+        if problem is not None:
+            print(f"meshd {command}: ${ADDRESS_ENV}: {problem}", file=sys.stderr)
+            return 2
+        target = Target(address, args.timeout, _target_tls(args))
         try:
             with open_channel(target) as channel:
                 return handler(args, target, channel)
@@ -225,12 +256,22 @@ def _models_register(args: argparse.Namespace, target: Target, channel: grpc.Cha
         modelId=args.model_id, modelInfo=info, loadNow=args.load_now, sync=args.sync, lastUsedTime=args.last_used_ms
     )
     st = _call(target, MANAGEMENT, mm_grpc.ModelMeshStub(channel).registerModel, req)
-    return _print(args, render.status_json(args.model_id, st), lambda: render.status_block(args.model_id, st, _now()))
+    code = _print(args, render.status_json(args.model_id, st), lambda: render.status_block(args.model_id, st, _now()))
+    if args.load_now and args.sync and st.status != mm.ModelStatusInfo.LOADED:
+        # Registered, but the load asked for did not succeed: scripts see it in the exit code.
+        name = mm.ModelStatusInfo.ModelStatus.Name(st.status)
+        print(f"meshd models register: {args.model_id} registered but not loaded ({name})", file=sys.stderr)
+        return 1
+    return code
 
 
 def _models_unregister(args: argparse.Namespace, target: Target, channel: grpc.Channel) -> int:
-    req = mm.UnregisterModelRequest(modelId=args.model_id)
-    _call(target, MANAGEMENT, mm_grpc.ModelMeshStub(channel).unregisterModel, req)
+    stub = mm_grpc.ModelMeshStub(channel)
+    # unregisterModel of an absent model is a no-op (SPEC §2); a script asking for it hears so.
+    st = _call(target, MANAGEMENT, stub.getModelStatus, mm.GetStatusRequest(modelId=args.model_id))
+    if st.status == mm.ModelStatusInfo.NOT_FOUND:
+        raise OpsError(f"model {args.model_id!r} not found")
+    _call(target, MANAGEMENT, stub.unregisterModel, mm.UnregisterModelRequest(modelId=args.model_id))
     data = {"modelId": args.model_id, "unregistered": True}
     return _print(args, data, lambda: f"model {args.model_id} unregistered")
 
@@ -269,8 +310,12 @@ def _vmodels_get(args: argparse.Namespace, target: Target, channel: grpc.Channel
 
 
 def _vmodels_delete(args: argparse.Namespace, target: Target, channel: grpc.Channel) -> int:
+    stub = mm_grpc.ModelMeshStub(channel)
+    get = mm.GetVModelStatusRequest(vModelId=args.vmodel_id, owner=args.owner)
+    if _call(target, MANAGEMENT, stub.getVModelStatus, get).status == mm.VModelStatusInfo.NOT_FOUND:
+        raise OpsError(f"vmodel {args.vmodel_id!r} not found")
     req = mm.DeleteVModelRequest(vModelId=args.vmodel_id, owner=args.owner)
-    _call(target, MANAGEMENT, mm_grpc.ModelMeshStub(channel).deleteVModel, req)
+    _call(target, MANAGEMENT, stub.deleteVModel, req)
     data = {"vmodelId": args.vmodel_id, "deleted": True}
     return _print(args, data, lambda: f"vmodel {args.vmodel_id} deleted")
 

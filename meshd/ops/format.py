@@ -59,15 +59,21 @@ def duration(ms: int) -> str:
 
 
 def ago(ms: int, now_ms: int) -> str:
-    """`12s ago` (0, i.e. never or unknown, as `-`)."""
-    return NONE if ms <= 0 else f"{duration(now_ms - ms)} ago"
+    """`12s ago`, or `in 3h` for a time in the future (0, i.e. never or unknown, as `-`)."""
+    if ms <= 0:
+        return NONE
+    return f"in {duration(ms - now_ms)}" if ms > now_ms else f"{duration(now_ms - ms)} ago"
 
 
 def timestamp(ms: int, now_ms: int) -> str:
-    """UTC time and how long ago: `2025-01-02 03:04:05Z (12s ago)`."""
+    """UTC time and how long ago: `2025-01-02 03:04:05Z (12s ago)`. A time no calendar date
+    holds (a client may store up to 2^64-1 ms) is shown as its milliseconds."""
     if ms <= 0:
         return NONE
-    when = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    try:
+        when = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        when = f"{ms} ms since the epoch"
     return f"{when} ({ago(ms, now_ms)})"
 
 

@@ -1,6 +1,6 @@
 """Responses as the operator CLI prints them (pure): `--json` objects and text.
 
-The `--json` field names are a stable interface (README "Operator CLI"): camelCase like the
+The `--json` field names are a stable interface (docs/operations.md, "Operator CLI"): camelCase like the
 management API, times as `...Ms` (milliseconds since the epoch), sizes as `...Bytes`,
 unknown values as null.
 """
@@ -145,6 +145,7 @@ def instance_json(i: Any, now_ms: int) -> JSON:
         "loadingInProgress": i.loadingInProgress,
         "leader": i.leader,
         "runtimeDown": i.runtimeDown,
+        "upstream": i.upstream,
     }
 
 
@@ -153,6 +154,8 @@ def instances_json(resp: Any) -> JSON:
 
 
 def _state(i: Any) -> str:
+    if i.upstream:  # a Java ModelMesh instance: meshd never routes to it
+        return "upstream (java)"
     if i.runtimeDown:  # shutdown is set too (placement skips it), but nothing is draining
         return "runtime down"
     return "stopping" if i.shutdown else "serving"

@@ -2,7 +2,8 @@
 
 Owns: `models` (model records: register, unregister, add and remove copies under
 compare-and-set, max copies enforced in the CAS), `vmodels` (vmodel records and their
-transitions), `instances` (this instance's record, its lease and when to publish it).
+transitions), `instances` (writing this instance's record on its lease, and writing it back when
+it changed behind meshd's back; what it says and when is `decisions.publishing`).
 The store seam under it is `meshd.kv`; leader election is `meshd.kv.election`.
 
 May import: core, decisions, kv.

@@ -14,6 +14,7 @@ from meshd.core.errors import AlreadyExists, DataLoss, FailedPrecondition, NotFo
 from meshd.core.records import ModelRecord, RecordError, VModelRecord
 from meshd.decisions.ids import ModelInfo
 from meshd.decisions.janitor import at_max_elsewhere
+from meshd.kv.health import for_client
 from meshd.kv.store import StoreError
 from meshd.kv.table import KEEP, Keep, Table
 
@@ -63,7 +64,7 @@ class Registry:
         """A linearizable read, for a record the mirror has not seen yet (just registered
         through another instance). NOT_FOUND / DATA_LOSS like `require`."""
         try:
-            kv = await self.models.store.get(self.models.key(model_id))
+            kv = await for_client(self.models.store, self.models.store.get(self.models.key(model_id)))
         except StoreError as e:
             raise Unavailable(f"model registry unavailable: {e}") from None
         if kv is None:
@@ -75,7 +76,8 @@ class Registry:
 
     async def _update(self, table: Table[T], item_id: str, fn: Callable[[T | None], T | Keep | None]) -> T | None:
         try:
-            return await table.update(item_id, fn)
+            # A client waits on this: UNAVAILABLE at once while etcd is not answering (kv.health).
+            return await for_client(table.store, table.update(item_id, fn))
         except RecordError as e:
             raise DataLoss(f"stored record for {item_id!r} is corrupt and was left untouched: {e}") from None
         except StoreError as e:

@@ -31,6 +31,7 @@ from meshd.core.errors import AlreadyExists, DataLoss, FailedPrecondition, NotFo
 from meshd.core.records import ModelRecord, RecordError, VModelRecord
 from meshd.decisions.ids import ModelInfo, check_id
 from meshd.decisions.status import recent_failures
+from meshd.kv.health import for_client
 from meshd.kv.store import StoreError
 from meshd.kv.table import KEEP, MAX_CAS_ATTEMPTS, Keep, Table
 from meshd.kv.txn import update_many
@@ -374,7 +375,7 @@ class VModels:
         if rec is not None:
             return rec
         try:
-            kv = await self._vmodels.store.get(self._vmodels.key(vmodel_id))
+            kv = await for_client(self._vmodels.store, self._vmodels.store.get(self._vmodels.key(vmodel_id)))
             return VModelRecord.decode(kv.value) if kv is not None else None
         except RecordError as e:
             raise DataLoss(f"stored record for vmodel {vmodel_id!r} is corrupt and was left untouched: {e}") from None
@@ -433,7 +434,7 @@ class VModels:
             pairs: list[tuple[Table[Any], str]] = [(self._vmodels, vmodel_id)]
             pairs += [(self._models, m) for m in ids]
             try:
-                results = await update_many(pairs, fn)
+                results = await for_client(self._vmodels.store, update_many(pairs, fn))
             except _Replan as replan:
                 known = replan.vmodel
                 continue

@@ -54,9 +54,24 @@ def server_options(max_message_bytes: int, max_headers_bytes: int) -> list[tuple
     for every request of a size."""
     return [
         *channel_options(max_message_bytes),
+        # grpc sets SO_REUSEPORT by default: a second server on a taken port would share it
+        # (two unrelated meshes answering on one port) instead of failing to bind.
+        ("grpc.so_reuseport", 0),
         ("grpc.max_metadata_size", max_headers_bytes),
         ("grpc.absolute_max_metadata_size", max_headers_bytes),
     ]
+
+
+def connection_age_options(age_s: int | None, grace_s: int | None) -> list[tuple[str, int]]:
+    """MM_SVC_GRPC_MAX_CONNECTION_AGE_SECS and its _GRACE_SECS: clients' connections are
+    closed (GOAWAY) after that age, so a balancer's new pods get connections; calls in flight
+    get the grace (unset: no limit, grpc's default)."""
+    options: list[tuple[str, int]] = []
+    if age_s is not None:
+        options.append(("grpc.max_connection_age_ms", min(age_s * 1000, 2**31 - 1)))
+        if grace_s is not None:
+            options.append(("grpc.max_connection_age_grace_ms", min(grace_s * 1000, 2**31 - 1)))
+    return options
 
 
 # What a forward adds to a request's headers (meshd-hop, meshd-mode, traceparent and the

@@ -32,6 +32,8 @@ from meshd._proto.inference import grpc_predict_v2_pb2 as pb
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
 from meshd.decisions.placement.modelkey import key_object
+from meshd.runtimes import model_work
+from meshd.runtimes.model_work import Held
 from meshd.runtimes.models import DemoModel, decode_infer_request, make_infer_response
 
 log = logging.getLogger("meshd.runtimes.demo")
@@ -71,6 +73,7 @@ class LoadedModel:
     model: DemoModel
     size_bytes: int
     path: str
+    held: Held | None = None  # the model's memory when its file says hold_memory
 
 
 class RpcFailure(Exception):
@@ -230,15 +233,9 @@ class ModelRuntimeServicer(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         model_id = request.modelId
         if not model_id:
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "modelId is empty")
-        delay = _non_negative(parse_model_key(request.modelKey).get("load_delay_ms"))
-        delay_ms = self.config.load_delay_ms if delay is None else delay
+        key_delay = _non_negative(parse_model_key(request.modelKey).get("load_delay_ms"))
         ticket = self.state.begin_load(model_id)
-        log.info("loading %s from %s (delay %.0f ms)", model_id, request.modelPath, delay_ms)
         try:
-            if delay_ms > 0:
-                await asyncio.sleep(delay_ms / 1000)
-            if self.config.fail_load is not None and self.config.fail_load.search(model_id):
-                raise RpcFailure(grpc.StatusCode.INTERNAL, f"injected load failure for {model_id}")
             try:
                 model = await asyncio.to_thread(_read_model, request.modelPath)
             except (OSError, ValueError) as e:
@@ -246,11 +243,20 @@ class ModelRuntimeServicer(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"cannot load model {model_id} from {request.modelPath!r}: {e}",
                 ) from e
+            # The modelKey wins, then the model file's own load time, then --load-delay-ms.
+            delay_ms = key_delay if key_delay is not None else (model.load_ms or self.config.load_delay_ms)
+            log.info("loading %s from %s (delay %.0f ms)", model_id, request.modelPath, delay_ms)
+            if delay_ms > 0:
+                await asyncio.sleep(delay_ms / 1000)
+            if self.config.fail_load is not None and self.config.fail_load.search(model_id):
+                raise RpcFailure(grpc.StatusCode.INTERNAL, f"injected load failure for {model_id}")
             # No await below this line: a cancellation can no longer leave a half-loaded model.
             if not self.state.still_wanted(model_id, ticket):
                 raise RpcFailure(grpc.StatusCode.ABORTED, f"model {model_id} was unloaded or purged while loading")
             size = self.config.default_model_size if model.size_bytes is None else model.size_bytes
-            self.state.loaded[model_id] = LoadedModel(model, size, request.modelPath)
+            # hold_memory in the file: the memory is really allocated, as model_work.load does.
+            held = Held(model.work.hold_bytes) if model.work.hold_bytes else None
+            self.state.loaded[model_id] = LoadedModel(model, size, request.modelPath, held)
             self.state.counters["loads"] += 1
         except asyncio.CancelledError:
             log.info("load of %s cancelled; nothing loaded", model_id)
@@ -391,7 +397,9 @@ class InferenceService:
         with self.state.counting():
             if self.state.config.infer_delay_ms:
                 await asyncio.sleep(self.state.config.infer_delay_ms / 1000)
-            return infer(model_id, self.state.get(model_id), req)
+            loaded = self.state.get(model_id)
+            await model_work.serve(loaded.model.work)  # the model file's service_ms
+            return infer(model_id, loaded, req)
 
     def _body_model_id(self, context: _Context, body_name: str) -> str:
         # With idInjectionPath announced, the body names the model (as with Triton): meshd

@@ -12,8 +12,12 @@ Model file format (one JSON file per model, UTF-8)::
       "outputs": m,                      # linear: int >= 1 (echo: optional, informational)
       "weights": [[n floats] * m rows],  # linear: required; echo: absent or []
       "bias": [m floats],                # linear: required; echo: absent or []
-      "size_bytes": N                    # optional int >= 0: the memory size the runtime
-    }                                    # reports for the loaded model (fakes big models)
+      "size_bytes": N,                   # optional int >= 0: the memory size the runtime
+                                         # reports for the loaded model (fakes big models)
+      "load_ms": t,                      # optional number >= 0: a load takes this long
+      "service_ms": t,                   # optional number >= 0: each request takes this long
+      "hold_memory": true                # optional: loading allocates and writes size_bytes,
+    }                                    # held while loaded (meshd.runtimes.model_work)
 
 Unknown keys are ignored so the format can grow. A `linear` model computes
 `y = W x + b` for every row `x` of its input; an `echo` model returns its inputs
@@ -42,6 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb
+from meshd.runtimes.model_work import Work, linear
 
 FORMAT = "meshd-demo/1"
 INPUT_NAME = "x"
@@ -91,6 +96,15 @@ class DemoModel:
     bias: tuple[float, ...] = ()
     # None: the file did not say; the runtime then reports its default model size.
     size_bytes: int | None = None
+    load_ms: float = 0.0
+    service_ms: float = 0.0
+    hold_memory: bool = False
+
+    @property
+    def work(self) -> Work:
+        """What loading and serving this model costs (meshd.runtimes.model_work)."""
+        hold = (self.size_bytes or 0) if self.hold_memory else 0
+        return Work(self.load_ms, self.service_ms, hold)
 
     @classmethod
     def load(cls, path: Path | str) -> DemoModel:
@@ -117,6 +131,16 @@ class DemoModel:
         size = data.get("size_bytes")
         if size is not None and not _is_int(size, minimum=0):
             raise ValueError(f"{source}: 'size_bytes' must be an integer >= 0, got {size!r}")
+        timing: dict[str, float] = {}
+        for key in ("load_ms", "service_ms"):
+            t = data.get(key, 0.0)
+            if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+                raise ValueError(f"{source}: {key!r} must be a number >= 0, got {t!r}")
+            timing[key] = float(t)
+        hold = data.get("hold_memory", False)
+        if not isinstance(hold, bool):
+            raise ValueError(f"{source}: 'hold_memory' must be true or false, got {hold!r}")
+        load_ms, service_ms = timing["load_ms"], timing["service_ms"]
 
         if kind == "echo":
             # Echo takes whatever it is given; shapes are informational only.
@@ -126,7 +150,15 @@ class DemoModel:
             for key in ("weights", "bias"):
                 if data.get(key):
                     raise ValueError(f"{source}: an echo model has no {key!r}")
-            return cls("echo", int(data.get("inputs", 0)), int(data.get("outputs", 0)), size_bytes=size)
+            return cls(
+                "echo",
+                int(data.get("inputs", 0)),
+                int(data.get("outputs", 0)),
+                size_bytes=size,
+                load_ms=load_ms,
+                service_ms=service_ms,
+                hold_memory=hold,
+            )
 
         n, m = data.get("inputs"), data.get("outputs")
         if not _is_int(n, minimum=1):
@@ -145,7 +177,7 @@ class DemoModel:
         bias = data.get("bias")
         if not isinstance(bias, list) or len(bias) != m:
             raise ValueError(f"{source}: 'bias' must be a list of {m} numbers (one per output)")
-        return cls("linear", n, m, tuple(rows), _floats(bias, f"{source}: 'bias'"), size)
+        return cls("linear", n, m, tuple(rows), _floats(bias, f"{source}: 'bias'"), size, load_ms, service_ms, hold)
 
     def to_dict(self) -> dict[str, Any]:
         """The model file contents (JSON-serialisable)."""
@@ -155,6 +187,12 @@ class DemoModel:
             out["bias"] = list(self.bias)
         if self.size_bytes is not None:
             out["size_bytes"] = self.size_bytes
+        if self.load_ms:
+            out["load_ms"] = self.load_ms
+        if self.service_ms:
+            out["service_ms"] = self.service_ms
+        if self.hold_memory:
+            out["hold_memory"] = True
         return out
 
     def save(self, path: Path | str) -> Path:
@@ -170,12 +208,7 @@ class DemoModel:
         for i, x in enumerate(rows):
             if len(x) != self.inputs:
                 raise ValueError(f"row {i} has {len(x)} values, the model takes {self.inputs}")
-            out.append(
-                [
-                    math.fsum(w * v for w, v in zip(wr, x, strict=True)) + b
-                    for wr, b in zip(self.weights, self.bias, strict=True)
-                ]
-            )
+            out.append(linear(self.weights, self.bias, x))
         return out
 
 

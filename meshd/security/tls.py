@@ -15,6 +15,7 @@ The runtime connection is local (loopback or unix socket) and stays plaintext.
 
 from __future__ import annotations
 
+import errno
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,11 +153,16 @@ class MeshTls:
 
 
 def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Add a listening port, TLS when credentials are given; returns the bound port."""
-    if credentials is None:
-        port: int = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, credentials)
+    """Add a listening port, TLS when credentials are given; returns the bound port.
+
+    OSError (EADDRINUSE) when it cannot listen there (grpc raises a bare RuntimeError)."""
+    try:
+        if credentials is None:
+            port: int = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError as e:
+        raise OSError(errno.EADDRINUSE, f"cannot listen for gRPC on {address}: {e}") from None
     return port
 
 
@@ -219,6 +225,56 @@ def _read(path: str, what: str, marker: bytes) -> bytes:
 def _no_prompt() -> bytes:
     # Without a password callback OpenSSL would prompt on the terminal for an encrypted key.
     raise TlsConfigError(f"{KEY_ENV}: the key is encrypted: set {PASSPHRASE_ENV}")
+
+
+def self_signed_server_context(host: str = "localhost") -> ssl.SSLContext:
+    """A server context with a certificate made now and signed by itself: for MM_METRICS
+    `scheme=https` without an MM_TLS_* certificate (modelmesh-serving's pods ask for https
+    metrics by default; Prometheus scrapes such pods without verifying). Needs cryptography
+    (`meshd[tls]`): ImportError otherwise."""
+    import datetime
+    import tempfile
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.TemporaryDirectory() as d:  # ssl reads certificates from files only
+        cert_path, key_path = f"{d}/cert.pem", f"{d}/key.pem"
+        with open(cert_path, "wb") as f:
+            f.write(cert.public_bytes(serialization.Encoding.PEM))
+        with open(key_path, "wb") as f:
+            f.write(
+                key.private_bytes(
+                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+                )
+            )
+        ctx.load_cert_chain(cert_path, key_path)
+    return ctx
+
+
+def can_self_sign() -> bool:
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _server_context(s: TlsSettings) -> ssl.SSLContext:

@@ -1,7 +1,9 @@
 """serving: the request path, from a received call to the copy that answers it.
 
-Owns: `router` (routing attempts: local copy, peer, load, reroute), `forwarding` (calls to
-and from peers over the internal port), `local` (this instance's copies: loads, evictions,
+Owns: `router` (routing attempts: local copy, peer, load, reroute; and serving the calls
+peers forward here), `forwarding` (sending a call to the peer chosen), `peer_protocol` (what
+peers say to each other: hop and mode metadata, refusal reasons, what an answer means),
+`local` (this instance's copies: loads, evictions,
 the janitor's repairs, applied to the runtime and the registry), `gate` (a copy's
 concurrency limit on asyncio), `peers` (channels to peer instances), `cluster` (the live
 `ClusterView` snapshot and peer channels together), `copies` (loaded copies counted by

@@ -15,6 +15,7 @@ import grpc
 
 from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd.decisions.cache import State
+from meshd.decisions.status import CopyState
 from meshd.registry.models import Registry
 from meshd.serving.cluster import Cluster
 from meshd.serving.local import LocalModels
@@ -23,6 +24,12 @@ from meshd.serving.peers import Peers
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 2.0
+_COPY_STATES: dict[int | None, CopyState] = {
+    peer_pb2.InternalOpResponse.LOADING: CopyState.LOADING,
+    peer_pb2.InternalOpResponse.LOADED: CopyState.LOADED,
+    peer_pb2.InternalOpResponse.FAILED: CopyState.FAILED,
+    peer_pb2.InternalOpResponse.NOT_HERE: CopyState.GONE,
+}
 
 
 class CopyCounter:
@@ -57,10 +64,29 @@ class CopyCounter:
         return count + sum(await asyncio.gather(*probes))
 
     async def _probe(self, iid: str, location: str, model_id: str) -> int:
+        return int(await self._state(iid, location, model_id) == peer_pb2.InternalOpResponse.LOADED)
+
+    async def _state(self, iid: str, location: str, model_id: str) -> int | None:
+        """The holder's answer (`InternalOpResponse.State`), None when it did not answer."""
         stub = peer_pb2_grpc.MeshPeerStub(self.peers.get(iid, location).channel)
         try:
             resp = await stub.InternalOperation(peer_pb2.InternalOpRequest(modelId=model_id), timeout=PROBE_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
             log.debug("copy probe of %s on %s failed: %s", model_id, iid, e.details())
-            return 0
-        return int(resp.state == peer_pb2.InternalOpResponse.LOADED)
+            return None
+        return int(resp.state)
+
+    async def peer_states(self, model_id: str) -> dict[str, CopyState]:
+        """What each live peer holding the model says of its copy (getModelStatus asks the
+        holders, as upstream does: a record lists a copy from the moment its load starts)."""
+        record = self.registry.get(model_id)
+        if record is None:
+            return {}
+        view = self.cluster.view()
+        peers = [
+            (iid, inst.location)
+            for iid in record.instance_ids
+            if iid != self.local.instance_id and (inst := view.get(iid)) is not None
+        ]
+        answers = await asyncio.gather(*(self._state(iid, loc, model_id) for iid, loc in peers))
+        return {iid: _COPY_STATES.get(a, CopyState.UNKNOWN) for (iid, _), a in zip(peers, answers, strict=True)}

@@ -109,7 +109,8 @@ class Forwarder:
         return ResponseStream(call, relay, closed)
 
     def channel(self, target: str) -> PeerChannel:
-        inst = self.cluster.view().get(target)
+        view = self.cluster.view()
+        inst = view.get(target) or view.departed.get(target)  # departed: placement.liveness
         if inst is None or not inst.location:
             raise Refused(f"{target} is not live")
         return self.peers.get(target, inst.location)

@@ -9,14 +9,17 @@ on the `meshd.serving.invocations` logger, its fields also as record attributes 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 
 from meshd.observability.metrics import Metrics
+from meshd.observability.payloads import Payload, PayloadProcessors, text_headers
 from meshd.serving.proxy.headers import RequestIds
 
-log = logging.getLogger("meshd.invocations")  # the documented per-call log (README); kept across moves
+log = logging.getLogger("meshd.invocations")  # the documented per-call log (docs/observability.md); kept across moves
 
 LOCAL = "local"  # `servedBy` of a call this instance's runtime served
 # Codes of a call whose model id named nothing: not used as a per-model label (bounded series).
@@ -27,11 +30,23 @@ SERVED: ContextVar[tuple[str, str] | None] = ContextVar("meshd_served", default=
 
 
 class Invocations:
-    def __init__(self, metrics: Metrics, log_each: bool, self_id: str) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        log_each: bool,
+        self_id: str,
+        payloads: PayloadProcessors | None = None,
+        header_fields: Mapping[str, str] | None = None,
+    ) -> None:
+        """`payloads`: MM_PAYLOAD_PROCESSORS; `header_fields`: MM_LOG_REQUEST_HEADERS, request
+        header -> field of the invoke log record (upstream puts them in the log context)."""
         self.metrics = metrics
         self.log_each = log_each
         self.self_id = self_id
-        self.active = metrics.enabled or log_each  # off: `done` returns at once
+        self.payloads = payloads
+        self.header_fields = dict(header_fields or {})
+        self._ids = itertools.count(1)
+        self.active = metrics.enabled or log_each or payloads is not None  # off: `done` returns at once
 
     def start(self) -> float:
         """The call's start time; forgets any earlier call's note in this context."""
@@ -40,9 +55,19 @@ class Invocations:
         return time.perf_counter()
 
     def done(
-        self, method: str, ids: RequestIds | None, code: str, started: float, req_bytes: int, resp_bytes: int
+        self,
+        method: str,
+        ids: RequestIds | None,
+        code: str,
+        started: float,
+        req_bytes: int,
+        resp_bytes: int,
+        request: bytes | None = None,
+        response: bytes | None = None,
+        metadata: Iterable[tuple[str, str | bytes]] | None = None,
     ) -> None:
-        """Record one finished call (`resp_bytes` < 0: no response, e.g. an error or a stream)."""
+        """Record one finished call (`resp_bytes` < 0: no response, e.g. an error or a stream);
+        `request`/`response`/`metadata`: the call itself, for the payload processors."""
         if not self.active:
             return
         ms = (time.perf_counter() - started) * 1000
@@ -55,17 +80,30 @@ class Invocations:
         # A client's id that named no model gets no per-model series (clients choose ids).
         labelled = "" if served is None and code in UNRESOLVED else model_id
         self.metrics.api_request(method, code, ms, req_bytes, resp_bytes, labelled, vmodel_id)
+        if self.payloads is not None and request is not None:
+            headers = text_headers(metadata)
+            call_id = f"{self.self_id}-{next(self._ids)}"
+            self.payloads.submit(Payload(call_id, model_id, vmodel_id, request, "request", "", headers))
+            self.payloads.submit(Payload(call_id, model_id, vmodel_id, response or b"", "response", code, headers))
         if self.log_each:
+            fields: dict[str, str] = {}
+            if self.header_fields and metadata is not None:
+                for key, value in metadata:
+                    name = self.header_fields.get(key)
+                    if name is not None and isinstance(value, str):
+                        fields[name] = value
             where = None if served is None else (LOCAL if served[1] == self.self_id else served[1])
             log.info(
-                "invoke %s model=%s vmodel=%s code=%s %.2f ms served_by=%s",
+                "invoke %s model=%s vmodel=%s code=%s %.2f ms served_by=%s%s",
                 method,
                 model_id or "-",
                 vmodel_id or "-",
                 code,
                 ms,
                 where or "-",
+                "".join(f" {k}={v}" for k, v in fields.items()),
                 extra={
+                    **fields,
                     "method": method,
                     "modelId": model_id or None,
                     "vModelId": vmodel_id or None,

@@ -31,6 +31,7 @@ from meshd.core.records import ModelRecord
 from meshd.decisions.cache import CacheEntry, Eviction, Popularity, State, WeightedLRU, to_units
 from meshd.decisions.gate import queue_bound
 from meshd.decisions.janitor import Repairs, plan_repairs
+from meshd.decisions.placement.liveness import counted_for_max_copies
 from meshd.decisions.placement.loading import (
     DEFAULT_LOAD_WAIT_LIMIT_MS,
     accepts,
@@ -571,10 +572,12 @@ class LocalModels:
         return repairs
 
     def _serving(self) -> AbstractSet[str] | None:
-        """Live instances not shutting down (None: no cluster view yet)."""
+        """The instances whose copies count toward max copies (None: no cluster view yet):
+        live and not shutting down, or departed moments ago, and not found unreachable
+        (placement.liveness)."""
         if self.cluster_view is None:
             return None
-        return {inst.instance_id for inst in self.cluster_view().serving}
+        return counted_for_max_copies(self.cluster_view())
 
     def _liveness(self, live: AbstractSet[str] | None) -> tuple[AbstractSet[str] | None, AbstractSet[str]]:
         """`live` as the cluster shows it now (this instance left out if the caller left it

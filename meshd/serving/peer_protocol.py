@@ -20,6 +20,9 @@ LOAD_FAILED = "load-failed"  # the load failed there (recorded): reroute
 UNKNOWN_MODEL = "unknown-model"  # the model is not registered (any more)
 BUSY = "busy"  # the copy's queue is full (its concurrency limit): try another copy
 AT_MAX = "at-max"  # not loaded there: the model's max copies are on other instances
+# The caller is not (yet) a live instance of the mesh there: its record may be back in etcd
+# but not in that peer's mirror (after an etcd stall every record returns at once): reroute.
+UNKNOWN_PEER = "unknown-peer"
 PASSED_ON = "status"  # the runtime's (or meshd's) own answer: goes to the client as is
 ACCEPTED = "meshd-accepted"  # initial metadata: the peer took the stream, send the messages
 
@@ -28,14 +31,21 @@ class Refused(Exception):
     """An instance could not serve (gone, no copy, load failed): reroute.
 
     `exclude`: do not try that instance again for this request (False when retrying
-    there may work, e.g. its runtime lost a copy and it can reload it).
+    there may work, e.g. its runtime lost a copy and it can reload it). `unreachable`: the
+    instance did not answer at all (gRPC's own UNAVAILABLE), evidence that its record is stale.
     """
 
     def __init__(
-        self, message: str, exclude: bool = True, busy: bool = False, holders: dict[str, int] | None = None
+        self,
+        message: str,
+        exclude: bool = True,
+        busy: bool = False,
+        holders: dict[str, int] | None = None,
+        unreachable: bool = False,
     ) -> None:
         super().__init__(message)
         self.exclude = exclude
+        self.unreachable = unreachable
         self.busy = busy  # the copy is saturated (its queue is full)
         # Not None: the load was refused at the model's max copies; these hold it (empty:
         # not known, read the record from etcd). The mirror may not show them yet.
@@ -58,7 +68,7 @@ def peer_failure(code: grpc.StatusCode, details: str | None, trailers: Any, mode
     for key, value in trailers or ():
         if key == REASON:
             reason = value if isinstance(value, str) else value.decode()
-    if reason in (NOT_HERE, LOAD_FAILED):
+    if reason in (NOT_HERE, LOAD_FAILED, UNKNOWN_PEER):
         return Refused(f"{reason}: {details}")
     if reason == BUSY:
         return Refused(f"busy: {details}", busy=True)
@@ -67,5 +77,5 @@ def peer_failure(code: grpc.StatusCode, details: str | None, trailers: Any, mode
     if reason == UNKNOWN_MODEL:
         return NotFound(details or f"model {model_id!r} not found")
     if reason is None and code == grpc.StatusCode.UNAVAILABLE:
-        return Refused(f"unreachable: {details}")  # gRPC's own: the peer is gone
+        return Refused(f"unreachable: {details}", unreachable=True)  # gRPC's own: the peer is gone
     return RuntimeStatusError(code, details or code.name)

@@ -35,6 +35,7 @@ from meshd.core.errors import (
     InvalidArgument,
     LoadFailed,
     MeshError,
+    ModelLoadError,
     NotFound,
     ResourceExhausted,
     RuntimeStatusError,
@@ -44,6 +45,7 @@ from meshd.core.errors import (
 from meshd.core.records import ModelRecord, RecordError, VModelRecord
 from meshd.decisions.cache import CacheEntry, State
 from meshd.decisions.placement.constraints import TypeConstraints
+from meshd.decisions.placement.liveness import trusted_peer
 from meshd.decisions.placement.loading import EXHAUSTED_PREFIX
 from meshd.decisions.placement.rank import (
     LoadRequest,
@@ -80,6 +82,9 @@ log = logging.getLogger(__name__)
 
 MAX_RECENT_FAILURES = 3  # upstream gives up loading after 3 recent failures (SPEC §6)
 PLACE_TIMEOUT_S = 10.0
+# The longest a request waits for etcd's word on holders found unreachable (a live one
+# renews its lease every 2 s at most, so the word comes sooner).
+SETTLE_WAIT_S = 5.0
 
 GRPC_MASKED_STATUS = "Internal error from Core"  # grpc/grpc#36066, see open_entry_stream
 _RUNTIME_HOP = {"meshd.hop": "runtime"}  # the runtime call's span attribute
@@ -292,6 +297,7 @@ class Router:
             self.local.popularity.count(model_id)
         known: dict[str, int] = {}  # holders learnt from a load refused at max copies
         exhausted = 0  # loads refused for load capacity (the load queue's limits)
+        refused_load: set[str] = set()  # peers excluded only for refusing a load at max copies
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
             view = self.cluster.view()
@@ -316,7 +322,7 @@ class Router:
                 expiry = self.failure_expiry_ms
                 recent = recent_failures(record.failed_in, now, expiry)
                 if len(recent) >= MAX_RECENT_FAILURES:
-                    raise Unavailable(self._given_up(model_id, record, recent))
+                    raise ModelLoadError(self._given_up(model_id, record, recent))
                 target = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
                 mode = "load"
                 if target is None:
@@ -335,10 +341,26 @@ class Router:
                 tried.append(f"{target} ({mode}): {e}")
                 if e.exclude:
                     excluded.add(target)
+                if e.unreachable:
+                    # Its record may be stale (killed, frozen) or this instance cut off from it:
+                    # its copies are not tried for a while, and etcd is asked which it is
+                    # (placement.liveness).
+                    self.cluster.note_unreachable(target)
                 if e.holders is not None:
                     # Another instance won the copy (its record write came first): serve
-                    # there, as the mirror may not show it yet.
-                    known.update(e.holders or await self._holders(model_id))
+                    # there, as the mirror may not show it yet, even from a peer that refused
+                    # to load it before it did.
+                    holders = e.holders or await self._holders(model_id)
+                    known.update(holders)
+                    excluded -= refused_load & set(holders)
+                    # Holders just found unreachable: whether they are gone or only cut off from
+                    # here (etcd's word on their leases) decides whether a copy may load.
+                    await self.cluster.settle(holders, SETTLE_WAIT_S)
+                    if target != self.self_id and holders and set(holders) <= self.cluster.view().unreachable:
+                        # That peer counts a holder this instance found unreachable: do not ask
+                        # it to load again; load where the evidence is (here, as a last resort).
+                        excluded.add(target)
+                        refused_load.add(target)
                 if e.busy and EXHAUSTED_PREFIX in str(e):  # no loading thread in time there
                     exhausted += 1
                     if exhausted > MAX_BUSY_RETRIES:
@@ -348,6 +370,12 @@ class Router:
                     if busy > MAX_BUSY_RETRIES:
                         message = f"model {model_id!r}: copies at their concurrency limit ({e})"
                         raise ResourceExhausted(message) from None
+        record = self.registry.get(model_id) or record
+        recent = recent_failures(record.failed_in, self.cluster.view().now_ms, self.failure_expiry_ms)
+        if recent and excluded and excluded <= set(recent):
+            # Every instance tried failed to load it: a load failure (upstream: INTERNAL with
+            # the runtime's message), not churn worth retrying.
+            raise ModelLoadError(self._given_up(model_id, record, recent))
         raise Unavailable(
             f"model {model_id!r}: no instance could serve it after {len(tried)} attempts: "
             + ("; ".join(tried) or "no live instance")
@@ -361,8 +389,10 @@ class Router:
             return {}
 
     def is_peer(self, instance_id: str) -> bool:
-        """A live instance of this mesh (forwarded calls are accepted only from those)."""
-        return instance_id != self.self_id and self.cluster.view().live(instance_id)
+        """An instance of this mesh, live, departed moments ago, or gone less than 10 min ago
+        (cut off from etcd, still forwarding): forwarded calls are accepted only from those
+        (placement.liveness)."""
+        return trusted_peer(self.cluster.view(), instance_id, self.cluster.gone_since_ms(instance_id))
 
     def _load_target(
         self, view: ClusterView, model_id: str, record: ModelRecord, exclude: frozenset[str], prefer_self: bool
@@ -386,8 +416,12 @@ class Router:
         return target
 
     def _given_up(self, model_id: str, record: ModelRecord, recent: list[str]) -> str:
-        msgs = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)
-        return f"model {model_id!r} failed to load on {len(recent)} instances recently ({msgs})"
+        """The runtime's message first, as upstream answers a load failure; where and how
+        often after it."""
+        newest = max(recent, key=lambda i: record.failed_in.get(i, 0))
+        first = record.fails.get(newest, {}).get("msg", "load failed")
+        where = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)
+        return f"{first} (model {model_id!r} failed to load on {len(recent)} instances recently: {where})"
 
     # ---- serving here ----------------------------------------------------------------
     async def ensure_here(self, model_id: str, record: ModelRecord) -> CacheEntry:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from meshd._proto.meshd import peer_pb2_grpc as peer_grpc
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.config import env_for
 from meshd.kv.embedded import EmbeddedEtcd
-from meshd.testing.procs import Child, Children, free_port, port_open, wait_until
+from meshd.testing.procs import Child, Children, free_port, free_ports, port_open, wait_until
 
 START_TIMEOUT_S = 60.0
 
@@ -101,10 +103,13 @@ class LocalMesh:
     ) -> Child:
         if not self.etcd_url:
             raise StartFailed("start etcd (or set etcd_url) before meshd")
-        grpc_port = grpc_port or free_port()
-        peer_port = peer_port or free_port()
-        # Never the default 8008: several instances share this host.
-        http_port = http_port or free_port()
+        given = [p for p in (grpc_port, peer_port, http_port) if p]
+        spare = iter(free_ports(5, avoid=given))  # distinct: start-up refuses two settings on one port
+        grpc_port = grpc_port or next(spare)
+        peer_port = peer_port or next(spare)
+        probe_port, prestop_port = next(spare), next(spare)
+        # Never the defaults: several instances share this host.
+        http_port = http_port or next(spare)
         env = env_for(
             {
                 "service_name": self.service,
@@ -116,6 +121,9 @@ class LocalMesh:
                 "runtime_port": runtime_port,
                 "data_dir": str(self.workdir / instance_id),
                 "metrics": "disabled",  # several instances on one host: no two on port 2112
+                "drain_grace_ms": 0,  # a test's SIGTERM stops at once unless the test asks for a grace
+                "probe_port": probe_port,  # nor on 8089 and 8090
+                "prestop_port": prestop_port,
                 **self.settings,
                 **(settings or {}),
             }
@@ -123,6 +131,9 @@ class LocalMesh:
         child = self.children.start(name or instance_id, [sys.executable, "-m", "meshd", "serve"], env)
         child.teardown_signal = signal.SIGINT  # tearing a test mesh down: no drain
         self._wait_port(child, grpc_port)
+        if str((settings or {}).get("probe_port", self.settings.get("probe_port", probe_port))) == str(probe_port):
+            # Ready (/ready 200) comes after the instance record is published: peers know it.
+            self._wait_ready(child, probe_port)
         return child
 
     def add_node(
@@ -132,7 +143,7 @@ class LocalMesh:
         settings: dict[str, str | int] | None = None,
     ) -> Node:
         runtime, runtime_port = self.start_runtime(f"{instance_id}-runtime", runtime_args)
-        grpc_port, peer_port, http_port = free_port(), free_port(), free_port()
+        grpc_port, peer_port, http_port = free_ports(3, avoid=[runtime_port])
         meshd = self.start_meshd(instance_id, runtime_port, settings, grpc_port, peer_port, http_port=http_port)
         node = Node(instance_id, grpc_port, peer_port, runtime_port, meshd, runtime, http_port)
         self.nodes.append(node)
@@ -158,6 +169,21 @@ class LocalMesh:
 
         try:
             wait_until(up, START_TIMEOUT_S, f"{child.name} on port {port}")
+        except TimeoutError as e:
+            raise StartFailed(f"{e}\n{child.log_tail()}") from None
+
+    def _wait_ready(self, child: Child, probe_port: int) -> None:
+        def ready() -> bool:
+            if not child.alive():
+                raise StartFailed(f"{child.name} exited with {child.proc.returncode}:\n{child.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{probe_port}/ready", timeout=5) as r:
+                    return bool(r.status == 200)
+            except (urllib.error.URLError, OSError):
+                return False
+
+        try:
+            wait_until(ready, START_TIMEOUT_S, f"{child.name} ready")
         except TimeoutError as e:
             raise StartFailed(f"{e}\n{child.log_tail()}") from None
 

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 
@@ -18,6 +18,26 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int, avoid: Iterable[int] = ()) -> list[int]:
+    """`n` distinct TCP ports on 127.0.0.1 that were free a moment ago, none in `avoid`
+    (separate `free_port` calls may hand out the same port twice: nothing holds it)."""
+    held: list[socket.socket] = []
+    taken = set(avoid)
+    try:
+        while len(held) < n:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] in taken:
+                s.close()
+                continue
+            taken.add(s.getsockname()[1])
+            held.append(s)
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

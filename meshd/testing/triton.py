@@ -15,14 +15,17 @@ Two traps, handled here:
   tensors come out empty ("output tensor shape does not match size of output"), so numpy < 2.
 
 For tests the wheel lives in its own cached venv (`meshd.testing.venvs`, built on first use
-from PyPI, ~10 s, ~230 MB), installed without its declared dependencies (tritonclient, grpcio,
-... which only PyTriton's own Python API needs, not the server binary).
+from PyPI, ~10 s, ~250 MB), installed without its declared dependencies (tritonclient, grpcio,
+... which only PyTriton's own Python API needs, not the server binary), from wheels only: where
+none fits (not Linux x86_64, glibc < 2.35, a CPython without a numpy 1.26.4 wheel: 3.13 and
+later) `platform_problem` says so, and the tests skip, rather than pip trying a source build.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import uuid
@@ -32,17 +35,20 @@ from pathlib import Path
 
 from meshd.runtimes.models import DemoModel
 from meshd.testing.cluster import LocalMesh, Node, StartFailed
-from meshd.testing.procs import free_port, port_open, wait_until
+from meshd.testing.procs import free_ports, port_open, wait_until
 from meshd.testing.venvs import ensure_venv
 
 PYTRITON = "nvidia-pytriton==0.7.0"
 TRITON_VERSION = "2.51.0"
-# numpy < 2: see the module docstring. 1.26.4 is the last 1.x with wheels for 3.9-3.12.
+# numpy < 2: see the module docstring. 1.26.4 is the last 1.x, with wheels for CPython 3.9-3.12.
 TRITON_REQUIREMENTS: tuple[str, ...] = (PYTRITON, "numpy==1.26.4")
-TRITON_PIP_OPTIONS: tuple[str, ...] = ("--no-deps",)
+TRITON_PIP_OPTIONS: tuple[str, ...] = ("--no-deps", "--only-binary=:all:")
+TEST_VENV_PYTHONS = ((3, 9), (3, 12))  # the CPython versions numpy 1.26.4 has wheels for (inclusive)
+MIN_GLIBC = (2, 35)  # the wheel is manylinux_2_35
 INSTALL_HINT = (
     f"install the Triton server wheel into that Python's environment: "
-    f"pip install --no-deps {PYTRITON} 'numpy<2'  (Linux x86_64, glibc >= 2.35, CPython 3.8-3.13)"
+    f"pip install --no-deps {PYTRITON} 'numpy<2'  (Linux x86_64, glibc >= 2.35, CPython 3.8-3.12: "
+    f"the wheel has backend stubs for 3.8-3.13, but numpy < 2 has no wheel for 3.13)"
 )
 SITE_ENV = "MESHD_TRITON_SITE"  # read by the Python models below
 EXIT_TIMEOUT_S = 2  # tritonserver waits this long for in-flight work on SIGTERM (its default: 30)
@@ -113,8 +119,33 @@ def find_triton(python: Path | str = sys.executable) -> TritonInstall:
     return install
 
 
+def platform_problem(
+    machine: str | None = None, libc: tuple[str, str] | None = None, version: tuple[int, int] | None = None
+) -> str | None:
+    """Why the test venv's wheels cannot install here (None: they can). Arguments: for tests."""
+    machine = machine if machine is not None else platform.machine()
+    if sys.platform != "linux" or machine != "x86_64":
+        return f"{PYTRITON} has a wheel for Linux x86_64 only (this is {sys.platform} {machine})"
+    name, glibc = libc if libc is not None else platform.libc_ver()
+    try:
+        found = tuple(int(p) for p in glibc.split(".")[:2])
+    except ValueError:
+        found = ()
+    if name != "glibc" or found < MIN_GLIBC:
+        return f"{PYTRITON} is manylinux_2_35: it needs glibc >= 2.35 (this has {name or 'no glibc'} {glibc})"
+    version = version if version is not None else (sys.version_info.major, sys.version_info.minor)
+    low, high = TEST_VENV_PYTHONS
+    if not low <= version <= high:
+        return (
+            f"numpy 1.26.4 (numpy < 2, which Triton {TRITON_VERSION}'s Python backend needs) has wheels for "
+            f"CPython {low[0]}.{low[1]}-{high[0]}.{high[1]} only (this is {version[0]}.{version[1]})"
+        )
+    return None
+
+
 def triton_venv() -> TritonInstall:
-    """The test venv's Triton (the venv is built on first use from PyPI)."""
+    """The test venv's Triton (the venv is built on first use from PyPI, wheels only: check
+    `platform_problem` first)."""
     python = ensure_venv("triton", TRITON_REQUIREMENTS, pip_options=TRITON_PIP_OPTIONS)
     return find_triton(python)
 
@@ -230,19 +261,23 @@ class TritonPythonModel:
 
 _CONFIG = """\
 backend: "python"
-max_batch_size: 0
-input [ {{ name: "x" data_type: TYPE_FP32 dims: [ -1, {inputs} ] }} ]
-output [ {{ name: "y" data_type: TYPE_FP32 dims: [ -1, {outputs} ] }} ]
+max_batch_size: {max_batch_size}
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {rows}{inputs} ] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [ {rows}{outputs} ] }} ]
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 """
 _DECOUPLED = "model_transaction_policy { decoupled: true }\n"
 
 
-def write_python_model(folder: Path, model: DemoModel, *, repeats: int = 0, ballast_bytes: int = 0) -> Path:
+def write_python_model(
+    folder: Path, model: DemoModel, *, repeats: int = 0, ballast_bytes: int = 0, max_batch_size: int = 0
+) -> Path:
     """A Triton Python-backend model folder answering `model`'s rule (see MODEL_PY):
     `config.pbtxt` (no name: the adapter sets it to the model id) and `1/` with model.py and
     model.json. `repeats` > 0: a decoupled model sending that many responses per request.
-    `ballast_bytes`: a .npy array of that size, loaded into memory with the model."""
+    `ballast_bytes`: a .npy array of that size, loaded into memory with the model.
+    `max_batch_size` > 0: the rows are Triton's batch dimension (at most that many per request);
+    0: they are the tensor's own first dimension, any number."""
     if model.kind != "linear":
         raise ValueError("only linear demo models have a rule to serve")
     version = folder / "1"
@@ -252,7 +287,8 @@ def write_python_model(folder: Path, model: DemoModel, *, repeats: int = 0, ball
     (version / "model.py").write_text(MODEL_PY, encoding="utf-8")
     if ballast_bytes > 0:
         _write_npy(version / "ballast.npy", ballast_bytes)
-    config = _CONFIG.format(inputs=model.inputs, outputs=model.outputs)
+    rows = "" if max_batch_size > 0 else "-1, "  # with batching, Triton adds the batch dimension itself
+    config = _CONFIG.format(max_batch_size=max_batch_size, rows=rows, inputs=model.inputs, outputs=model.outputs)
     (folder / "config.pbtxt").write_text(config + (_DECOUPLED if repeats > 0 else ""), encoding="utf-8")
     return folder
 
@@ -316,7 +352,7 @@ def start_triton_node(
     `mesh.stop()`. The adapter stops tritonserver's process group when it stops."""
     workdir = mesh.workdir / instance_id
     repository = workdir / "repository"
-    triton_port, triton_http, adapter_port = free_port(), free_port(), free_port()
+    triton_port, triton_http, adapter_port = free_ports(3)
     shm_prefix = f"meshd-{instance_id}-{uuid.uuid4().hex[:12]}-"
     argv, env = triton_command(install, repository, backends, triton_port, triton_http, shm_prefix)
     adapter_argv = [sys.executable, "-m", "meshd", "adapter", "--server", "triton"]
@@ -336,7 +372,7 @@ def start_triton_node(
         wait_until(up, 60, f"{instance_id}'s adapter and tritonserver")
     except TimeoutError as e:
         raise StartFailed(f"{e}\n{adapter.log_tail()}") from None
-    grpc_port, peer_port, http_port = free_port(), free_port(), free_port()
+    grpc_port, peer_port, http_port = free_ports(3, avoid=[triton_port, triton_http, adapter_port])
     settings: dict[str, str | int] = {"serving_port": triton_port}
     meshd = mesh.start_meshd(instance_id, adapter_port, settings, grpc_port, peer_port, http_port=http_port)
     node = Node(instance_id, grpc_port, peer_port, adapter_port, meshd, adapter, http_port)

@@ -80,13 +80,15 @@ async def test_a_killed_or_hung_server_is_restarted_and_models_restored(tmp_path
         assert int(pid_file.read_text()) not in (first, second)
         with pytest.raises(ProcessLookupError):
             os.kill(second, 0)  # the hung one is gone, not orphaned
+        last = int(pid_file.read_text())
+        assert [n for n in os.listdir(tmp_path) if n.startswith(".server.pid")] == []  # temporary file renamed
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    last = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(last, 0)  # stopping the supervisor stops the server
+    assert not pid_file.exists()  # and its PID, free for reuse, is no longer named
 
 
 async def _note(recovered: list[int], sup: Supervisor) -> None:

@@ -3,6 +3,9 @@ status codes, and `{"error": ...}` bodies for each bad input."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from meshd.api.kserve_core import KServeCore
-from meshd.api.kserve_http import KServeHttp
+from meshd.api.kserve_http import HttpServer, KServeHttp
 from meshd.core.errors import InvalidArgument, NotFound
 from meshd.decisions.status import NOT_FOUND, ModelStatus, StatusView
 
@@ -151,3 +154,122 @@ async def test_without_the_repository_extension(fake: FakeMesh) -> None:
         assert (await call(c, "GET", "/v2"))[1]["extensions"] == []
         status, body = await call(c, "POST", "/v2/repository/index")
         assert status == 501 and "not enabled" in body["error"]
+
+
+class FakeInfer:
+    """Answers a ModelInfer with its inputs echoed as outputs (raw), recording the ids."""
+
+    def __init__(self) -> None:
+        self.ids: list[Any] = []
+        self.error: Exception | None = None
+
+    async def __call__(self, request: bytes, ids: Any) -> bytes:
+        from meshd._proto.inference import grpc_predict_v2_pb2 as pb
+
+        self.ids.append(ids)
+        if self.error is not None:
+            raise self.error
+        req = pb.ModelInferRequest.FromString(request)
+        resp = pb.ModelInferResponse(model_name=req.model_name, id=req.id)
+        for t in req.inputs:
+            resp.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        resp.raw_output_contents.extend(req.raw_input_contents)
+        return resp.SerializeToString()
+
+
+async def test_inference_is_translated_and_routed_by_path_or_header(fake: FakeMesh) -> None:
+    import base64
+    import struct
+
+    from meshd.core.errors import Unavailable
+
+    infer = FakeInfer()
+    core = KServeCore(fake.status, lambda: True)
+    doc = {"id": "1", "inputs": [{"name": "x", "shape": [2], "datatype": "INT32", "data": [1, -2]}]}
+    async with TestClient(TestServer(KServeHttp(core, infer).app())) as c:
+        status, body = await call(c, "POST", "/v2/models/m1/infer", json=doc)
+        assert status == 200 and body["outputs"] == [{"name": "x", "datatype": "INT32", "shape": [2], "data": [1, -2]}]
+        assert (infer.ids[-1].model_id, infer.ids[-1].vmodel_id) == ("m1", None)
+        await call(c, "POST", "/v2/models/path-name/versions/3/infer", json=doc, headers={"mm-vmodel-id": "vm"})
+        assert (infer.ids[-1].model_id, infer.ids[-1].vmodel_id) == (None, "vm")
+        bin_id = base64.b64encode("mödel".encode()).decode()
+        await call(c, "POST", "/v2/models/x/infer", json=doc, headers={"mm-model-id-bin": bin_id})
+        assert infer.ids[-1].model_id == "mödel"
+        # Binary in, binary out: the header names the JSON's length both ways.
+        header = json.dumps(
+            {
+                "inputs": [{"name": "x", "shape": [2], "datatype": "INT32", "parameters": {"binary_data_size": 8}}],
+                "outputs": [{"name": "x", "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+        raw = struct.pack("<2i", 5, 6)
+        resp = await c.post(
+            "/v2/models/m1/infer",
+            data=header + raw,
+            headers={"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
+        )
+        assert resp.status == 200 and resp.content_type == "application/octet-stream"
+        body_bytes = await resp.read()
+        n = int(resp.headers["Inference-Header-Content-Length"])
+        assert json.loads(body_bytes[:n])["outputs"][0]["parameters"] == {"binary_data_size": 8}
+        assert body_bytes[n:] == raw
+        # Errors: {"error": ...} with the HTTP status of the failure.
+        status, body = await call(c, "POST", "/v2/models/m1/infer", data=b"{")
+        assert status == 400 and "malformed JSON" in body["error"]
+        headers = {"Inference-Header-Content-Length": "ten"}
+        status, body = await call(c, "POST", "/v2/models/m1/infer", data=b"{}", headers=headers)
+        assert status == 400 and "Inference-Header-Content-Length" in body["error"]
+        both = {"mm-model-id": "a", "mm-vmodel-id": "b"}
+        status, body = await call(c, "POST", "/v2/models/m1/infer", json=doc, headers=both)
+        assert status == 400 and "both a model and a vmodel" in body["error"]
+        infer.error = Unavailable("no copy of 'm1' could serve")
+        assert await call(c, "POST", "/v2/models/m1/infer", json=doc) == (503, {"error": "no copy of 'm1' could serve"})
+
+
+async def raw_exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One request on a fresh connection, read to EOF (the server closes after a parse error)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        data = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        # issue 15, item 7: a 10,000-character model name in the request line
+        b"POST /v2/repository/models/" + b"m" * 10_000 + b"/load HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 10_000 + b"\r\n\r\n",
+        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-" + b"n" * 10_000 + b": v\r\n\r\n",
+        b"NOT HTTP AT ALL\r\n\r\n",
+    ],
+    ids=["long-request-line", "long-header-value", "long-header-name", "garbage"],
+)
+async def test_requests_the_parser_refuses_answer_json_without_a_traceback(
+    fake: FakeMesh, request_bytes: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    core = KServeCore(fake.status, lambda: fake.serving, fake, fake.resolve)
+    server = HttpServer(core, "127.0.0.1", 0)
+    port = await server.start()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            status, headers, body = await raw_exchange(port, request_bytes)
+            # the server still serves the next connection
+            ok_status, _, ok_body = await raw_exchange(
+                port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+    finally:
+        await server.stop()
+    assert status == 400
+    assert headers["content-type"].startswith("application/json")
+    error = json.loads(body)["error"]
+    assert error.startswith("bad HTTP request") and len(error) < 400
+    assert (ok_status, json.loads(ok_body)) == (200, {"live": True})
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text

@@ -2,7 +2,7 @@
 reference runtime with idInjectionPath [1]) gets its exact status and a message naming the
 problem; after every row the records stored at module start are unchanged and still served.
 
-Rows already covered elsewhere are not repeated here (README "Bad input" lists them all):
+Rows already covered elsewhere are not repeated here (docs/reliability.md "Bad input" lists them all):
 tests/integration/test_single_instance.py (empty model id, empty type, 5 000-byte id on
 registerModel, unknown model, non-UTF-8 `-bin` header, no id at all, both headers, two
 different mm-model-id values, malformed body, runtime SPI and unknown methods, a corrupt
@@ -79,7 +79,7 @@ class Mesh:
         return decode_infer_response(_infer_response(resp))
 
     def key(self, kind: str, item_id: str) -> str:
-        return f"mm/{self.service}/{kind}/{item_id}"
+        return f"/tas-runtime/{self.service}/{kind}/{item_id}"
 
     def store(self, fn: Callable[[EtcdStore], Awaitable[T]]) -> T:
         async def run() -> T:
@@ -517,9 +517,10 @@ def test_size_larger_than_any_cache_is_refused_clearly(intact: Mesh) -> None:
     )
     info.key = json.dumps({"meshd": {"size_bytes": 10**30}})
     try:
+        # Placed through the cluster (issue 14): no instance can take it, said as such.
         refused(
             CODE.UNAVAILABLE,
-            "the cache holds",
+            "could not be loaded anywhere",
             lambda: intact.mm.registerModel(
                 mm.RegisterModelRequest(modelId=model_id, modelInfo=info, loadNow=True, sync=True), timeout=30
             ),

@@ -70,7 +70,6 @@ def test_vmodel_and_instance_records_round_trip() -> None:
         b"",
         b"not json",
         b"[1,2]",
-        b'{"mPath": "x"}',
         b'{"type": 5}',
         b'{"type": "t", "instanceIds": {"a": "x"}}',
         b'{"type": "t", "refs": true}',

@@ -72,3 +72,9 @@ def test_rpm_meter_counts_the_last_minute_without_extrapolating() -> None:
     assert m.rpm(100, 30_000) == 100
     assert m.rpm(250, 61_000) == 247  # baseline moved to the sample a minute old (t=1 s)
     assert m.rpm(250, 200_000) == 0  # nothing in the last minute
+
+
+def test_an_empty_instance_publishes_upstreams_lru_time() -> None:
+    from meshd.core.records import EMPTY_LRU_TIME
+
+    assert instance_record(ME, WeightedLRU(100), 2, 0, 0, False, 1000).lru_time == EMPTY_LRU_TIME

@@ -37,3 +37,27 @@ def test_recent_failures_are_those_within_the_expiry() -> None:
 
     assert recent_failures({"a": 1000, "b": 500, "c": 900}, now_ms=1500, expiry_ms=600) == ["a"]  # c: exactly expired
     assert recent_failures({}, 1500, 600) == []
+
+
+def test_a_peer_copy_still_loading_reports_loading() -> None:
+    from meshd.decisions.status import CopyState
+
+    rec = ModelRecord(type="t", instance_ids={"peer": 200})
+    assert model_status(rec, None, "me", 300, EXPIRY).status is ModelStatus.LOADED  # not asked: as before
+    view = model_status(rec, None, "me", 300, EXPIRY, peers={"peer": CopyState.LOADING})
+    assert view.status is ModelStatus.LOADING and view.copies[0].status is ModelStatus.LOADING
+    assert model_status(rec, None, "me", 300, EXPIRY, peers={"peer": CopyState.LOADED}).status is ModelStatus.LOADED
+    # A peer that no longer holds it (the record is behind) has no copy to report.
+    gone = model_status(rec, None, "me", 300, EXPIRY, peers={"peer": CopyState.GONE})
+    assert gone.status is ModelStatus.NOT_LOADED and gone.copies == ()
+
+
+def test_no_home_is_loading_failed_with_upstreams_message_only_without_copies() -> None:
+    message = "There are no running instances that meet the label requirements of type mt:x: [mt:x]"
+    rec = ModelRecord(type="mt:x")
+    view = model_status(rec, None, "me", 300, EXPIRY, no_home=message)
+    assert view.status is ModelStatus.LOADING_FAILED and view.errors == (message,)
+    held = ModelRecord(type="mt:x", instance_ids={"peer": 200})
+    assert model_status(held, None, "me", 300, EXPIRY, no_home=message).status is ModelStatus.LOADED
+    failed = ModelRecord(type="mt:x", failed_in={"me": 100}, fails={"me": {"msg": "boom"}})
+    assert model_status(failed, None, "me", 300, EXPIRY, no_home=message).errors == ("me: boom",)

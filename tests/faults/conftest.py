@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from meshd.testing.cluster import LocalMesh
 from meshd.testing.etcd import start_test_etcd
 
 from ..integration.conftest import MODEL_SIZE, Client, close_enough, expected
+from ..integration.conftest import listed_instances as listed_instances  # re-exported for the fault tests
 
 ROWS = [[1.0, 2.0, 3.0, 4.0]]
 WAIT_S = 60.0  # generous: the machine is small and shared; a condition that holds comes much sooner
@@ -41,7 +43,7 @@ class FaultMesh:
 
     @property
     def prefix(self) -> str:
-        return f"mm/{self.mesh.service}"
+        return f"/tas-runtime/{self.mesh.service}"
 
     def add(
         self,
@@ -108,7 +110,7 @@ class FaultMesh:
         self._store_call(remove)
 
     def leader_in_etcd(self) -> str | None:
-        base = f"{self.prefix}/leader/"
+        base = f"{self.prefix}/leaderLatch/"
 
         async def read(store: EtcdStore) -> str | None:
             kvs, _ = await store.range_prefix(base)
@@ -153,11 +155,6 @@ def listed_models(c: Client) -> set[str]:
     return {m.modelId for m in resp.models}
 
 
-def listed_instances(c: Client) -> set[str]:
-    resp = admin_pb2_grpc.MeshAdminStub(c.channel).listInstances(admin_pb2.ListInstancesRequest(), timeout=10)
-    return {i.instanceId for i in resp.instances}
-
-
 def active_of(c: Client, vmodel_id: str) -> str:
     req = mm.GetVModelStatusRequest(vModelId=vmodel_id)
     return str(c.mm.getVModelStatus(req, timeout=10).activeModelId)
@@ -182,6 +179,7 @@ class Traffic:
 
     def __init__(self, clients: list[Client], models: list[GeneratedModel], pace_s: float = 0.02) -> None:
         self.failures: list[str] = []
+        self.failed_at: list[float] = []  # time.monotonic() of each failure, in order
         self.served: Counter[str] = Counter()
         self.successes = 0
         self._lock = threading.Lock()
@@ -206,6 +204,7 @@ class Traffic:
                     self.successes += 1
                 else:
                     self.failures.append(f"{client.node.instance_id} {m.id}: {error}")
+                    self.failed_at.append(time.monotonic())
 
     def __enter__(self) -> Traffic:
         for t in self._threads:

@@ -16,7 +16,7 @@ import pytest
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as v2
 from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
-from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
+from meshd._proto.meshd import admin_pb2, admin_pb2_grpc, peer_pb2, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.kv.embedded import EmbeddedEtcd
@@ -160,3 +160,9 @@ class Traffic:
         self._stop.set()
         for t in self._threads:
             t.join(30)
+
+
+def listed_instances(c: Client) -> set[str]:
+    """Instances this one sees live (admin listInstances, from its mirror)."""
+    resp = admin_pb2_grpc.MeshAdminStub(c.channel).listInstances(admin_pb2.ListInstancesRequest(), timeout=10)
+    return {i.instanceId for i in resp.instances}

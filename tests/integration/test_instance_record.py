@@ -34,7 +34,7 @@ def test_record_published_on_a_lease_and_revoked_on_sigterm(
     start_node: NodeFactory, mesh: LocalMesh, etcd_server: EmbeddedEtcd
 ) -> None:
     c = start_node("inst-a", settings={"labels": "mt:demo,gpu", "zone": "z1"})
-    key = f"mm/{mesh.service}/instances/inst-a"
+    key = f"/tas-runtime/{mesh.service}/instances/inst-a"
     wait_until(lambda: read(etcd_server, key) is not None, 15, "the record to be published")
     kv = read(etcd_server, key)
     assert kv is not None and kv.lease != 0
@@ -50,7 +50,7 @@ def test_record_of_a_killed_instance_expires_with_its_lease(
     start_node: NodeFactory, mesh: LocalMesh, etcd_server: EmbeddedEtcd
 ) -> None:
     c = start_node("inst-b", settings={"instance_ttl_s": 2})
-    key = f"mm/{mesh.service}/instances/inst-b"
+    key = f"/tas-runtime/{mesh.service}/instances/inst-b"
     # Published last in start-up, just after the gRPC port (what start_node waits for) opens.
     wait_until(lambda: read(etcd_server, key) is not None, 15, "the record to be published")
     c.node.meshd.kill()

@@ -15,7 +15,7 @@ from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.runtimes.models import GeneratedModel, decode_infer_response, generate_models, make_infer_request
 from meshd.testing.procs import wait_until
 
-from .conftest import MODEL_SIZE, Client, NodeFactory, Traffic, close_enough, expected
+from .conftest import MODEL_SIZE, Client, NodeFactory, Traffic, close_enough, expected, listed_instances
 
 pytestmark = pytest.mark.slow
 
@@ -99,6 +99,8 @@ def test_a_load_failure_on_one_instance_loads_elsewhere_and_is_reported(
     m = models[0]
     a = start_node("inst-a", runtime_args=["--fail-load", m.id])
     b = start_node("inst-b")
+    # A port that answers comes before the record peers see: wait until a knows b.
+    wait_until(lambda: listed_instances(a) >= {"inst-a", "inst-b"}, 15, "inst-a to see inst-b")
     a.register(m)
     # Make a try first (its runtime refuses this model); the failure lands in the record.
     with grpc.insecure_channel(f"127.0.0.1:{a.node.peer_port}") as ch:
@@ -281,10 +283,10 @@ def test_one_leader_prunes_dead_copies_preloads_and_is_replaced_when_killed(
         async def read() -> list[str]:
             store = EtcdStore.from_url(etcd_server.url)  # type: ignore[attr-defined]
             try:
-                kvs, _ = await store.range_prefix(f"mm/{service}/leader/")
+                kvs, _ = await store.range_prefix(f"/tas-runtime/{service}/leaderLatch/")
             finally:
                 await store.close()
-            leader = leader_of(kvs, f"mm/{service}/leader/")
+            leader = leader_of(kvs, f"/tas-runtime/{service}/leaderLatch/")
             return [leader] if leader else []
 
         return asyncio.run(read())
@@ -330,7 +332,7 @@ def record_ids(etcd: object, service: str, model_id: str) -> set[str]:
     async def read() -> set[str]:
         store = EtcdStore.from_url(etcd.url)  # type: ignore[attr-defined]
         try:
-            kv = await store.get(f"mm/{service}/registry/{model_id}")
+            kv = await store.get(f"/tas-runtime/{service}/registry/{model_id}")
         finally:
             await store.close()
         return set(json.loads(kv.value)["instanceIds"]) if kv else set()
@@ -433,7 +435,8 @@ def test_the_last_resort_load_respects_required_labels(start_node: NodeFactory, 
     b.mm.registerModel(mm.RegisterModelRequest(modelId=m.id, modelInfo=info), timeout=10)
     with pytest.raises(grpc.RpcError) as e:
         b.infer(m.id, ROWS)  # a fails it; b lacks the label and must not load it instead
-    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    # Failed to load wherever it may load: upstream's INTERNAL, with the runtime's message.
+    assert e.value.code() == grpc.StatusCode.INTERNAL and "injected load failure" in (e.value.details() or "")
     assert b.runtime_loaded() == [] and a.runtime_loaded() == []
 
 

@@ -87,7 +87,7 @@ def test_metrics_and_invoke_log_after_traffic(start_node: NodeFactory, models: l
     a.mm.setVModel(mm.SetVModelRequest(vModelId="vm", targetModelId=held_on_b.id), timeout=30)
     via_a("vm", "mm-vmodel-id")
     assert fails(lambda: via_a("no-such-model")) == grpc.StatusCode.NOT_FOUND
-    assert fails(lambda: via_a(bad.id)) == grpc.StatusCode.UNAVAILABLE  # its loads fail on both
+    assert fails(lambda: via_a(bad.id)) == grpc.StatusCode.INTERNAL  # its loads fail on both (upstream: INTERNAL)
 
     # A failed call is recorded just after its status goes out (context.abort sends it first),
     # so the last failure may reach the exposition a moment after the client saw it.

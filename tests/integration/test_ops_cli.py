@@ -167,3 +167,19 @@ def test_operator_cli_against_a_two_instance_mesh(start_node: NodeFactory, model
     assert line == f"meshd models list: cannot reach meshd at 127.0.0.1:{port} (connection refused)", line
     line = fails("instances", "list", "--address", f"127.0.0.1:{port}", "--json")
     assert line == f"meshd instances list: cannot reach meshd at 127.0.0.1:{port} (connection refused)", line
+
+
+def test_exit_codes_say_when_a_command_did_not_do_what_it_was_asked(start_node: NodeFactory, tmp_path: Any) -> None:
+    """A load that failed under --load-now --sync, and unregistering or deleting what does
+    not exist, exit 1 (they used to exit 0: scripts could not tell)."""
+    a = start_node("inst-a")
+    at = ("--address", a.node.target)
+    missing = str(tmp_path / "no-such-model.json")
+    done = meshd("models", "register", "broken", "--type", "demo", "--path", missing, "--load-now", "--sync", *at)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "LOADING_FAILED" in done.stdout and "Traceback" not in done.stderr
+    assert done.stderr.strip() == "meshd models register: broken registered but not loaded (LOADING_FAILED)"
+    assert fails("models", "unregister", "nosuch", *at) == "meshd models unregister: model 'nosuch' not found"
+    assert fails("vmodels", "delete", "nosuch", *at) == "meshd vmodels delete: vmodel 'nosuch' not found"
+    # What exists still goes as before, exit 0.
+    assert ok_json("models", "unregister", "broken", *at) == {"modelId": "broken", "unregistered": True}

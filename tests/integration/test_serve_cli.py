@@ -49,6 +49,9 @@ def test_embedded_etcd_keeps_records_across_restarts_and_stops_with_meshd(tmp_pa
                 "data_dir": str(tmp_path / "data"),
                 "instance_id": "solo",
                 "metrics": "disabled",  # port 2112 may be in use on a shared host
+                "drain_grace_ms": 0,  # SIGTERM below: no wait for load balancers
+                "probe_port": "disabled",  # and 8089, 8090
+                "prestop_port": "disabled",
             }
         )
         etcd_pids = []

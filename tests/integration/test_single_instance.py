@@ -99,8 +99,10 @@ def test_load_failure_is_recorded(start_node: NodeFactory, models: list[Generate
     c.register(good)
     with pytest.raises(grpc.RpcError) as e:
         c.infer(bad.id, ROWS)
-    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert bad.id in e.value.details() and "injected load failure" in e.value.details()
+    # Upstream's answer to a load failure: INTERNAL, the runtime's message first.
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert e.value.details().startswith("runtime failed to load model-0000: INTERNAL: injected load failure")
+    assert bad.id in e.value.details()
     st = c.status(bad.id)
     assert st.status == ST.LOADING_FAILED
     assert any("injected load failure" in err for err in st.errors)
@@ -178,7 +180,7 @@ def test_corrupt_record_is_reported_untouched_and_the_instance_keeps_serving(
     c = start_node()
     good = models[0]
     c.register(good)
-    key = f"mm/{mesh.service}/registry/broken"  # type: ignore[attr-defined]
+    key = f"/tas-runtime/{mesh.service}/registry/broken"  # type: ignore[attr-defined]
     _put(etcd_server, key, b"{this is not json")
 
     def reported() -> bool:
@@ -218,7 +220,7 @@ def _put(etcd: EmbeddedEtcd, key: str, value: bytes) -> None:
 
 def _records(etcd: EmbeddedEtcd, service: str) -> dict[str, bytes]:
     async def read(store: EtcdStore) -> dict[str, bytes]:
-        kvs, _ = await store.range_prefix(f"mm/{service}/")
+        kvs, _ = await store.range_prefix(f"/tas-runtime/{service}/")
         return {kv.key: kv.value for kv in kvs}
 
     return _with_store(etcd, read)
@@ -236,14 +238,16 @@ def test_the_janitor_repairs_drift_between_records_and_the_cache(
     # Drift written behind meshd's back: the loaded copy dropped from its record, and a
     # copy of a model it never loaded claimed for it.
     for model, ids in ((loaded, {}), (other, {"inst-a": 1})):
-        key = f"mm/{service}/registry/{model.id}"
+        key = f"/tas-runtime/{service}/registry/{model.id}"
         rec = json.loads(_records(etcd_server, service)[key])
         rec["instanceIds"] = ids
         _put(etcd_server, key, json.dumps(rec).encode())
 
     def repaired() -> bool:
         recs = _records(etcd_server, service)
-        ids = {m.id: json.loads(recs[f"mm/{service}/registry/{m.id}"])["instanceIds"] for m in (loaded, other)}
+        ids = {
+            m.id: json.loads(recs[f"/tas-runtime/{service}/registry/{m.id}"])["instanceIds"] for m in (loaded, other)
+        }
         return list(ids[loaded.id]) == ["inst-a"] and ids[other.id] == {}
 
     wait_until(repaired, 15, "the janitor to repair both records")

@@ -113,6 +113,8 @@ async def start_pair(
                     "runtime_port": runtime_port,
                     "data_dir": str(tmp_path / iid),
                     "http_port": 0,  # two instances in one process: no fixed ports
+                    "probe_port": "disabled",
+                    "prestop_port": "disabled",
                     "metrics": f"prometheus:port={free_port()}",
                 }
             )

@@ -243,6 +243,25 @@ async def test_keep_alive_unknown_lease(h: Harness) -> None:
         await h.store.keep_alive(0x5EED_0BAD)
 
 
+async def test_lease_ttl_counts_down_from_each_renewal_and_is_none_once_gone(h: Harness) -> None:
+    """Peers read an instance's renewals through `lease_ttl` (placement.liveness): the time
+    since the last renewal is granted - remaining, never less than the truth (rounded down)."""
+    s = h.store
+    lease = await s.grant_lease(10)
+    fresh = await s.lease_ttl(lease)
+    assert fresh is not None and fresh.granted_s == 10 and 9 <= fresh.remaining_s <= 10
+    await h.advance(2.2)
+    aged = await s.lease_ttl(lease)
+    assert aged is not None and aged.granted_s == 10
+    assert 10 - aged.remaining_s >= 2.2  # at least the time that passed: rounded down
+    await s.keep_alive(lease)
+    renewed = await s.lease_ttl(lease)
+    assert renewed is not None and renewed.remaining_s > aged.remaining_s
+    await s.revoke_lease(lease)
+    assert await s.lease_ttl(lease) is None
+    assert await s.lease_ttl(0x5EED_0BAD) is None
+
+
 async def test_lease_expiry_deletes_keys_and_notifies(h: Harness) -> None:
     s, p = h.store, h.p
     # etcd's minimum TTL with default timing is 2 s; 3 s leaves margin for the refresh check.
@@ -352,8 +371,10 @@ def test_from_url() -> None:
     for url in ["http://127.0.0.1:23790", "127.0.0.1:23790", "http://127.0.0.1:23790,http://127.0.0.1:1"]:
         store = EtcdStore.from_url(url)
         assert (store.host, store.port) == ("127.0.0.1", 23790)
+    assert EtcdStore.from_url("https://127.0.0.1:2379").target.tls  # upstream: https means TLS
+    assert [str(e) for e in EtcdStore.from_url("h1:1,h2").target.endpoints] == ["h1:1", "h2:2379"]
     with pytest.raises(ValueError):
-        EtcdStore.from_url("https://127.0.0.1:2379")
+        EtcdStore.from_url("ftp://127.0.0.1:2379")
 
 
 async def test_etcd_unreachable_raises_store_unavailable() -> None:

@@ -70,9 +70,9 @@ class Freezable:
         await self._thawed.wait()
         return await self.inner.grant_lease(ttl_s)
 
-    async def keep_alive(self, lease_id: int) -> int:
+    async def keep_alive(self, lease_id: int, timeout_s: float | None = None) -> int:
         await self._thawed.wait()
-        return await self.inner.keep_alive(lease_id)
+        return await self.inner.keep_alive(lease_id, timeout_s)
 
     async def revoke_lease(self, lease_id: int) -> None:
         await self._thawed.wait()

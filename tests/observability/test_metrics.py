@@ -35,7 +35,7 @@ def named(text: bytes, name: str) -> list[Sample]:
 # ---- MM_METRICS ------------------------------------------------------------------------
 def test_default_is_upstreams_prometheus_on_2112() -> None:
     cfg = load_config(None, {}).metrics
-    assert cfg == MetricsConfig(enabled=True, port=2112, per_model=False, fq_names=False)
+    assert cfg == MetricsConfig(enabled=True, port=2112, per_model=False, fq_names=False, https=False)
     assert load_config(None, {}).log_each_invoke is False and load_config(None, {}).log_format == "text"
 
 
@@ -48,7 +48,7 @@ def test_default_is_upstreams_prometheus_on_2112() -> None:
         ("prometheus:port=9100;per_model_metrics=true", MetricsConfig(port=9100, per_model=True)),
         ("prometheus:per_model_metrics=TRUE;fq_names=true;", MetricsConfig(per_model=True, fq_names=True)),
         # upstream keys with nothing to do here are accepted
-        ("prometheus:port=2113;scheme=http;mem_detail=all", MetricsConfig(port=2113)),
+        ("prometheus:port=2113;scheme=http;mem_detail=all", MetricsConfig(port=2113, https=False)),
     ],
 )
 def test_metrics_setting(text: str, expected: MetricsConfig) -> None:
@@ -65,7 +65,6 @@ def test_metrics_setting(text: str, expected: MetricsConfig) -> None:
         ("prometheus:fq_names", "expected key=value"),
         ("prometheus:colour=blue", "unknown key 'colour'"),
         ("prometheus:scheme=ftp", "scheme must be http or https"),
-        ("prometheus:scheme=https", "MM_TLS_"),
         ("statsd:port=8126", "statsd is not supported"),
     ],
 )

@@ -96,3 +96,28 @@ def test_the_address_comes_from_the_environment(
     monkeypatch.setenv("MESHD_ADDRESS", address)
     assert main(["instances", "list", "--json"]) == 1
     assert capsys.readouterr().err == f"meshd instances list: cannot reach meshd at {address} (connection refused)\n"
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("localhost", "has no port; meshd's gRPC port is 8033 by default: localhost:8033"),
+        ("http://localhost:8033", "is a URL; give host:port of meshd's gRPC port, e.g. localhost:8033"),
+        ("https://mesh.example", "e.g. mesh.example:8033"),
+        ("localhost:http", "the port must be a number"),
+        ("localhost:70000", "the port must be a number from 1 to 65535"),
+    ],
+)
+def test_addresses_that_cannot_work_say_what_to_write(
+    address: str, message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert message in usage_error(["models", "list", "--address", address], capsys)
+    monkeypatch.setenv("MESHD_ADDRESS", address)
+    assert main(["models", "list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("meshd models list: $MESHD_ADDRESS: ") and message in err
+
+
+@pytest.mark.parametrize("address", ["localhost:8033", "10.0.0.1:1", "[::1]:8033", "unix:/tmp/meshd.sock"])
+def test_addresses_that_work(address: str) -> None:
+    assert build_parser().parse_args(["models", "list", "--address", address]).address == address

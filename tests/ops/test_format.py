@@ -75,3 +75,12 @@ def test_ago_and_timestamp() -> None:
 def test_percent_and_version() -> None:
     assert percent(1, 4) == "25%" and percent(1, 0) == "-"
     assert version(10203) == "1.2.3" and version(100) == "0.1.0" and version(0) == "-"
+
+
+@pytest.mark.parametrize("ms", [9223372036854775807, 2**64 - 1])
+def test_a_last_use_no_date_holds_is_shown_not_a_traceback(ms: int) -> None:
+    # issue 15: `models get` died with "year 292278994 is out of range", `list` said "0ms ago"
+    now = 1_700_000_000_000
+    assert timestamp(ms, now).startswith(f"{ms} ms since the epoch (in ")
+    assert ago(ms, now).startswith("in ")
+    assert ago(now + 5000, now) == "in 5s"

@@ -142,9 +142,17 @@ def test_instances_json() -> None:
         "loadingInProgress": 0,
         "leader": True,
         "runtimeDown": False,
+        "upstream": False,
     }
     assert (b["lruAgeMs"], b["shutdown"], b["runtimeDown"]) == (None, True, False)  # no loaded models: no LRU age
     assert (c["shutdown"], c["runtimeDown"]) == (True, True)
+
+
+def test_an_upstream_instance_shows_as_such() -> None:
+    resp = instances()
+    resp.instances[0].upstream = True
+    assert render.instances_table(resp).splitlines()[1].split()[1:3] == ["upstream", "(java)"]
+    assert render.instances_json(resp)["instances"][0]["upstream"] is True
 
 
 def test_status_and_vmodel() -> None:

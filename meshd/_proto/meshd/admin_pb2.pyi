@@ -68,7 +68,7 @@ class ListInstancesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InstanceSummary(_message.Message):
-    __slots__ = ("instanceId", "location", "zone", "labels", "capacityBytes", "usedBytes", "modelCount", "rpm", "lruTimeMs", "shutdown", "startTimeMs", "version", "loadingThreads", "loadingInProgress", "leader", "runtimeDown")
+    __slots__ = ("instanceId", "location", "zone", "labels", "capacityBytes", "usedBytes", "modelCount", "rpm", "lruTimeMs", "shutdown", "startTimeMs", "version", "loadingThreads", "loadingInProgress", "leader", "runtimeDown", "upstream")
     INSTANCEID_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class InstanceSummary(_message.Message):
     LOADINGINPROGRESS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     RUNTIMEDOWN_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_FIELD_NUMBER: _ClassVar[int]
     instanceId: str
     location: str
     zone: str
@@ -101,7 +102,8 @@ class InstanceSummary(_message.Message):
     loadingInProgress: int
     leader: bool
     runtimeDown: bool
-    def __init__(self, instanceId: _Optional[str] = ..., location: _Optional[str] = ..., zone: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., modelCount: _Optional[int] = ..., rpm: _Optional[int] = ..., lruTimeMs: _Optional[int] = ..., shutdown: bool = ..., startTimeMs: _Optional[int] = ..., version: _Optional[int] = ..., loadingThreads: _Optional[int] = ..., loadingInProgress: _Optional[int] = ..., leader: bool = ..., runtimeDown: bool = ...) -> None: ...
+    upstream: bool
+    def __init__(self, instanceId: _Optional[str] = ..., location: _Optional[str] = ..., zone: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., modelCount: _Optional[int] = ..., rpm: _Optional[int] = ..., lruTimeMs: _Optional[int] = ..., shutdown: bool = ..., startTimeMs: _Optional[int] = ..., version: _Optional[int] = ..., loadingThreads: _Optional[int] = ..., loadingInProgress: _Optional[int] = ..., leader: bool = ..., runtimeDown: bool = ..., upstream: bool = ...) -> None: ...
 
 class ListInstancesResponse(_message.Message):
     __slots__ = ("instances", "nowMs")

@@ -23,7 +23,7 @@ may not use); meshd does not.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,22 @@ class TypeConstraints:
 
 
 NO_CONSTRAINTS = TypeConstraints()
+
+# Upstream's message when no running instance carries a type's required labels (ModelMesh.java);
+# modelmesh-serving's controller matches this prefix, and the suffix "[_no_runtime]" and a
+# type starting "rt:" to tell NoSupportingRuntime and RuntimeNotRecognized from a runtime
+# that is only not up yet (RuntimeUnhealthy).
+NO_HOME_PREFIX = "There are no running instances that meet the label requirements of type "
+
+
+def no_home_message(model_type: str, required: Labels, instance_labels: Iterable[Labels]) -> str | None:
+    """The no-home message when no instance in `instance_labels` (the running ones) has all of
+    `required`; None when one has, or nothing is required."""
+    if not required:
+        return None
+    if any(required <= labels for labels in instance_labels):
+        return None
+    return f"{NO_HOME_PREFIX}{model_type}: [{', '.join(sorted(required))}]"
 
 
 def parse_labels(text: str) -> Labels:

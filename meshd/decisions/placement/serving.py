@@ -51,11 +51,21 @@ def choose_copy(
        to the instance with the oldest LRU (least recently used), then the smallest id.
     4. If every copy is probably still loading, the one that started loading first
        (a tie prefers this instance, then the smallest id).
+    Holders this instance found unreachable lately (`view.unreachable`) are skipped.
     """
     me = view.self_id
     if local_loaded and me not in exclude:
         return me
-    usable = {iid: started for iid, started in copies.items() if iid not in exclude and (iid == me or view.live(iid))}
+    unreachable = view.unreachable
+    usable = {
+        iid: started
+        for iid, started in copies.items()
+        if iid not in exclude and (iid == me or (view.live(iid) and iid not in unreachable))
+    }
+    if not usable and view.departed:
+        # 5. No live copy: one on an instance whose record went moments ago (an etcd stall
+        #    expires every lease at once) rather than a new copy (placement.liveness).
+        usable = {iid: t for iid, t in copies.items() if iid in view.departed and iid not in exclude | unreachable}
     if not usable:
         return None
     if me in usable and balanced and usable[me] <= min(usable.values()):

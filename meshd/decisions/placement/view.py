@@ -11,7 +11,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from meshd.core.records import InstanceRecord
+from meshd.core.records import EMPTY_LRU_TIME, InstanceRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +36,19 @@ class InstanceView:
         return self.capacity - self.used
 
     @classmethod
-    def from_record(cls, instance_id: str, r: InstanceRecord) -> InstanceView:
+    def from_record(cls, instance_id: str, r: InstanceRecord, empty_lru_ms: int | None = None) -> InstanceView:
+        """An instance with nothing loaded says `lruTime` = 2^63-1 (upstream's value); the view
+        gives it `empty_lru_ms`, by default its start time (meshd's records used to say the
+        publish time: a recent time, never later than a model registered after it)."""
         return cls(
             instance_id=instance_id,
             location=r.location,
             capacity=r.capacity,
             used=r.used,
             count=r.count,
-            lru_time=r.lru_time,
+            lru_time=(r.start_time if empty_lru_ms is None else empty_lru_ms)
+            if r.lru_time == EMPTY_LRU_TIME
+            else r.lru_time,
             loading_threads=max(1, r.loading_threads),
             loading_in_progress=r.loading_in_progress,
             rpm=r.rpm,
@@ -57,11 +62,19 @@ class InstanceView:
 
 @dataclass(frozen=True)
 class ClusterView:
-    """Live instances (records present, i.e. leases alive) at `now_ms`, seen from `self_id`."""
+    """Live instances (records present, i.e. leases alive) at `now_ms`, seen from `self_id`.
+
+    `departed`: instances whose record went moments ago without the shutdown flag, and
+    `unreachable`: instances this one's data path has just found unreachable, record or
+    not, and `lapsed`: those of them etcd confirms stopped renewing their lease (see
+    `placement.liveness`; all empty in the simulator)."""
 
     self_id: str
     now_ms: int
     instances: Mapping[str, InstanceView] = field(default_factory=dict)
+    departed: Mapping[str, InstanceView] = field(default_factory=dict)
+    unreachable: frozenset[str] = frozenset()
+    lapsed: frozenset[str] = frozenset()
 
     # No slots: cached_property needs an instance dict. A view is a snapshot, so what is
     # derived from it is computed once, however many decisions read it (the scaler and the

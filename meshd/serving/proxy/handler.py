@@ -35,9 +35,14 @@ class RawMethodHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
         self.router = router
         self.methods = methods
         self._handlers: dict[str, Any] = {}
+        self._fixed: dict[str, Any] = {}  # handlers kept across a dataplane change
+        self._version = methods.version
 
     def service(self, handler_call_details: Any) -> Any:
         method: str = handler_call_details.method
+        if self._version != self.methods.version:  # the dataplane config changed
+            self._version = self.methods.version
+            self._handlers = dict(self._fixed)
         handler = self._handlers.get(method)
         if handler is None:
             spec = self.methods.spec(method)
@@ -103,7 +108,7 @@ class InferenceHandler(RawMethodHandler):
         self.default_timeout_s = default_timeout_s
         self.invocations = invocations or Invocations(NO_METRICS, False, router.self_id)
         for path, fn in (answered or {}).items():
-            self._handlers[path] = grpc.unary_unary_rpc_method_handler(fn)
+            self._fixed[path] = self._handlers[path] = grpc.unary_unary_rpc_method_handler(fn)
 
     def _deadline(self, context: Any) -> tuple[float | None, bool]:
         """(seconds left, whether meshd itself must enforce them: the client set none)."""
@@ -152,7 +157,17 @@ class InferenceHandler(RawMethodHandler):
                 code = _code_of(e, context)
                 raise
             finally:
-                calls.done(spec.path, ids, code, started, len(request), len(response) if code == "OK" else -1)
+                calls.done(
+                    spec.path,
+                    ids,
+                    code,
+                    started,
+                    len(request),
+                    len(response) if code == "OK" else -1,
+                    request,
+                    response,
+                    context.invocation_metadata(),
+                )
 
         return handle if tracing is None else traced  # untraced: not even a check per call
 

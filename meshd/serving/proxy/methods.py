@@ -135,6 +135,13 @@ class MethodTable:
             except ValueError as e:
                 raise ValueError(f"the runtime's idInjectionPath for {name}: {e}") from None
         self._specs: dict[str, MethodSpec] = {}
+        self.version = 0  # bumped by `reconfigure`: handlers made from older specs are dropped
+
+    def reconfigure(self, dataplane: DataplaneConfig) -> None:
+        """A new dataplane config (MM_DATAPLANE_CONFIG_PATH changed): specs are made afresh."""
+        self.dataplane = dataplane
+        self._specs = {}
+        self.version += 1
 
     def spec(self, path: str) -> MethodSpec | None:
         """How to carry `path`, or None when it is not carried (UNIMPLEMENTED)."""

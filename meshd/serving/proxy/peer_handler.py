@@ -14,7 +14,16 @@ from typing import Any
 from meshd.core.errors import InvalidArgument, MeshError, NotFound
 from meshd.decisions.ids import check_id, decode_id
 from meshd.observability.tracing import Activate
-from meshd.serving.peer_protocol import ACCEPTED, HOP, MODE, PASSED_ON, REASON, UNKNOWN_MODEL, PeerRefusal
+from meshd.serving.peer_protocol import (
+    ACCEPTED,
+    HOP,
+    MODE,
+    PASSED_ON,
+    REASON,
+    UNKNOWN_MODEL,
+    UNKNOWN_PEER,
+    PeerRefusal,
+)
 from meshd.serving.proxy.handler import RawMethodHandler, StreamHandler, UnaryHandler, relay_responses
 from meshd.serving.proxy.headers import INTERNAL_PREFIX, MODEL_ID, MODEL_ID_BIN, Metadata
 from meshd.serving.proxy.methods import MethodSpec
@@ -40,8 +49,13 @@ def parse_peer_metadata(metadata: Any, is_peer: Callable[[str], bool]) -> tuple[
             elif key == MODEL_ID and model_id is None:
                 model_id = check_id(value if isinstance(value, str) else value.decode())
             runtime_md.append((key, value))
-    if hop is None or model_id is None or mode not in ("serve", "load") or not is_peer(str(hop)):
+    if hop is None or model_id is None or mode not in ("serve", "load"):
         raise InvalidArgument("not a meshd peer call (the internal port serves live peers only)")
+    if not is_peer(str(hop)):
+        # A well-formed peer call from an instance this one does not see as live (yet): its
+        # record may be back in etcd but not in this mirror. Refused, so the sender reroutes,
+        # never INVALID_ARGUMENT to its client.
+        raise PeerRefusal(UNKNOWN_PEER, f"{hop} is not (yet) a live instance of the mesh here")
     return model_id, mode, tuple(runtime_md)
 
 

@@ -83,3 +83,19 @@ def test_parse_either_succeeds_or_raises_value_error(text: str) -> None:
         return
     required, preferred = tc.for_type("anything")
     assert not required & preferred
+
+
+def test_no_home_message_is_upstreams_text_the_controller_decodes() -> None:
+    from meshd.decisions.placement.constraints import NO_HOME_PREFIX, no_home_message
+
+    running = [frozenset({"mt:sklearn", "rt:mlserver"}), frozenset()]
+    assert no_home_message("mt:sklearn", frozenset({"mt:sklearn"}), running) is None
+    assert no_home_message("anything", frozenset(), running) is None
+    # The three states modelmesh-serving tells apart (controllers/predictor_controller.go):
+    unhealthy = no_home_message("mt:onnx", frozenset({"mt:onnx"}), running)
+    assert unhealthy == NO_HOME_PREFIX + "mt:onnx: [mt:onnx]"
+    assert no_home_message("rt:nope", frozenset({"_no_runtime"}), running) == NO_HOME_PREFIX + "rt:nope: [_no_runtime]"
+    assert no_home_message("mt:x", frozenset({"_no_runtime"}), []) == NO_HOME_PREFIX + "mt:x: [_no_runtime]"
+    # Several labels: all required; listed sorted, as a Java set prints them.
+    two = no_home_message("mt:a|pv:v2", frozenset({"pv:v2", "mt:a"}), [frozenset({"mt:a"})])
+    assert two == NO_HOME_PREFIX + "mt:a|pv:v2: [mt:a, pv:v2]"

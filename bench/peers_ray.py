@@ -1,0 +1,133 @@
+# mypy: ignore-errors
+"""The Ray Serve side of bench/peers.py: a local Ray cluster and one multiplexed deployment.
+
+Runs in the Ray venv that bench/peers.py builds (never in meshd's), with the repository on
+PYTHONPATH so every replica imports meshd.runtimes.model_work, the same model work as the
+reference runtime's:
+
+    python bench/peers_ray.py --port P --models-dir DIR --stats-dir DIR --ready-file F
+                              [--replicas 3] [--max-models K] [--max-ongoing N]
+
+One deployment, `--replicas` replicas, `@serve.multiplexed(max_num_models_per_replica=K)`,
+reached through Ray Serve's HTTP ingress on 127.0.0.1:P as its documentation shows:
+`POST /` with the `serve_multiplexed_model_id` header and a JSON body `{"x": [[floats]]}`,
+answered `{"model": id, "y": [[floats]]}`. A model is the model file bench/peers.py wrote
+(meshd.runtimes.models format): its load takes `load_ms` and then allocates and writes
+`size_bytes` (held until Ray evicts the model), each request takes `service_ms`.
+
+Each replica writes its counters (loads, evictions) to `<stats-dir>/replica-<pid>.json`
+after every load and eviction. The ready file gets this process's pid once the application
+serves. SIGTERM or SIGINT shuts Serve and Ray down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+from starlette.requests import Request
+
+from meshd.runtimes import model_work
+
+
+def build_app(models_dir: str, stats_dir: str, replicas: int, max_models: int, max_ongoing: int) -> Any:
+    @serve.deployment(
+        num_replicas=replicas,
+        max_ongoing_requests=max_ongoing,
+        ray_actor_options={"num_cpus": 0},  # 3 replicas on a 2-core machine, as meshd's 3 runtimes
+    )
+    class Models:
+        def __init__(self) -> None:
+            self.counts = {"loads": 0, "evictions": 0}
+            self.stats_path = Path(stats_dir) / f"replica-{os.getpid()}.json"
+            self._write()
+
+        def _write(self) -> None:
+            tmp = self.stats_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"pid": os.getpid(), **self.counts}))
+            tmp.replace(self.stats_path)
+
+        @serve.multiplexed(max_num_models_per_replica=max_models)
+        async def get_model(self, model_id: str) -> Loaded:
+            spec = json.loads((Path(models_dir) / f"{model_id}.json").read_text())
+            work = model_work.Work(
+                float(spec.get("load_ms", 0)),
+                float(spec.get("service_ms", 0)),
+                int(spec.get("size_bytes", 0)) if spec.get("hold_memory") else 0,
+            )
+            held = await model_work.load(work)
+            self.counts["loads"] += 1
+            self._write()
+            return Loaded(self, spec, work, held)
+
+        async def __call__(self, request: Request) -> dict[str, Any]:
+            model_id = serve.get_multiplexed_model_id()
+            model = await self.get_model(model_id)
+            body = await request.json()
+            await model_work.serve(model.work)
+            return {"model": model_id, "y": [model_work.linear(model.weights, model.bias, row) for row in body["x"]]}
+
+    class Loaded:
+        def __init__(self, owner: Any, spec: dict[str, Any], work: model_work.Work, held: model_work.Held) -> None:
+            self.owner = owner
+            self.weights = spec["weights"]
+            self.bias = spec["bias"]
+            self.work = work
+            self.held: model_work.Held | None = held
+
+        def __del__(self) -> None:  # Ray calls it on eviction; the memory goes with `held`
+            if self.held is not None:
+                self.held = None
+                self.owner.counts["evictions"] += 1
+                self.owner._write()
+
+    return Models.bind()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="peers_ray.py")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--models-dir", required=True)
+    p.add_argument("--stats-dir", required=True)
+    p.add_argument("--ready-file", required=True)
+    p.add_argument("--temp-dir", help="Ray's session directory root (short path: it holds sockets)")
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--max-models", type=int, default=3)
+    p.add_argument("--max-ongoing", type=int, default=64)
+    a = p.parse_args(argv)
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    ray.init(
+        include_dashboard=False,
+        object_store_memory=128 << 20,  # nothing goes through the object store here
+        log_to_driver=False,
+        _temp_dir=a.temp_dir,
+    )
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": a.port})
+        app = build_app(a.models_dir, a.stats_dir, a.replicas, a.max_models, a.max_ongoing)
+        serve.run(app, name="peers", route_prefix="/")
+        Path(a.ready_file).write_text(json.dumps({"pid": os.getpid(), "ray": ray.__version__}))
+        print(f"ray {ray.__version__} serve ready on 127.0.0.1:{a.port}", flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

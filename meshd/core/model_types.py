@@ -1,0 +1,23 @@
+"""Model types as modelmesh-serving names them, and what serves each: the MLServer runtime
+class and the Triton backend (with the file the backend looks for in a version folder).
+Shared by `meshd adapter` (laying a model out for its server) and the daemon's model
+repository directory (telling a folder's type from its server config).
+"""
+
+# Model type (lower case) -> MLServer runtime class, as modelmesh-serving's runtimes name them.
+MLSERVER_IMPLEMENTATIONS = {
+    "sklearn": "mlserver_sklearn.SKLearnModel",
+    "xgboost": "mlserver_xgboost.XGBoostModel",
+    "lightgbm": "mlserver_lightgbm.LightGBMModel",
+    "mlflow": "mlserver_mlflow.MLflowRuntime",
+    "huggingface": "mlserver_huggingface.HuggingFaceRuntime",
+}
+
+# Model type -> (Triton backend, file or folder name inside the version folder).
+TRITON_BACKENDS = {
+    "onnx": ("onnxruntime", "model.onnx"),
+    "pytorch": ("pytorch", "model.pt"),
+    "tensorflow": ("tensorflow", "model.savedmodel"),
+    "tensorrt": ("tensorrt", "model.plan"),
+    "python": ("python", "model.py"),
+}

@@ -1,0 +1,39 @@
+"""The internal port's refusals (issue 15, fault 2): a well-formed peer call from an
+instance this one does not (yet) see as live is refused with a reason the sender reroutes
+on, never INVALID_ARGUMENT passed on to its client; a peer that does not answer at all is
+evidence its record is stale."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from meshd.core.errors import InvalidArgument
+from meshd.serving.peer_protocol import HOP, MODE, REASON, UNKNOWN_PEER, PeerRefusal, Refused, peer_failure
+from meshd.serving.proxy.headers import MODEL_ID
+from meshd.serving.proxy.peer_handler import parse_peer_metadata
+
+
+def _call(hop: str) -> tuple[tuple[str, str], ...]:
+    return ((HOP, hop), (MODE, "serve"), (MODEL_ID, "m"))
+
+
+def test_a_call_from_an_instance_not_live_here_is_a_reroutable_refusal() -> None:
+    with pytest.raises(PeerRefusal) as err:
+        parse_peer_metadata(_call("inst-new"), lambda iid: False)
+    assert err.value.reason == UNKNOWN_PEER and err.value.code == grpc.StatusCode.UNAVAILABLE
+    refused = peer_failure(err.value.code, err.value.message, ((REASON, UNKNOWN_PEER),), "m")
+    assert isinstance(refused, Refused) and refused.exclude and not refused.unreachable
+
+
+def test_a_call_not_marked_as_a_peer_call_is_still_invalid() -> None:
+    with pytest.raises(InvalidArgument):
+        parse_peer_metadata(((MODE, "serve"), (MODEL_ID, "m")), lambda iid: True)
+    assert parse_peer_metadata(_call("inst-b"), lambda iid: iid == "inst-b")[:2] == ("m", "serve")
+
+
+def test_no_answer_at_all_marks_the_peer_unreachable_and_a_refusal_does_not() -> None:
+    gone = peer_failure(grpc.StatusCode.UNAVAILABLE, "connection refused", (), "m")
+    assert isinstance(gone, Refused) and gone.unreachable
+    here = peer_failure(grpc.StatusCode.UNAVAILABLE, "no copy", ((REASON, "not-here"),), "m")
+    assert isinstance(here, Refused) and not here.unreachable
