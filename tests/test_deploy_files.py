@@ -256,7 +256,9 @@ def exported_samples() -> set[str]:
     m.age_at_eviction(1.0, "m")
     m.loaded_model_size(1, "m")
     m.load_failure()
+    m.load_refused()
     m.unload_failure()
+    m.payloads_dropped()
     text = m.exposition().decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 

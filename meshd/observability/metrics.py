@@ -245,8 +245,7 @@ class PrometheusMetrics(Metrics):
         self._model_histograms = {
             key: histogram(name, _DOCS[name], buckets, model_labels) for key, (name, buckets) in per_model.items()
         }
-        self._counts = {LOAD_FAILURE: 0, UNLOAD_FAILURE: 0, LOAD_REFUSED: 0}
-        self._counts = {LOAD_FAILURE: 0, UNLOAD_FAILURE: 0, PAYLOADS_DROPPED: 0}
+        self._counts = {LOAD_FAILURE: 0, UNLOAD_FAILURE: 0, LOAD_REFUSED: 0, PAYLOADS_DROPPED: 0}
         # Bound children: (method, code[, model, vmodel]) -> (time, request size, response size).
         self._api_children: dict[tuple[str, ...], tuple[Histogram, Histogram, Histogram]] = {}
         self._invoke_children: dict[tuple[str, ...], Histogram] = {}

@@ -138,12 +138,15 @@ def test_counters_keep_upstreams_names_and_model_histograms_count() -> None:
     m.load_failure()
     m.load_failure()
     m.unload_failure()
+    m.load_refused()
+    m.payloads_dropped(3)
     for observe in (m.cache_miss, m.loading_queue_delay, m.unload, m.req_queue_delay, m.model_sizing):
         observe(3.0, "m")
     m.age_at_eviction(60_000, "m")
     m.loaded_model_size(1 << 20, "m")
     text = m.exposition().decode()
     assert f"# TYPE {LOAD_FAILURE} counter\n{LOAD_FAILURE} 2.0\n" in text
+    assert "modelmesh_loadmodel_refused 1.0" in text and "meshd_payloads_dropped 3.0" in text
     assert "modelmesh_unloadmodel_failure 1.0" in text and "_total" not in text.replace("_models_total", "")
     for name in (
         "cache_miss_milliseconds",
