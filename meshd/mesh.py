@@ -88,13 +88,14 @@ ID_RELEASE_GRACE_S = 2.0  # beyond the lease TTL, for etcd to delete a dead hold
 
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+MODEL_METADATA = "/inference.GRPCInferenceService/ModelMetadata"
 
 
-def http_inference(
+def http_call(
     router: Router, spec: MethodSpec | None, timeout_s: float | None, invocations: Invocations
 ) -> Infer | None:
-    """KServe V2 HTTP inference as one ModelInfer through the router (None: the runtime does
-    not serve ModelInfer, and HTTP answers 501). Recorded like a gRPC call of that method."""
+    """A KServe V2 HTTP call as one call of the gRPC method `spec` through the router (None:
+    the runtime does not serve it, and HTTP answers 501). Recorded like a gRPC call of it."""
     if spec is None:
         return None
 
@@ -431,9 +432,14 @@ class Instance:
             self.servers.append(server)
         if cfg.http_port is not None:
             ssl_context = tls.http_server_context() if tls else None
-            infer = http_inference(router, methods.spec(MODEL_INFER), timeout_s, invocations)
             self.http = HttpServer(
-                kserve, "0.0.0.0", cfg.http_port, ssl_context=ssl_context, infer=infer, max_body_bytes=cfg.max_msg_size
+                kserve,
+                "0.0.0.0",
+                cfg.http_port,
+                ssl_context=ssl_context,
+                infer=http_call(router, methods.spec(MODEL_INFER), timeout_s, invocations),
+                max_body_bytes=cfg.max_msg_size,
+                model_metadata=http_call(router, methods.spec(MODEL_METADATA), timeout_s, invocations),
             )
             self.http_port = await self.http.start()
         if cfg.metrics.enabled:  # bound before peers can see the instance: a taken port fails start-up

@@ -15,8 +15,10 @@ Endpoints (KServe V2 REST protocol and its model-repository extension):
                                               translated to one ModelInfer (api/kserve_json.py) and
                                               routed like a gRPC call: `mm-model-id` or
                                               `mm-vmodel-id` headers, else the model named in the path
+    GET  /v2/models/{name}[/versions/{v}]     model metadata: one ModelMetadata, routed the same
+                                              way (the model is loaded if it has no copy, as on gRPC)
 
-Model metadata over HTTP is not served (501): use gRPC for that. Errors are
+Either answers 501 when the runtime does not serve the gRPC method behind it. Errors are
 `{"error": "..."}` with the HTTP status matching the core error's gRPC status. Model names
 are path segments, percent-decoded (`%2F` for a `/` in an id). Versions are accepted and
 ignored: meshd models have none. A request aiohttp cannot parse (a request line or header
@@ -40,7 +42,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb
 from meshd.api.kserve_core import KServeCore
-from meshd.api.kserve_json import BadTensor, parse_infer_request, render_infer_response
+from meshd.api.kserve_json import BadTensor, parse_infer_request, render_infer_response, render_metadata_response
 from meshd.core.errors import InvalidArgument, MeshError
 from meshd.decisions.ids import check_id
 from meshd.decisions.status import ModelStatus
@@ -68,7 +70,8 @@ HTTP_STATUS = {
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# One serialized ModelInferRequest routed to a copy of the model the ids name; its response.
+# One serialized request (ModelInfer, ModelMetadata) routed to a copy of the model the ids
+# name; its serialized response.
 Infer = Callable[[bytes, RequestIds], Awaitable[bytes]]
 
 
@@ -81,10 +84,18 @@ def error(status: int, message: str) -> web.Response:
 
 
 class KServeHttp:
-    def __init__(self, core: KServeCore, infer: Infer | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
-        """`infer`: where inference goes (None: 501); `max_body_bytes`: the largest request."""
+    def __init__(
+        self,
+        core: KServeCore,
+        infer: Infer | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        model_metadata: Infer | None = None,
+    ) -> None:
+        """`infer`, `model_metadata`: where ModelInfer and ModelMetadata go (None: 501);
+        `max_body_bytes`: the largest request."""
         self.core = core
         self._infer = infer
+        self._model_metadata = model_metadata
         self.max_body_bytes = max_body_bytes
 
     def app(self) -> web.Application:
@@ -99,7 +110,7 @@ class KServeHttp:
         r.add_post("/v2/repository/models/{name}/load", self.load)
         r.add_post("/v2/repository/models/{name}/unload", self.unload)
         for path in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-            r.add_get(path, self.not_served)
+            r.add_get(path, self.model_metadata)
         for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
             r.add_post(path, self.infer)
         return app
@@ -171,6 +182,15 @@ class KServeHttp:
         if json_length is None:
             return web.Response(body=out, content_type="application/json")
         return web.Response(body=out, content_type=BINARY_TYPE, headers={HEADER_LENGTH: str(json_length)})
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        if self._model_metadata is None:
+            return await self.not_served(request)
+        name = request.match_info["name"]
+        ids = _ids(request, name)
+        message = pb.ModelMetadataRequest(name=name, version=request.match_info.get("version", ""))
+        answer = pb.ModelMetadataResponse.FromString(await self._model_metadata(message.SerializeToString(), ids))
+        return web.json_response(render_metadata_response(answer))
 
     async def not_served(self, request: web.Request) -> web.Response:
         return error(501, f"{request.method} {request.path} is not served over HTTP by meshd; use gRPC")
@@ -298,9 +318,10 @@ class HttpServer:
         ssl_context: ssl.SSLContext | None = None,
         infer: Infer | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        model_metadata: Infer | None = None,
     ) -> None:
         self.ssl_context = ssl_context
-        app = KServeHttp(core, infer, max_body_bytes).app()
+        app = KServeHttp(core, infer, max_body_bytes, model_metadata).app()
         self.runner = _Runner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout_s)
         self.host = host
         self.port = port

@@ -17,6 +17,10 @@ Response: outputs with `data`, or, when asked for (`binary_data` on the output o
 `parameters.binary_data_size`; the header's length is returned for
 `Inference-Header-Content-Length`. The HTTP-only parameters (`binary_data*`) never reach
 the runtime. Anything malformed is BadTensor (HTTP 400), naming the field.
+
+Model metadata (`GET /v2/models/{name}`) is one ModelMetadata call; its answer is rendered
+as the REST protocol has it: `{"name", "versions", "platform", "inputs"/"outputs": [{"name",
+"datatype", "shape"}]}` (shapes as numbers, not proto3 JSON's int64 strings).
 """
 
 from __future__ import annotations
@@ -357,3 +361,18 @@ def _pack_bytes(values: list[bytes]) -> bytes:
 
 def _texts(values: list[bytes], what: str) -> list[str]:
     return decode("BYTES", _pack_bytes(values), what)
+
+
+def render_metadata_response(resp: pb.ModelMetadataResponse) -> dict[str, Any]:
+    """A runtime's ModelMetadataResponse as KServe V2 REST's model metadata object."""
+
+    def tensors(items: Iterable[pb.ModelMetadataResponse.TensorMetadata]) -> list[dict[str, Any]]:
+        return [{"name": t.name, "datatype": t.datatype, "shape": [int(d) for d in t.shape]} for t in items]
+
+    return {
+        "name": resp.name,
+        "versions": list(resp.versions),
+        "platform": resp.platform,
+        "inputs": tensors(resp.inputs),
+        "outputs": tensors(resp.outputs),
+    }

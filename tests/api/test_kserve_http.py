@@ -226,6 +226,42 @@ async def test_inference_is_translated_and_routed_by_path_or_header(fake: FakeMe
         assert await call(c, "POST", "/v2/models/m1/infer", json=doc) == (503, {"error": "no copy of 'm1' could serve"})
 
 
+async def test_model_metadata_is_one_routed_model_metadata_call_rendered_as_rest(fake: FakeMesh) -> None:
+    from meshd._proto.inference import grpc_predict_v2_pb2 as pb
+    from meshd.core.errors import NotFound
+
+    asked: list[tuple[Any, Any]] = []
+    missing: list[str] = []
+
+    async def metadata(request: bytes, ids: Any) -> bytes:
+        req = pb.ModelMetadataRequest.FromString(request)
+        asked.append((req, ids))
+        if missing:
+            raise NotFound(missing[0])
+        resp = pb.ModelMetadataResponse(name=req.name, versions=["1"], platform="demo")
+        resp.inputs.add(name="x", datatype="FP32", shape=[-1, 4])
+        resp.outputs.add(name="y", datatype="FP32", shape=[-1, 2])
+        return resp.SerializeToString()
+
+    core = KServeCore(fake.status, lambda: True)
+    async with TestClient(TestServer(KServeHttp(core, model_metadata=metadata).app())) as c:
+        status, body = await call(c, "GET", "/v2/models/m1")
+        assert status == 200 and body == {
+            "name": "m1",
+            "versions": ["1"],
+            "platform": "demo",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],  # numbers, not int64 strings
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
+        }
+        assert (asked[-1][0].name, asked[-1][1].model_id) == ("m1", "m1")
+        await call(c, "GET", "/v2/models/any/versions/7", headers={"mm-vmodel-id": "vm"})
+        assert (asked[-1][0].version, asked[-1][1].vmodel_id, asked[-1][1].model_id) == ("7", "vm", None)
+        missing.append("model 'gone' not found")
+        assert await call(c, "GET", "/v2/models/gone") == (404, {"error": "model 'gone' not found"})
+        status, body = await call(c, "GET", "/v2/models/x", headers={"mm-model-id": "a", "mm-vmodel-id": "b"})
+        assert status == 400 and "both a model and a vmodel" in body["error"]
+
+
 async def raw_exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
     """One request on a fresh connection, read to EOF (the server closes after a parse error)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

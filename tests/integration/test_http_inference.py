@@ -62,6 +62,12 @@ def test_tritonclient_http_infers_through_meshd(
     assert out["echo_binary"] == dict.fromkeys(out["echo_binary"], True) and len(out["echo_binary"]) == 8
     assert out["echo_json"] == dict.fromkeys(out["echo_json"], True) and len(out["echo_json"]) == 8
     assert out["missing"]["status"] == "404" and "no-such-model" in out["missing"]["message"]
+    for how in ("metadata", "vmodel_metadata"):
+        meta = out[how]
+        assert meta["name"] == m.id and meta["versions"] == ["1"], meta  # the runtime's answer
+        assert [(t["name"], t["datatype"]) for t in meta["inputs"]] == [("x", "FP32")]
+        assert meta["inputs"][0]["shape"][1] == len(ROWS[0])
+        assert [(t["name"], t["datatype"]) for t in meta["outputs"]] == [("y", "FP32")]
     assert a.runtime_loaded() == sorted(["echo", m.id])
 
 

@@ -2,7 +2,8 @@
 
 Run with the tritonclient-http venv's python (imports tritonclient and numpy only). Infers
 the linear model with FP32 rows (binary and JSON, both ways) and the echo model with one
-tensor of each datatype; prints one JSON object with what came back.
+tensor of each datatype, and asks for the linear model's metadata; prints one JSON object
+with what came back.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def main() -> int:
         "vmodel": linear(client, "any-name", rows, True, {"mm-vmodel-id": a.vmodel}),
         "echo_binary": echo(client, a.echo, True),
         "echo_json": echo(client, a.echo, False),
+        "metadata": client.get_model_metadata(a.linear),
+        "vmodel_metadata": client.get_model_metadata("any-name", headers={"mm-vmodel-id": a.vmodel}),
     }
     try:
         linear(client, "no-such-model", rows, True, {})
