@@ -4,7 +4,6 @@ runtimes) is stopped by PID when the fixture ends, whatever the test did to it."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -20,12 +19,12 @@ import pytest
 
 from meshd._proto.meshd import admin_pb2, admin_pb2_grpc, peer_pb2, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
-from meshd.kv.election import leader_of
 from meshd.kv.etcd import EtcdStore
 from meshd.kv.store import delete_if
 from meshd.runtimes.models import GeneratedModel, generate_models
 from meshd.testing.cluster import LocalMesh
 from meshd.testing.etcd import start_test_etcd
+from meshd.testing.observers import EtcdView
 
 from ..integration.conftest import MODEL_SIZE, Client, close_enough, expected
 from ..integration.conftest import listed_instances as listed_instances  # re-exported for the fault tests
@@ -70,26 +69,13 @@ class FaultMesh:
         self.mesh.etcd.start()
 
     # ---- direct etcd access (what outside tools see) ----------------------------------
-    def _store_call(self, fn: Callable[[EtcdStore], Any]) -> Any:
-        async def run() -> Any:
-            store = EtcdStore.from_url(self.mesh.etcd_url)
-            try:
-                return await fn(store)
-            finally:
-                await store.close()
-
-        return asyncio.run(run())
+    @property
+    def etcd_view(self) -> EtcdView:
+        return EtcdView(self.mesh.etcd_url, self.prefix)
 
     def records(self, kind: str = "registry") -> dict[str, dict[str, Any]]:
         """Every record under `<prefix>/<kind>/`, decoded."""
-        base = f"{self.prefix}/{kind}/"
-
-        async def read(store: EtcdStore) -> dict[str, dict[str, Any]]:
-            kvs, _ = await store.range_prefix(base)
-            return {kv.key[len(base) :]: json.loads(kv.value) for kv in kvs}
-
-        result: dict[str, dict[str, Any]] = self._store_call(read)
-        return result
+        return self.etcd_view.records(kind)
 
     def put(self, kind: str, item_id: str, record: dict[str, Any]) -> None:
         key = f"{self.prefix}/{kind}/{item_id}"
@@ -97,7 +83,7 @@ class FaultMesh:
         async def write(store: EtcdStore) -> None:
             await store.put(key, json.dumps(record).encode())
 
-        self._store_call(write)
+        self.etcd_view.call(write)
 
     def delete(self, kind: str, item_id: str) -> None:
         key = f"{self.prefix}/{kind}/{item_id}"
@@ -107,17 +93,10 @@ class FaultMesh:
             if kv is not None:
                 await delete_if(store, key, kv.mod_revision)
 
-        self._store_call(remove)
+        self.etcd_view.call(remove)
 
     def leader_in_etcd(self) -> str | None:
-        base = f"{self.prefix}/leaderLatch/"
-
-        async def read(store: EtcdStore) -> str | None:
-            kvs, _ = await store.range_prefix(base)
-            return leader_of(kvs, base)
-
-        result: str | None = self._store_call(read)
-        return result
+        return self.etcd_view.leader()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ file, are appended to it as JSON lines (the README's table is made from them).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import threading
@@ -29,12 +28,12 @@ from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from meshd._proto.meshd import admin_pb2, admin_pb2_grpc, peer_pb2, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
-from meshd.kv.election import leader_of
 from meshd.kv.etcd import EtcdStore
 from meshd.kv.store import StoreError
 from meshd.runtimes.models import DemoModel, GeneratedModel, decode_infer_response, generate_models, make_infer_request
 from meshd.testing.netmesh import NetMesh, NetNode, start_netmesh
 from meshd.testing.netns import SUBNET, LabUnavailable, NetLab
+from meshd.testing.observers import EtcdView
 from meshd.testing.procs import wait_until
 
 MODEL_SIZE = 1 << 20
@@ -131,25 +130,12 @@ class Net:
         return {m for m, n in self.max_copies.items() if n > 1}
 
     # ---- etcd as outside tools see it ---------------------------------------------
-    def _store_call(self, fn: Callable[[EtcdStore], Any]) -> Any:
-        async def run() -> Any:
-            store = EtcdStore.from_url(self.mesh.etcd_url(self.etcd_for_observer), timeout_s=3.0)
-            try:
-                return await fn(store)
-            finally:
-                await store.close()
-
-        return asyncio.run(run())
+    @property
+    def etcd_view(self) -> EtcdView:
+        return EtcdView(self.mesh.etcd_url(self.etcd_for_observer), self.prefix, timeout_s=3.0)
 
     def records(self, kind: str) -> dict[str, dict[str, Any]]:
-        base = f"{self.prefix}/{kind}/"
-
-        async def read(store: EtcdStore) -> dict[str, dict[str, Any]]:
-            kvs, _ = await store.range_prefix(base)
-            return {kv.key[len(base) :]: json.loads(kv.value) for kv in kvs}
-
-        result: dict[str, dict[str, Any]] = self._store_call(read)
-        return result
+        return self.etcd_view.records(kind)
 
     def instance_leases(self) -> dict[str, int]:
         """Each instance record's lease (a new one means the instance lost its lease)."""
@@ -159,18 +145,10 @@ class Net:
             kvs, _ = await store.range_prefix(base)
             return {kv.key[len(base) :]: kv.lease for kv in kvs}
 
-        result: dict[str, int] = self._store_call(read)
-        return result
+        return self.etcd_view.call(read)
 
     def leader_in_etcd(self) -> str | None:
-        base = f"{self.prefix}/leaderLatch/"
-
-        async def read(store: EtcdStore) -> str | None:
-            kvs, _ = await store.range_prefix(base)
-            return leader_of(kvs, base)
-
-        result: str | None = self._store_call(read)
-        return result
+        return self.etcd_view.leader()
 
     def acting_leaders(self, skip: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
         out = []
