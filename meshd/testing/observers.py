@@ -1,18 +1,22 @@
 """What tests watch a running mesh with, from outside it: its records in etcd as an outside
-tool reads them (`EtcdView`). Synchronous, for test code that is not in an event loop."""
+tool reads them (`EtcdView`), and client threads that keep sending until the test's block
+ends (`ClientThreads`, which each test's traffic fills in with what it sends and keeps).
+Synchronous, for test code that is not in an event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from meshd.kv.election import leader_of
 from meshd.kv.etcd import EtcdStore
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 @dataclass(frozen=True)
@@ -61,3 +65,32 @@ class EtcdView:
             return leader_of(kvs, base)
 
         return self.call(read)
+
+
+class ClientThreads(Generic[A]):
+    """A thread per item of `each`, running `_run(item)` (the subclass's: what it sends and
+    keeps), started when the `with` block begins and stopped when it ends: asked to stop,
+    then joined for up to `join_s`. `_going()` is the loop's test: it waits `pace_s`, then
+    says whether the block is still running."""
+
+    def __init__(self, each: Sequence[A], *, pace_s: float = 0.0, join_s: float = 30.0, daemon: bool = False) -> None:
+        self._stop = threading.Event()
+        self._pace_s = pace_s
+        self._join_s = join_s
+        self._threads = [threading.Thread(target=self._run, args=(item,), daemon=daemon) for item in each]
+
+    def _run(self, item: A) -> None:
+        raise NotImplementedError
+
+    def _going(self) -> bool:
+        return not (self._stop.wait(self._pace_s) if self._pace_s else self._stop.is_set())
+
+    def __enter__(self) -> Self:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(self._join_s)

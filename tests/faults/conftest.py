@@ -24,7 +24,7 @@ from meshd.kv.store import delete_if
 from meshd.runtimes.models import GeneratedModel, generate_models
 from meshd.testing.cluster import LocalMesh
 from meshd.testing.etcd import start_test_etcd
-from meshd.testing.observers import EtcdView
+from meshd.testing.observers import ClientThreads, EtcdView
 
 from ..integration.conftest import MODEL_SIZE, Client, close_enough, expected
 from ..integration.conftest import listed_instances as listed_instances  # re-exported for the fault tests
@@ -151,25 +151,23 @@ def answers(check: Callable[[], bool]) -> Callable[[], bool]:
     return run
 
 
-class Traffic:
+class Traffic(ClientThreads[Client]):
     """Client threads sending paced requests for `models` until stopped; every failure and
     wrong answer is kept (a failure is a finding), successes counted per ingress instance
     and in order, so a test can count what succeeded between two of its own marks."""
 
     def __init__(self, clients: list[Client], models: list[GeneratedModel], pace_s: float = 0.02) -> None:
+        super().__init__(clients, pace_s=pace_s, join_s=60, daemon=True)
         self.failures: list[str] = []
         self.failed_at: list[float] = []  # time.monotonic() of each failure, in order
         self.served: Counter[str] = Counter()
         self.successes = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._models = models
-        self._pace_s = pace_s
-        self._threads = [threading.Thread(target=self._run, args=(c,), daemon=True) for c in clients]
 
     def _run(self, client: Client) -> None:
         i = 0
-        while not self._stop.wait(self._pace_s):
+        while self._going():
             m = self._models[i % len(self._models)]
             i += 1
             try:
@@ -184,13 +182,3 @@ class Traffic:
                 else:
                     self.failures.append(f"{client.node.instance_id} {m.id}: {error}")
                     self.failed_at.append(time.monotonic())
-
-    def __enter__(self) -> Traffic:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)

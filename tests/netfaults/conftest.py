@@ -33,7 +33,7 @@ from meshd.kv.store import StoreError
 from meshd.runtimes.models import DemoModel, GeneratedModel, decode_infer_response, generate_models, make_infer_request
 from meshd.testing.netmesh import NetMesh, NetNode, start_netmesh
 from meshd.testing.netns import SUBNET, LabUnavailable, NetLab
-from meshd.testing.observers import EtcdView
+from meshd.testing.observers import ClientThreads, EtcdView
 from meshd.testing.procs import wait_until
 
 MODEL_SIZE = 1 << 20
@@ -207,19 +207,18 @@ class Answer:
     error: str  # "" when the answer was right
 
 
-class Traffic:
+class Traffic(ClientThreads[NetClient]):
     """One client thread per ingress, each asking for every model in turn, every answer
     checked against the model file and kept with its time."""
 
     def __init__(self, net: Net, ingress: list[str], pace_s: float = 0.05) -> None:
+        clients = [net.clients[i] for i in INSTANCES]
+        super().__init__(clients, pace_s=pace_s, join_s=REQUEST_TIMEOUT_S + 5, daemon=True)
         self.net = net
         self.answers: list[Answer] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._pace_s = pace_s
         self._expected = {m: DemoModel.load(g.path).predict(ROWS) for m, g in net.models.items()}
         self._ingress = set(ingress)
-        self._threads = [threading.Thread(target=self._run, args=(net.clients[i],), daemon=True) for i in INSTANCES]
 
     def use(self, ingress: list[str]) -> None:
         """Send through these instances only (a client's balancer skipping one it cannot reach)."""
@@ -228,7 +227,7 @@ class Traffic:
     def _run(self, client: NetClient) -> None:
         order = sorted(self.net.models)
         i = 0
-        while not self._stop.wait(self._pace_s):
+        while self._going():
             if client.iid not in self._ingress:
                 continue
             model_id = order[i % len(order)]
@@ -244,16 +243,6 @@ class Traffic:
     def between(self, start: float, end: float) -> list[Answer]:
         with self._lock:
             return [a for a in self.answers if start <= a.at < end]
-
-    def __enter__(self) -> Traffic:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(REQUEST_TIMEOUT_S + 5)
 
 
 def _close(a: list[list[float]], b: list[list[float]]) -> bool:
