@@ -1,7 +1,8 @@
 """What tests watch a running mesh with, from outside it: its records in etcd as an outside
-tool reads them (`EtcdView`), and client threads that keep sending until the test's block
-ends (`ClientThreads`, which each test's traffic fills in with what it sends and keeps).
-Synchronous, for test code that is not in an event loop."""
+tool reads them (`EtcdView`), a check that takes an RPC error as "not yet" (`answers`), and
+client threads that keep sending until the test's block ends (`ClientThreads`, which each
+test's traffic fills in with what it sends and keeps). Synchronous, for test code that is
+not in an event loop."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Self, TypeVar
+
+import grpc
 
 from meshd.kv.election import leader_of
 from meshd.kv.etcd import EtcdStore
@@ -65,6 +68,19 @@ class EtcdView:
             return leader_of(kvs, base)
 
         return self.call(read)
+
+
+def answers(check: Callable[[], bool]) -> Callable[[], bool]:
+    """`check`, with an RPC error read as "not yet" (an instance may still be reconnecting):
+    for wait_until."""
+
+    def run() -> bool:
+        try:
+            return check()
+        except grpc.RpcError:
+            return False
+
+    return run
 
 
 class ClientThreads(Generic[A]):

@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from meshd.runtimes.models import GeneratedModel, generate_models
 from meshd.testing.cluster import LocalMesh
 from meshd.testing.etcd import start_test_etcd
 from meshd.testing.observers import ClientThreads, EtcdView
+from meshd.testing.observers import answers as answers  # re-exported for the fault tests
 
 from ..integration.conftest import MODEL_SIZE, Client, close_enough, expected
 from ..integration.conftest import listed_instances as listed_instances  # re-exported for the fault tests
@@ -137,18 +138,6 @@ def listed_models(c: Client) -> set[str]:
 def active_of(c: Client, vmodel_id: str) -> str:
     req = mm.GetVModelStatusRequest(vModelId=vmodel_id)
     return str(c.mm.getVModelStatus(req, timeout=10).activeModelId)
-
-
-def answers(check: Callable[[], bool]) -> Callable[[], bool]:
-    """`check`, with an RPC error read as "not yet" (an instance may still be reconnecting)."""
-
-    def run() -> bool:
-        try:
-            return check()
-        except grpc.RpcError:
-            return False
-
-    return run
 
 
 class Traffic(ClientThreads[Client]):

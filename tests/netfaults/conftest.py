@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ from meshd.kv.store import StoreError
 from meshd.runtimes.models import DemoModel, GeneratedModel, decode_infer_response, generate_models, make_infer_request
 from meshd.testing.netmesh import NetMesh, NetNode, start_netmesh
 from meshd.testing.netns import SUBNET, LabUnavailable, NetLab
-from meshd.testing.observers import ClientThreads, EtcdView
+from meshd.testing.observers import ClientThreads, EtcdView, answers
 from meshd.testing.procs import wait_until
 
 MODEL_SIZE = 1 << 20
@@ -349,7 +349,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
             node = mesh.add_node(iid, f"{SUBNET}.{21 + i}", runtime_args, SETTINGS)
             clients[iid] = NetClient.open(node)
             if i == 0:  # first in line: the leader
-                wait_until(_answers(clients[iid].is_leader), WAIT_S, f"{iid} to lead")
+                wait_until(answers(clients[iid].is_leader), WAIT_S, f"{iid} to lead")
         generated = generate_models(workdir / "models", 4, size_bytes=MODEL_SIZE)
         models = {g.id: g for g in generated}
         # Three models with two copies each, one per pair of instances; one capped at one copy.
@@ -371,16 +371,6 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
         for c in clients.values():
             c.close()
         mesh.stop()
-
-
-def _answers(check: Callable[[], bool]) -> Callable[[], bool]:
-    def run() -> bool:
-        try:
-            return check()
-        except grpc.RpcError:
-            return False
-
-    return run
 
 
 @dataclass
