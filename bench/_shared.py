@@ -1,15 +1,19 @@
-"""What the benchmark scripts share: the event loop they drive load with, stopping every
-child they started even when interrupted (SIGTERM is taken as Ctrl-C), per-process CPU and
-memory from /proc, and the warning lines of a failed run's logs."""
+"""What the benchmark scripts share: the event loop they drive load with and the worker pool
+that sends it, the check of an answer and the tally of a run, stopping every child they
+started even when interrupted (SIGTERM is taken as Ctrl-C), per-process CPU and memory from
+/proc, and the warning lines of a failed run's logs."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import os
 import shlex
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -62,6 +66,86 @@ def stop_uninterrupted(mesh: LocalMesh) -> None:
         mesh.stop()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
+def mesh_of_run(mesh: LocalMesh) -> Iterator[LocalMesh]:
+    """The mesh of one run: its children's warning lines logged if the run fails (an interrupt
+    too), every child stopped (stop_uninterrupted) after it either way."""
+    try:
+        yield mesh
+    except BaseException:
+        dump_logs(mesh, log)
+        raise
+    finally:
+        stop_uninterrupted(mesh)
+
+
+# ---- driving load ----------------------------------------------------------------------------
+async def run_pool(n: int, concurrency: int, op: Callable[[int], Awaitable[None]]) -> None:
+    """op(0) .. op(n-1), each started in order by the first of `concurrency` workers free."""
+    next_i = 0
+
+    async def worker() -> None:
+        nonlocal next_i
+        while next_i < n:
+            i = next_i
+            next_i += 1
+            await op(i)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def answer_ok(got: Sequence[float], expected: Sequence[float]) -> bool:
+    """One output row against the one the model file says, to float32 precision."""
+    return len(got) == len(expected) and all(
+        math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-4) for a, b in zip(got, expected, strict=True)
+    )
+
+
+FIRST_ERRORS = 5  # failures described one by one in a run's report; the rest are only counted
+
+
+@dataclass
+class Tally:
+    """The answers of a run: right, wrong, failed by code, and the first few failures described."""
+
+    ok: int = 0
+    wrong: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    first_errors: list[str] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)
+
+    @property
+    def n_errors(self) -> int:
+        return sum(self.errors.values())
+
+    def failed(self, code: str, description: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+        if len(self.first_errors) < FIRST_ERRORS:
+            self.first_errors.append(description)
+
+    def answered(self, ok: bool, what: str) -> None:
+        """`what` names the request ("request 7 (model-0003)") for a wrong answer's description."""
+        if ok:
+            self.ok += 1
+        else:
+            self.wrong += 1
+            if len(self.first_errors) < FIRST_ERRORS:
+                self.first_errors.append(f"{what}: wrong answer")
+
+
+def progress(label: str, total: int, say: Callable[[str], None] = log) -> Callable[[int], None]:
+    """An on_done(n) that logs "label: n/total" at each quarter of the way."""
+    shown = 0
+
+    def on_done(n: int) -> None:
+        nonlocal shown
+        if n * 4 // total > shown:
+            shown = n * 4 // total
+            say(f"    {label}: {n}/{total}")
+
+    return on_done
 
 
 # ---- per-process figures from /proc ---------------------------------------------------------

@@ -44,8 +44,6 @@ request failed other than RESOURCE_EXHAUSTED and no answer was wrong.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import math
 import os
 import platform
 import random
@@ -54,7 +52,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -66,13 +64,17 @@ if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
 from _shared import (  # noqa: E402 - bench/ is on sys.path
+    Tally,
+    answer_ok,
     asyncio_run,
     command_line,
     cpu_seconds,
     dump_logs,
     log,
+    mesh_of_run,
+    progress,
+    run_pool,
     sigterm_as_interrupt,
-    stop_uninterrupted,
 )
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb  # noqa: E402
@@ -131,26 +133,7 @@ def build_workload(directory: Path, n_models: int, warmup: int, requests: int, z
     return Workload({g.id: g.path for g in generated}, planned[:warmup], measured, len({p.model_id for p in measured}))
 
 
-def answer_ok(got: Sequence[float], expected: Sequence[float]) -> bool:
-    return len(got) == len(expected) and all(
-        math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-4) for a, b in zip(got, expected, strict=True)
-    )
-
-
 # ---- results ---------------------------------------------------------------------------------
-@dataclass
-class Tally:
-    ok: int = 0
-    wrong: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    first_errors: list[str] = field(default_factory=list)
-    latencies_ms: list[float] = field(default_factory=list)
-
-    @property
-    def n_errors(self) -> int:
-        return sum(self.errors.values())
-
-
 STAT_FIELDS = ("requests", "hits", "misses", "loads", "loadFailures", "evictions")
 
 
@@ -215,63 +198,38 @@ async def send_all(
     Every answer is checked; with `tally` None (warm-up) the first error or wrong answer aborts.
     """
     calls = [ch.unary_unary(INFER) for ch in channels]  # bytes in, bytes out
-    next_index = 0
     done = 0
     perf = time.perf_counter
 
-    async def worker() -> None:
-        nonlocal next_index, done
-        while next_index < len(planned):
-            i = next_index
-            next_index += 1
-            p = planned[i]
-            t0 = perf()
-            try:
-                raw = await calls[i % len(calls)](
-                    p.request, metadata=(("mm-model-id", p.model_id),), timeout=RPC_TIMEOUT_S
-                )
-            except grpc.aio.AioRpcError as e:
-                msg = f"request {i} ({p.model_id}) -> instance {i % len(calls)}: {e.code().name}: {e.details()}"
-                if tally is None:
-                    raise RuntimeError(f"warm-up failed: {msg}") from None
-                tally.errors[e.code().name] = tally.errors.get(e.code().name, 0) + 1
-                if len(tally.first_errors) < 5:
-                    tally.first_errors.append(msg)
-                continue
-            finally:
-                done += 1
-                on_done(done)
-            elapsed_ms = (perf() - t0) * 1e3
-            try:
-                got = decode_infer_response(pb.ModelInferResponse.FromString(raw))
-                ok = len(got) == 1 and answer_ok(got[0], p.expected)
-            except ValueError:
-                ok = False
+    async def send(i: int) -> None:
+        nonlocal done
+        p = planned[i]
+        t0 = perf()
+        try:
+            raw = await calls[i % len(calls)](p.request, metadata=(("mm-model-id", p.model_id),), timeout=RPC_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            msg = f"request {i} ({p.model_id}) -> instance {i % len(calls)}: {e.code().name}: {e.details()}"
             if tally is None:
-                if not ok:
-                    raise RuntimeError(f"warm-up: wrong answer for request {i} ({p.model_id})")
-                continue
-            tally.latencies_ms.append(elapsed_ms)
-            if ok:
-                tally.ok += 1
-            else:
-                tally.wrong += 1
-                if len(tally.first_errors) < 5:
-                    tally.first_errors.append(f"request {i} ({p.model_id}): wrong answer")
+                raise RuntimeError(f"warm-up failed: {msg}") from None
+            tally.failed(e.code().name, msg)
+            return
+        finally:
+            done += 1
+            on_done(done)
+        elapsed_ms = (perf() - t0) * 1e3
+        try:
+            got = decode_infer_response(pb.ModelInferResponse.FromString(raw))
+            ok = len(got) == 1 and answer_ok(got[0], p.expected)
+        except ValueError:
+            ok = False
+        if tally is None:
+            if not ok:
+                raise RuntimeError(f"warm-up: wrong answer for request {i} ({p.model_id})")
+            return
+        tally.latencies_ms.append(elapsed_ms)
+        tally.answered(ok, f"request {i} ({p.model_id})")
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-
-def progress_printer(label: str, total: int, log: Callable[[str], None]) -> Callable[[int], None]:
-    shown = 0
-
-    def on_done(n: int) -> None:
-        nonlocal shown
-        if n * 4 // total > shown:
-            shown = n * 4 // total
-            log(f"    {label}: {n}/{total}")
-
-    return on_done
+    await run_pool(len(planned), concurrency, send)
 
 
 async def run_traffic(
@@ -299,7 +257,7 @@ async def run_traffic(
                 channels,
                 concurrency,
                 None,
-                progress_printer(f"[{name}] warm-up", len(workload.warmup), log),
+                progress(f"[{name}] warm-up", len(workload.warmup), log),
             )
         warmup_s = time.perf_counter() - t_warm
 
@@ -312,7 +270,7 @@ async def run_traffic(
             channels,
             concurrency,
             tally,
-            progress_printer(f"[{name}] measured", len(workload.measured), log),
+            progress(f"[{name}] measured", len(workload.measured), log),
         )
         elapsed = time.perf_counter() - t0
         cpu1 = [(cpu_seconds(n.meshd.pid), cpu_seconds(n.runtime.pid)) for n in nodes]
@@ -348,7 +306,7 @@ def run_scenario(
 ) -> ScenarioResult:
     mesh = LocalMesh(workdir / name, service=f"bench-{name}-{uuid.uuid4().hex[:8]}")
     t_setup = time.perf_counter()
-    try:
+    with mesh_of_run(mesh):
         mesh.start_etcd()
         runtime_args = sized_runtime_args(args.cache_models, MODEL_SIZE_BYTES, args.load_delay_ms)
         nodes = [mesh.add_node(f"{name}-{i}", runtime_args=runtime_args) for i in range(instances)]
@@ -362,11 +320,6 @@ def run_scenario(
         if result.tally.n_errors or result.tally.wrong:
             dump_logs(mesh, log)
         return result
-    except BaseException:
-        dump_logs(mesh, log)
-        raise
-    finally:
-        stop_uninterrupted(mesh)
 
 
 # ---- open loop (issue 24) ----------------------------------------------------------------------

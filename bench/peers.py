@@ -69,14 +69,18 @@ if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
 from _shared import (  # noqa: E402 - bench/ is on sys.path
+    Tally,
+    answer_ok,
     asyncio_run,
     command_line,
     cpu_seconds,
     dump_logs,
     log,
+    mesh_of_run,
+    progress,
     rss_bytes,
+    run_pool,
     sigterm_as_interrupt,
-    stop_uninterrupted,
 )
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb  # noqa: E402
@@ -180,12 +184,6 @@ def build_workload(directory: Path, args: argparse.Namespace) -> Workload:
     )
 
 
-def answer_ok(got: Sequence[float], expected: Sequence[float]) -> bool:
-    return len(got) == len(expected) and all(
-        math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-4) for a, b in zip(got, expected, strict=True)
-    )
-
-
 # ---- processes and their figures -------------------------------------------------------------
 def _start_time(pid: int) -> int | None:
     try:
@@ -283,18 +281,9 @@ def model_work_cpu_s(mean_size: int) -> tuple[float, float]:
 
 # ---- results ---------------------------------------------------------------------------------
 @dataclass
-class Tally:
-    ok: int = 0
-    wrong: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    first_errors: list[str] = field(default_factory=list)
-    latencies_ms: list[float] = field(default_factory=list)
+class TimedTally(Tally):
     # (finish time, ok) per request, for the kill run's timeline
     timeline: list[tuple[float, bool]] = field(default_factory=list)
-
-    @property
-    def n_errors(self) -> int:
-        return sum(self.errors.values())
 
 
 @dataclass
@@ -303,7 +292,7 @@ class TraceResult:
     trace: str
     requests: int
     elapsed_s: float
-    tally: Tally
+    tally: TimedTally
     loads: int
     cpu_s: float
     model_proc_cpu_s: float
@@ -355,41 +344,30 @@ class CallFailed(Exception):
 
 async def drive(
     planned: list[Planned], call: Call, concurrency: int, on_done: Callable[[int], None] = lambda n: None
-) -> Tally:
-    tally = Tally()
-    next_index = 0
+) -> TimedTally:
+    tally = TimedTally()
     done = 0
     perf = time.perf_counter
 
-    async def worker() -> None:
-        nonlocal next_index, done
-        while next_index < len(planned):
-            i = next_index
-            next_index += 1
-            p = planned[i]
-            t0 = perf()
-            try:
-                got = await call(i, p)
-                ok = answer_ok(got, p.expected)
-            except CallFailed as e:
-                tally.errors[e.code] = tally.errors.get(e.code, 0) + 1
-                if len(tally.first_errors) < 5:
-                    tally.first_errors.append(f"request {i} ({p.model_id}): {e.code}: {str(e)[:200]}")
-                tally.timeline.append((perf(), False))
-                continue
-            finally:
-                done += 1
-                on_done(done)
-            tally.latencies_ms.append((perf() - t0) * 1e3)
-            tally.timeline.append((perf(), ok))
-            if ok:
-                tally.ok += 1
-            else:
-                tally.wrong += 1
-                if len(tally.first_errors) < 5:
-                    tally.first_errors.append(f"request {i} ({p.model_id}): wrong answer")
+    async def send(i: int) -> None:
+        nonlocal done
+        p = planned[i]
+        t0 = perf()
+        try:
+            got = await call(i, p)
+            ok = answer_ok(got, p.expected)
+        except CallFailed as e:
+            tally.failed(e.code, f"request {i} ({p.model_id}): {e.code}: {str(e)[:200]}")
+            tally.timeline.append((perf(), False))
+            return
+        finally:
+            done += 1
+            on_done(done)
+        tally.latencies_ms.append((perf() - t0) * 1e3)
+        tally.timeline.append((perf(), ok))
+        tally.answered(ok, f"request {i} ({p.model_id})")
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await run_pool(len(planned), concurrency, send)
     return tally
 
 
@@ -434,18 +412,6 @@ def http_call(session: aiohttp.ClientSession, url: str) -> Call:
         return [float(v) for v in rows[0]]
 
     return call
-
-
-def progress(label: str, total: int) -> Callable[[int], None]:
-    shown = 0
-
-    def on_done(n: int) -> None:
-        nonlocal shown
-        if n * 4 // total > shown:
-            shown = n * 4 // total
-            log(f"    {label}: {n}/{total}")
-
-    return on_done
 
 
 # ---- one system under the traces -------------------------------------------------------------
@@ -585,8 +551,7 @@ class MeshdSystem(System):
 
 
 def run_meshd(workload: Workload, args: argparse.Namespace, workdir: Path, costs: tuple[float, float]) -> Any:
-    mesh = LocalMesh(workdir / "meshd", service=f"bench-peers-{uuid.uuid4().hex[:8]}")
-    try:
+    with mesh_of_run(LocalMesh(workdir / "meshd", service=f"bench-peers-{uuid.uuid4().hex[:8]}")) as mesh:
         mesh.start_etcd()
         runtime_args = [
             "--capacity-bytes",
@@ -618,11 +583,6 @@ def run_meshd(workload: Workload, args: argparse.Namespace, workdir: Path, costs
         if any(r.tally.n_errors or r.tally.wrong for r in out[0]):
             dump_logs(mesh, log)
         return out
-    except BaseException:
-        dump_logs(mesh, log)
-        raise
-    finally:
-        stop_uninterrupted(mesh)
 
 
 class RaySystem(System):

@@ -38,10 +38,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -148,6 +148,49 @@ def ratio(a: float, b: float) -> float:
 
 
 # ---- load generation -------------------------------------------------------------------------
+@dataclass
+class Window:
+    """What the load tasks read: whether the measured window is open, and whether to stop."""
+
+    recording: bool = False
+    stop: bool = False
+
+
+async def measure(
+    window: Window,
+    worker: Callable[[], Coroutine[Any, Any, None]],
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+    pids: dict[str, int],
+) -> tuple[float, dict[str, float]]:
+    """`concurrency` tasks of `worker` through the warm-up, then the window recorded: its
+    seconds and the CPU seconds of each role's process over it ("client": this process)."""
+    perf = time.perf_counter
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    try:
+        await _sleep_or_fail(warmup_s, tasks)
+        cpu0 = {role: cpu_seconds(pid) for role, pid in pids.items()}
+        client0 = self_cpu_seconds()
+        t0 = perf()
+        window.recording = True
+        await _sleep_or_fail(duration_s, tasks)
+        window.recording = False
+        t1 = perf()
+        cpu1 = {role: cpu_seconds(pid) for role, pid in pids.items()}
+        client1 = self_cpu_seconds()
+        window.stop = True
+        await asyncio.gather(*tasks)
+    finally:
+        window.stop = True
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    cpu = {role: cpu1[role] - cpu0[role] for role in pids}
+    cpu["client"] = client1 - client0
+    return t1 - t0, cpu
+
+
 async def drive(
     channel: grpc.aio.Channel,
     request: bytes,
@@ -164,8 +207,7 @@ async def drive(
     waiting for each answer before the next (a request is one message each way)."""
     call = channel.unary_unary(INFER)  # no serialisers: bytes in, bytes out
     open_stream = channel.stream_stream(STREAM_INFER)
-    recording = False
-    stop = False
+    window = Window()
     latencies: list[float] = []
     errors = 0  # in the window
     all_errors = 0
@@ -175,13 +217,13 @@ async def drive(
     async def stream_worker() -> None:
         stream = open_stream(metadata=metadata, timeout=3600)
         try:
-            while not stop:
+            while not window.stop:
                 t0 = perf()
                 await stream.write(request)
                 resp = await stream.read()
                 if resp is grpc.aio.EOF:
                     raise RuntimeError(f"stream ended: {await stream.code()} {await stream.details()}")
-                if recording:
+                if window.recording:
                     latencies.append(perf() - t0)
                 elif len(resp) < expected_len // 2:
                     raise RuntimeError(f"short response: {len(resp)} bytes for a {expected_len}-byte request")
@@ -190,45 +232,25 @@ async def drive(
 
     async def worker() -> None:
         nonlocal errors, all_errors
-        while not stop:
+        while not window.stop:
             t0 = perf()
             try:
                 resp = await call(request, metadata=metadata, timeout=RPC_TIMEOUT_S)
             except grpc.aio.AioRpcError as e:
                 all_errors += 1
-                if recording:
+                if window.recording:
                     errors += 1
                 if all_errors > 100:
                     raise RuntimeError(f"too many errors, last: {e.code().name}: {e.details()}") from None
                 continue
-            if recording:
+            if window.recording:
                 latencies.append(perf() - t0)
             elif len(resp) < expected_len // 2:  # sanity check, outside the window
                 raise RuntimeError(f"short response: {len(resp)} bytes for a {expected_len}-byte request")
 
     run = stream_worker if shape == "stream" else worker
-    tasks = [asyncio.create_task(run()) for _ in range(concurrency)]
-    try:
-        await _sleep_or_fail(warmup_s, tasks)
-        cpu0 = {role: cpu_seconds(pid) for role, pid in pids.items()}
-        client0 = self_cpu_seconds()
-        t0 = perf()
-        recording = True
-        await _sleep_or_fail(duration_s, tasks)
-        recording = False
-        t1 = perf()
-        cpu1 = {role: cpu_seconds(pid) for role, pid in pids.items()}
-        client1 = self_cpu_seconds()
-        stop = True
-        await asyncio.gather(*tasks)
-    finally:
-        stop = True
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    cpu = {role: cpu1[role] - cpu0[role] for role in pids}
-    cpu["client"] = client1 - client0
-    return Measured(len(latencies), errors, t1 - t0, latencies, cpu)
+    seconds, cpu = await measure(window, run, concurrency, warmup_s, duration_s, pids)
+    return Measured(len(latencies), errors, seconds, latencies, cpu)
 
 
 def http_echo_body(payload_bytes: int) -> tuple[bytes, dict[str, str]]:
@@ -258,8 +280,7 @@ async def drive_http(
     import aiohttp
 
     body, headers = http_echo_body(payload_bytes)
-    recording = False
-    stop = False
+    window = Window()
     latencies: list[float] = []
     errors = 0
     perf = time.perf_counter
@@ -268,7 +289,7 @@ async def drive_http(
 
         async def worker() -> None:
             nonlocal errors
-            while not stop:
+            while not window.stop:
                 t0 = perf()
                 async with http.post(url, data=body, headers=headers) as resp:
                     answer = await resp.read()
@@ -277,33 +298,13 @@ async def drive_http(
                     if errors > 100:
                         raise RuntimeError(f"too many errors, last: {resp.status} {answer[:200]!r}")
                     continue
-                if recording:
+                if window.recording:
                     latencies.append(perf() - t0)
                 elif len(answer) < payload_bytes:
                     raise RuntimeError(f"short response: {len(answer)} bytes for a {payload_bytes}-byte tensor")
 
-        tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
-        try:
-            await _sleep_or_fail(warmup_s, tasks)
-            cpu0 = {role: cpu_seconds(pid) for role, pid in pids.items()}
-            client0 = self_cpu_seconds()
-            t0 = perf()
-            recording = True
-            await _sleep_or_fail(duration_s, tasks)
-            recording = False
-            t1 = perf()
-            cpu1 = {role: cpu_seconds(pid) for role, pid in pids.items()}
-            client1 = self_cpu_seconds()
-            stop = True
-            await asyncio.gather(*tasks)
-        finally:
-            stop = True
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-    cpu = {role: cpu1[role] - cpu0[role] for role in pids}
-    cpu["client"] = client1 - client0
-    return Measured(len(latencies), errors, t1 - t0, latencies, cpu)
+        seconds, cpu = await measure(window, worker, concurrency, warmup_s, duration_s, pids)
+    return Measured(len(latencies), errors, seconds, latencies, cpu)
 
 
 async def _sleep_or_fail(seconds: float, tasks: list[asyncio.Task[None]]) -> None:
@@ -398,27 +399,23 @@ async def run_all(settings: Settings, node: Node, bare: Child, bare_port: int, l
                             settings.duration_s,
                             pids[target],
                         )
-                        results.add(case, target, m)
-                        log(
-                            f"  run {rep + 1}/{settings.repeat} {case.label:>7} c={case.concurrency:<3} {target:<6} "
-                            f"{m.rps:9.0f} req/s  p50 {m.pct_ms(0.5):7.3f} ms  p99 {m.pct_ms(0.99):7.3f} ms"
+                    else:
+                        m = await drive(
+                            channels[target],
+                            requests[case.payload_bytes],
+                            metadata,
+                            case.concurrency,
+                            settings.warmup_s,
+                            settings.duration_s,
+                            pids[target],
+                            case.shape,
                         )
-                        continue
-                    m = await drive(
-                        channels[target],
-                        requests[case.payload_bytes],
-                        metadata,
-                        case.concurrency,
-                        settings.warmup_s,
-                        settings.duration_s,
-                        pids[target],
-                        case.shape,
-                    )
                     results.add(case, target, m)
                     log(
                         f"  run {rep + 1}/{settings.repeat} {case.label:>7} c={case.concurrency:<3} {target:<6} "
                         f"{m.rps:9.0f} req/s  p50 {m.pct_ms(0.5):7.3f} ms  p99 {m.pct_ms(0.99):7.3f} ms"
-                        + (f"  errors {m.errors}" if m.errors else "")
+                        # as before, the HTTP line shows no error count
+                        + (f"  errors {m.errors}" if m.errors and target != "http" else "")
                     )
     finally:
         for ch in channels.values():

@@ -54,11 +54,11 @@ from _shared import (  # noqa: E402 - bench/ is on sys.path
     asyncio_run,
     command_line,
     cpu_seconds,
-    dump_logs,
     log,
+    mesh_of_run,
     rss_bytes,
+    run_pool,
     sigterm_as_interrupt,
-    stop_uninterrupted,
 )
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
@@ -112,19 +112,14 @@ def start_timed(mesh: LocalMesh, node_id: str, runtime_port: int, trace: Path, l
 async def timed_pool(n: int, concurrency: int, op: Callable[[int], Awaitable[None]]) -> tuple[float, list[float]]:
     """Run op(0..n-1) on `concurrency` workers: (wall seconds, latency ms of each op)."""
     latencies: list[float] = []
-    next_i = 0
 
-    async def worker() -> None:
-        nonlocal next_i
-        while next_i < n:
-            i = next_i
-            next_i += 1
-            t = time.perf_counter()
-            await op(i)
-            latencies.append((time.perf_counter() - t) * 1e3)
+    async def timed(i: int) -> None:
+        t = time.perf_counter()
+        await op(i)
+        latencies.append((time.perf_counter() - t) * 1e3)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await run_pool(n, concurrency, timed)
     return time.perf_counter() - t0, latencies
 
 
@@ -277,7 +272,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
     out: list[str] = []
     mesh = LocalMesh(workdir / "mesh", service=f"scale-{uuid.uuid4().hex[:8]}")
     traces = [workdir / f"trace-{i}.txt" for i in range(INSTANCES)]
-    try:
+    with mesh_of_run(mesh):
         mesh.start_etcd()
         registry_prefix = f"/tas-runtime/{mesh.service}/registry/"
         nodes: list[Node] = []
@@ -329,11 +324,6 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
         )
         time.sleep(SETTLE_S)
         rss_restart = rss_bytes(restarted.meshd.pid)
-    except BaseException:
-        dump_logs(mesh, log)
-        raise
-    finally:
-        stop_uninterrupted(mesh)
 
     n = args.models
     mib = 1 << 20

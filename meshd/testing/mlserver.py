@@ -1,4 +1,5 @@
-"""A real MLServer (KServe V2 + model-repository extension) for integration tests.
+"""A real MLServer (KServe V2 + model-repository extension) for integration tests, and
+`meshd adapter` in front of it as the tests start it.
 
 MLServer pulls protobuf 6 and ~500 MB of dependencies, so it never goes into meshd's venv: it
 lives in its own cached venv (`meshd.testing.venvs`), built on first use. The sklearn models the
@@ -9,10 +10,15 @@ expected answers come back as JSON, so meshd's side needs neither numpy nor scik
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshd.testing.procs import Child, Children
 from meshd.testing.venvs import ensure_venv
 
 # mlserver 1.7.1 fails model loads under uvloop 0.22+; the rest is the set resolved and tested
@@ -105,3 +111,43 @@ def mlserver_command(
         "PYTHONUNBUFFERED": "1",
     }
     return argv, env
+
+
+def start_mlserver_adapter(
+    children: Children,
+    python: Path,
+    workdir: Path,
+    ports: tuple[int, int, int],
+    memory_bytes: int,
+    pid_file: Path,
+    options: Sequence[str] = (),
+) -> Child:
+    """`meshd adapter --server mlserver` on `ports` (adapter, MLServer gRPC, MLServer HTTP),
+    supervising an MLServer (mlserver_command with `python`) that serves workdir/repository;
+    both run from workdir/scratch (MLServer reads .env from, and imports from, its cwd). The
+    adapter writes MLServer's PID to `pid_file` (for kill_mlserver); `options`: more adapter flags.
+    """
+    adapter_port, mlserver_port, http_port = ports
+    repository = workdir / "repository"
+    argv, server_env = mlserver_command(python, repository, mlserver_port, http_port)
+    scratch = workdir / "scratch"
+    scratch.mkdir(exist_ok=True)
+    adapter_argv = [
+        *(sys.executable, "-m", "meshd", "adapter", "--server", "mlserver"),
+        *("--server-grpc", f"127.0.0.1:{mlserver_port}", "--repository", str(repository)),
+        *("--port", str(adapter_port), "--memory-bytes", str(memory_bytes), "--pid-file", str(pid_file)),
+        *options,
+        "--",
+        *argv,
+    ]
+    return children.start("adapter", adapter_argv, server_env, cwd=scratch)
+
+
+def kill_mlserver(pid_file: Path) -> None:
+    """SIGKILL the MLServer whose PID the adapter wrote, had the adapter died before stopping it."""
+    if not pid_file.exists():
+        return
+    try:
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    except (ProcessLookupError, ValueError):
+        pass

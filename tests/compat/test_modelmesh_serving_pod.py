@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
@@ -43,7 +42,13 @@ from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.config import ConfigError, parse_kv_store
-from meshd.testing.mlserver import TrainedModel, mlserver_command, mlserver_python, train_sklearn_models
+from meshd.testing.mlserver import (
+    TrainedModel,
+    kill_mlserver,
+    mlserver_python,
+    start_mlserver_adapter,
+    train_sklearn_models,
+)
 from meshd.testing.procs import Child, Children, free_port, free_ports, port_open, wait_until
 
 pytestmark = pytest.mark.slow
@@ -137,30 +142,8 @@ class Pod:
 
 
 def start_adapter(pod: Pod, mlserver_env: Path, tmp: Path, adapter_port: int, mlserver_port: int) -> Child:
-    argv, server_env = mlserver_command(mlserver_env, tmp / "repository", mlserver_port, free_port())
-    scratch = tmp / "scratch"  # MLServer reads .env from, and imports from, its cwd
-    scratch.mkdir(exist_ok=True)
-    adapter_argv = [
-        sys.executable,
-        "-m",
-        "meshd",
-        "adapter",
-        "--server",
-        "mlserver",
-        "--server-grpc",
-        f"127.0.0.1:{mlserver_port}",
-        "--repository",
-        str(tmp / "repository"),
-        "--port",
-        str(adapter_port),
-        "--memory-bytes",
-        str(512 << 20),
-        "--pid-file",
-        str(pod.mlserver_pid_file),
-        "--",
-        *argv,
-    ]
-    return pod.procs.start("adapter", adapter_argv, server_env, cwd=scratch)
+    ports = (adapter_port, mlserver_port, free_port())
+    return start_mlserver_adapter(pod.procs, mlserver_env, tmp, ports, 512 << 20, pod.mlserver_pid_file)
 
 
 @pytest.fixture(scope="module")
@@ -223,11 +206,7 @@ def pod(mlserver_env: Path, tmp_path: Path, etcd_server: object) -> Iterator[Pod
         yield pod
     finally:
         procs.stop_all()  # whatever is left, in reverse start order (by PID)
-        if pid_file.exists():  # and MLServer itself, had the adapter died first
-            try:
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
+        kill_mlserver(pid_file)  # and MLServer itself, had the adapter died first
 
 
 def decode_model_state(status: mm.ModelStatusInfo) -> tuple[str, str]:

@@ -4,13 +4,12 @@ runtimes) is stopped by PID when the fixture ends, whatever the test did to it."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,13 @@ import pytest
 
 from meshd._proto.meshd import admin_pb2, admin_pb2_grpc, peer_pb2, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
-from meshd.kv.election import leader_of
 from meshd.kv.etcd import EtcdStore
 from meshd.kv.store import delete_if
 from meshd.runtimes.models import GeneratedModel, generate_models
 from meshd.testing.cluster import LocalMesh
 from meshd.testing.etcd import start_test_etcd
+from meshd.testing.observers import ClientThreads, EtcdView
+from meshd.testing.observers import answers as answers  # re-exported for the fault tests
 
 from ..integration.conftest import MODEL_SIZE, Client, close_enough, expected
 from ..integration.conftest import listed_instances as listed_instances  # re-exported for the fault tests
@@ -70,26 +70,13 @@ class FaultMesh:
         self.mesh.etcd.start()
 
     # ---- direct etcd access (what outside tools see) ----------------------------------
-    def _store_call(self, fn: Callable[[EtcdStore], Any]) -> Any:
-        async def run() -> Any:
-            store = EtcdStore.from_url(self.mesh.etcd_url)
-            try:
-                return await fn(store)
-            finally:
-                await store.close()
-
-        return asyncio.run(run())
+    @property
+    def etcd_view(self) -> EtcdView:
+        return EtcdView(self.mesh.etcd_url, self.prefix)
 
     def records(self, kind: str = "registry") -> dict[str, dict[str, Any]]:
         """Every record under `<prefix>/<kind>/`, decoded."""
-        base = f"{self.prefix}/{kind}/"
-
-        async def read(store: EtcdStore) -> dict[str, dict[str, Any]]:
-            kvs, _ = await store.range_prefix(base)
-            return {kv.key[len(base) :]: json.loads(kv.value) for kv in kvs}
-
-        result: dict[str, dict[str, Any]] = self._store_call(read)
-        return result
+        return self.etcd_view.records(kind)
 
     def put(self, kind: str, item_id: str, record: dict[str, Any]) -> None:
         key = f"{self.prefix}/{kind}/{item_id}"
@@ -97,7 +84,7 @@ class FaultMesh:
         async def write(store: EtcdStore) -> None:
             await store.put(key, json.dumps(record).encode())
 
-        self._store_call(write)
+        self.etcd_view.call(write)
 
     def delete(self, kind: str, item_id: str) -> None:
         key = f"{self.prefix}/{kind}/{item_id}"
@@ -107,17 +94,10 @@ class FaultMesh:
             if kv is not None:
                 await delete_if(store, key, kv.mod_revision)
 
-        self._store_call(remove)
+        self.etcd_view.call(remove)
 
     def leader_in_etcd(self) -> str | None:
-        base = f"{self.prefix}/leaderLatch/"
-
-        async def read(store: EtcdStore) -> str | None:
-            kvs, _ = await store.range_prefix(base)
-            return leader_of(kvs, base)
-
-        result: str | None = self._store_call(read)
-        return result
+        return self.etcd_view.leader()
 
 
 @pytest.fixture
@@ -160,37 +140,23 @@ def active_of(c: Client, vmodel_id: str) -> str:
     return str(c.mm.getVModelStatus(req, timeout=10).activeModelId)
 
 
-def answers(check: Callable[[], bool]) -> Callable[[], bool]:
-    """`check`, with an RPC error read as "not yet" (an instance may still be reconnecting)."""
-
-    def run() -> bool:
-        try:
-            return check()
-        except grpc.RpcError:
-            return False
-
-    return run
-
-
-class Traffic:
+class Traffic(ClientThreads[Client]):
     """Client threads sending paced requests for `models` until stopped; every failure and
     wrong answer is kept (a failure is a finding), successes counted per ingress instance
     and in order, so a test can count what succeeded between two of its own marks."""
 
     def __init__(self, clients: list[Client], models: list[GeneratedModel], pace_s: float = 0.02) -> None:
+        super().__init__(clients, pace_s=pace_s, join_s=60, daemon=True)
         self.failures: list[str] = []
         self.failed_at: list[float] = []  # time.monotonic() of each failure, in order
         self.served: Counter[str] = Counter()
         self.successes = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._models = models
-        self._pace_s = pace_s
-        self._threads = [threading.Thread(target=self._run, args=(c,), daemon=True) for c in clients]
 
     def _run(self, client: Client) -> None:
         i = 0
-        while not self._stop.wait(self._pace_s):
+        while self._going():
             m = self._models[i % len(self._models)]
             i += 1
             try:
@@ -205,13 +171,3 @@ class Traffic:
                 else:
                     self.failures.append(f"{client.node.instance_id} {m.id}: {error}")
                     self.failed_at.append(time.monotonic())
-
-    def __enter__(self) -> Traffic:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)

@@ -3,7 +3,6 @@ sharing the session's etcd. Every process is stopped by PID when its fixture end
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.runtimes.models import DemoModel, GeneratedModel, decode_infer_response, generate_models, make_infer_request
 from meshd.testing.cluster import LocalMesh, Node
+from meshd.testing.observers import ClientThreads
 
 MODEL_SIZE = 1 << 20
 
@@ -126,21 +126,20 @@ def close_enough(a: list[list[float]], b: list[list[float]]) -> bool:
     )
 
 
-class Traffic:
+class Traffic(ClientThreads[Client]):
     """Client threads sending requests for `models` in turn until stopped; every failure
     and wrong answer is kept (a failure is a finding), successes counted per instance."""
 
     def __init__(self, clients: list[Client], models: list[GeneratedModel], rows: list[list[float]]) -> None:
+        super().__init__(clients, join_s=30)
         self.failures: list[str] = []
         self.served: Counter[str] = Counter()
-        self._stop = threading.Event()
         self._rows = rows
         self._models = models
-        self._threads = [threading.Thread(target=self._run, args=(c,)) for c in clients]
 
     def _run(self, client: Client) -> None:
         i = 0
-        while not self._stop.is_set():
+        while self._going():
             m = self._models[i % len(self._models)]
             i += 1
             try:
@@ -150,16 +149,6 @@ class Traffic:
                     self.failures.append(f"{client.node.instance_id} {m.id}: wrong answer")
             except Exception as e:
                 self.failures.append(f"{client.node.instance_id} {m.id}: {e}")
-
-    def __enter__(self) -> Traffic:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
 
 
 def listed_instances(c: Client) -> set[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +20,13 @@ from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.testing.cluster import LocalMesh
-from meshd.testing.mlserver import TrainedModel, mlserver_command, mlserver_python, train_sklearn_models
+from meshd.testing.mlserver import (
+    TrainedModel,
+    kill_mlserver,
+    mlserver_python,
+    start_mlserver_adapter,
+    train_sklearn_models,
+)
 from meshd.testing.procs import Child, free_port, port_open, wait_until
 
 pytestmark = pytest.mark.slow
@@ -56,38 +61,19 @@ def mlserver_env() -> Path:
 def stack(mlserver_env: Path, tmp_path: Path, etcd_server: object) -> Iterator[Stack]:
     models = train_sklearn_models(mlserver_env, tmp_path / "models", 4)
     mlserver_port, http_port, adapter_port = free_port(), free_port(), free_port()
-    argv, server_env = mlserver_command(mlserver_env, tmp_path / "repository", mlserver_port, http_port)
     pid_file = tmp_path / "mlserver.pid"
-    scratch = tmp_path / "scratch"  # MLServer reads .env from, and imports from, its cwd
-    scratch.mkdir()
     mesh = LocalMesh(tmp_path / "mesh", service="adapter-mlserver")
     mesh.etcd_url = etcd_server.url  # type: ignore[attr-defined]
-    adapter_argv = [
-        sys.executable,
-        "-m",
-        "meshd",
-        "adapter",
-        "--server",
-        "mlserver",
-        "--server-grpc",
-        f"127.0.0.1:{mlserver_port}",
-        "--repository",
-        str(tmp_path / "repository"),
-        "--port",
-        str(adapter_port),
-        "--memory-bytes",
-        str(CAPACITY + OVERHEAD),
-        "--memory-overhead-bytes",
-        str(OVERHEAD),
-        "--pid-file",
-        str(pid_file),
-        "--reconcile-interval-s",
-        "1",
-        "--",
-        *argv,
-    ]
     try:
-        adapter = mesh.children.start("adapter", adapter_argv, server_env, cwd=scratch)
+        adapter = start_mlserver_adapter(
+            mesh.children,
+            mlserver_env,
+            tmp_path,
+            (adapter_port, mlserver_port, http_port),
+            CAPACITY + OVERHEAD,
+            pid_file,
+            ["--memory-overhead-bytes", str(OVERHEAD), "--reconcile-interval-s", "1"],
+        )
         wait_until(lambda: port_open(adapter_port) and port_open(mlserver_port), 120, "adapter and MLServer")
         grpc_port = free_port()
         meshd = mesh.start_meshd(
@@ -96,15 +82,7 @@ def stack(mlserver_env: Path, tmp_path: Path, etcd_server: object) -> Iterator[S
         yield Stack(meshd, adapter, grpc_port, mlserver_port, pid_file, models)
     finally:
         mesh.stop()  # meshd, then the adapter (which stops MLServer)
-        if pid_file.exists():  # and MLServer itself, had the adapter died first
-            _kill(int(pid_file.read_text()))
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        kill_mlserver(pid_file)  # and MLServer itself, had the adapter died first
 
 
 def register(stack: Stack, channel: grpc.Channel, model: TrainedModel) -> None:

@@ -12,7 +12,6 @@ import platform
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -30,6 +29,7 @@ from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.runtimes.models import DemoModel, GeneratedModel, decode_infer_response, generate_models
 from meshd.runtimes.models import make_infer_request as make_request
 from meshd.testing.cluster import LocalMesh
+from meshd.testing.observers import ClientThreads
 from meshd.testing.procs import Child, free_port, port_open, wait_until
 from meshd.testing.triton import (
     TRITON_VERSION,
@@ -357,20 +357,19 @@ def test_real_tritonclient_grpc_and_http_against_meshd(shared_stack: Stack) -> N
     assert {other.id, m.id} <= loaded_in_triton(stack)
 
 
-class Traffic:
+class Traffic(ClientThreads[int]):
     """Threads sending requests for the models in turn until stopped: outcome counts by status."""
 
     def __init__(self, stack: Stack, models: list[Model], threads: int = 2) -> None:
+        super().__init__(range(threads), join_s=60)
         self.stack, self.models = stack, models
         self.outcomes: Counter[str] = Counter()
         self.wrong: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(threads)]
 
     def _run(self, n: int) -> None:
         with self.stack.channel() as ch:
             i = n
-            while not self._stop.is_set():
+            while self._going():
                 m = self.models[i % len(self.models)]
                 i += 1
                 try:
@@ -381,16 +380,6 @@ class Traffic:
                 except grpc.RpcError as e:
                     self.outcomes[e.code().name] += 1
                     time.sleep(0.1)
-
-    def __enter__(self) -> Traffic:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)
 
 
 def test_tritonserver_sigkilled_under_traffic(

@@ -11,13 +11,12 @@ file, are appended to it as JSON lines (the README's table is made from them).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +28,12 @@ from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from meshd._proto.meshd import admin_pb2, admin_pb2_grpc, peer_pb2, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
-from meshd.kv.election import leader_of
 from meshd.kv.etcd import EtcdStore
 from meshd.kv.store import StoreError
 from meshd.runtimes.models import DemoModel, GeneratedModel, decode_infer_response, generate_models, make_infer_request
 from meshd.testing.netmesh import NetMesh, NetNode, start_netmesh
 from meshd.testing.netns import SUBNET, LabUnavailable, NetLab
+from meshd.testing.observers import ClientThreads, EtcdView, answers
 from meshd.testing.procs import wait_until
 
 MODEL_SIZE = 1 << 20
@@ -131,25 +130,12 @@ class Net:
         return {m for m, n in self.max_copies.items() if n > 1}
 
     # ---- etcd as outside tools see it ---------------------------------------------
-    def _store_call(self, fn: Callable[[EtcdStore], Any]) -> Any:
-        async def run() -> Any:
-            store = EtcdStore.from_url(self.mesh.etcd_url(self.etcd_for_observer), timeout_s=3.0)
-            try:
-                return await fn(store)
-            finally:
-                await store.close()
-
-        return asyncio.run(run())
+    @property
+    def etcd_view(self) -> EtcdView:
+        return EtcdView(self.mesh.etcd_url(self.etcd_for_observer), self.prefix, timeout_s=3.0)
 
     def records(self, kind: str) -> dict[str, dict[str, Any]]:
-        base = f"{self.prefix}/{kind}/"
-
-        async def read(store: EtcdStore) -> dict[str, dict[str, Any]]:
-            kvs, _ = await store.range_prefix(base)
-            return {kv.key[len(base) :]: json.loads(kv.value) for kv in kvs}
-
-        result: dict[str, dict[str, Any]] = self._store_call(read)
-        return result
+        return self.etcd_view.records(kind)
 
     def instance_leases(self) -> dict[str, int]:
         """Each instance record's lease (a new one means the instance lost its lease)."""
@@ -159,18 +145,10 @@ class Net:
             kvs, _ = await store.range_prefix(base)
             return {kv.key[len(base) :]: kv.lease for kv in kvs}
 
-        result: dict[str, int] = self._store_call(read)
-        return result
+        return self.etcd_view.call(read)
 
     def leader_in_etcd(self) -> str | None:
-        base = f"{self.prefix}/leaderLatch/"
-
-        async def read(store: EtcdStore) -> str | None:
-            kvs, _ = await store.range_prefix(base)
-            return leader_of(kvs, base)
-
-        result: str | None = self._store_call(read)
-        return result
+        return self.etcd_view.leader()
 
     def acting_leaders(self, skip: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
         out = []
@@ -229,19 +207,18 @@ class Answer:
     error: str  # "" when the answer was right
 
 
-class Traffic:
+class Traffic(ClientThreads[NetClient]):
     """One client thread per ingress, each asking for every model in turn, every answer
     checked against the model file and kept with its time."""
 
     def __init__(self, net: Net, ingress: list[str], pace_s: float = 0.05) -> None:
+        clients = [net.clients[i] for i in INSTANCES]
+        super().__init__(clients, pace_s=pace_s, join_s=REQUEST_TIMEOUT_S + 5, daemon=True)
         self.net = net
         self.answers: list[Answer] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._pace_s = pace_s
         self._expected = {m: DemoModel.load(g.path).predict(ROWS) for m, g in net.models.items()}
         self._ingress = set(ingress)
-        self._threads = [threading.Thread(target=self._run, args=(net.clients[i],), daemon=True) for i in INSTANCES]
 
     def use(self, ingress: list[str]) -> None:
         """Send through these instances only (a client's balancer skipping one it cannot reach)."""
@@ -250,7 +227,7 @@ class Traffic:
     def _run(self, client: NetClient) -> None:
         order = sorted(self.net.models)
         i = 0
-        while not self._stop.wait(self._pace_s):
+        while self._going():
             if client.iid not in self._ingress:
                 continue
             model_id = order[i % len(order)]
@@ -266,16 +243,6 @@ class Traffic:
     def between(self, start: float, end: float) -> list[Answer]:
         with self._lock:
             return [a for a in self.answers if start <= a.at < end]
-
-    def __enter__(self) -> Traffic:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(REQUEST_TIMEOUT_S + 5)
 
 
 def _close(a: list[list[float]], b: list[list[float]]) -> bool:
@@ -382,7 +349,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
             node = mesh.add_node(iid, f"{SUBNET}.{21 + i}", runtime_args, SETTINGS)
             clients[iid] = NetClient.open(node)
             if i == 0:  # first in line: the leader
-                wait_until(_answers(clients[iid].is_leader), WAIT_S, f"{iid} to lead")
+                wait_until(answers(clients[iid].is_leader), WAIT_S, f"{iid} to lead")
         generated = generate_models(workdir / "models", 4, size_bytes=MODEL_SIZE)
         models = {g.id: g for g in generated}
         # Three models with two copies each, one per pair of instances; one capped at one copy.
@@ -404,16 +371,6 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
         for c in clients.values():
             c.close()
         mesh.stop()
-
-
-def _answers(check: Callable[[], bool]) -> Callable[[], bool]:
-    def run() -> bool:
-        try:
-            return check()
-        except grpc.RpcError:
-            return False
-
-    return run
 
 
 @dataclass
