@@ -44,6 +44,7 @@ request failed other than RESOURCE_EXHAUSTED and no answer was wrong.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import platform
 import random
@@ -422,8 +423,7 @@ def run_open_loop(args: argparse.Namespace, workdir: Path) -> list[OpenLoopRow]:
                 counts[p.model_id] = counts.get(p.model_id, 0) + 1
             hot = set(sorted(counts, key=lambda m: -counts[m])[: max(1, args.models // 10)])
             name = f"{load_queue}-{rate:g}"
-            mesh = LocalMesh(workdir / name, service=f"bench-{name}-{uuid.uuid4().hex[:8]}")
-            try:
+            with mesh_of_run(LocalMesh(workdir / name, service=f"bench-{name}-{uuid.uuid4().hex[:8]}")) as mesh:
                 mesh.start_etcd()
                 runtime_args = sized_runtime_args(args.cache_models, MODEL_SIZE_BYTES, args.load_delay_ms)
                 settings: dict[str, str | int] = {"load_queue": load_queue}
@@ -432,11 +432,6 @@ def run_open_loop(args: argparse.Namespace, workdir: Path) -> list[OpenLoopRow]:
                     for i in range(MESH_INSTANCES)
                 ]
                 row = asyncio_run(open_loop_traffic(nodes, workload, rate, hot, args.seed))
-            except BaseException:
-                dump_logs(mesh, log)
-                raise
-            finally:
-                stop_uninterrupted(mesh)
             row.load_queue = load_queue
             log(f"  [{name}] {row.requests} requests: {len(row.exhausted_ms)} refused, {row.other_errors} other errors")
             rows.append(row)
