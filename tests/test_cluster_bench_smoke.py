@@ -37,7 +37,8 @@ def test_cluster_load_open_loop_prints_one_row_per_queue_and_rate() -> None:
     argv += ["--load-delay-ms", "100", "--load-queue", "value,fifo"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines() if line.startswith("| ")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     by_queue = {r[0]: r for r in rows[1:]}  # after the header row (the rule line starts "| ---")
     assert set(by_queue) >= {"value", "fifo"}, proc.stdout
     for queue in ("value", "fifo"):
