@@ -49,7 +49,7 @@ from meshd.testing.mlserver import (
     start_mlserver_adapter,
     train_sklearn_models,
 )
-from meshd.testing.procs import Child, Children, free_port, free_ports, port_open, wait_until
+from meshd.testing.procs import Child, Children, free_ports, port_open, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -142,7 +142,7 @@ class Pod:
 
 
 def start_adapter(pod: Pod, mlserver_env: Path, tmp: Path, adapter_port: int, mlserver_port: int) -> Child:
-    ports = (adapter_port, mlserver_port, free_port())
+    ports = (adapter_port, mlserver_port, free_ports(1, avoid=(adapter_port, mlserver_port))[0])
     return start_mlserver_adapter(pod.procs, mlserver_env, tmp, ports, 512 << 20, pod.mlserver_pid_file)
 
 

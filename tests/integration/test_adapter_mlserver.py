@@ -27,7 +27,7 @@ from meshd.testing.mlserver import (
     start_mlserver_adapter,
     train_sklearn_models,
 )
-from meshd.testing.procs import Child, free_port, port_open, wait_until
+from meshd.testing.procs import Child, free_ports, port_open, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,8 @@ def mlserver_env() -> Path:
 @pytest.fixture
 def stack(mlserver_env: Path, tmp_path: Path, etcd_server: object) -> Iterator[Stack]:
     models = train_sklearn_models(mlserver_env, tmp_path / "models", 4)
-    mlserver_port, http_port, adapter_port = free_port(), free_port(), free_port()
+    # Drawn together: separate free_port() calls may hand out one port twice.
+    mlserver_port, http_port, adapter_port, grpc_port = free_ports(4)
     pid_file = tmp_path / "mlserver.pid"
     mesh = LocalMesh(tmp_path / "mesh", service="adapter-mlserver")
     mesh.etcd_url = etcd_server.url  # type: ignore[attr-defined]
@@ -75,7 +76,6 @@ def stack(mlserver_env: Path, tmp_path: Path, etcd_server: object) -> Iterator[S
             ["--memory-overhead-bytes", str(OVERHEAD), "--reconcile-interval-s", "1"],
         )
         wait_until(lambda: port_open(adapter_port) and port_open(mlserver_port), 120, "adapter and MLServer")
-        grpc_port = free_port()
         meshd = mesh.start_meshd(
             "inst-a", adapter_port, {"serving_port": mlserver_port, "rate_check_ms": 600_000}, grpc_port=grpc_port
         )
