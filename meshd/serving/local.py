@@ -53,6 +53,12 @@ from meshd.serving.gate import CopyGate
 
 log = logging.getLogger(__name__)
 
+# A load whose last use is this recent when it is queued was asked for by requests (a
+# background placement is dated at the model's last use): once it gets a thread it is dated
+# now, so copies used while it waited do not refuse it room. Not "at or after the queueing":
+# the request's clock was read before the load task ran, and a peer's before the hop.
+ASKED_BY_REQUESTS_MS = 1_000
+
 UNLOAD_INFLIGHT_WAIT_S = 120.0  # upstream waits ~2 min for in-flight requests before unloading
 INFLIGHT_POLL_S = 0.05
 RECORD_REMOVALS_AT_ONCE = 8  # a runtime gone with etcd down too: each removal may wait seconds
@@ -450,7 +456,7 @@ class LocalModels:
         finally:
             self._demand.pop(model_id, None)
         wanted = self._wanted_last_used.get(model_id)
-        if wanted is not None and wanted >= queued:
+        if wanted is not None and wanted >= queued - ASKED_BY_REQUESTS_MS:
             self._wanted_last_used[model_id] = self.clock()
 
     def _check_runtime(self, model_id: str, epoch: int) -> None:

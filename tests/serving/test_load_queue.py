@@ -135,3 +135,26 @@ async def test_a_load_that_cannot_start_within_the_limit_is_refused_at_once(
     assert "c2" not in lm.cache and lm.queue.waiting == 0
     gate.set()
     await c1
+
+
+async def test_a_load_requests_waited_on_is_dated_when_it_starts_not_when_asked(
+    local: tuple[LocalModels, FakeRuntime, Registry],
+) -> None:
+    """Its requests' clock was read before the load was queued (here 5 ms before, as a
+    request's or a peer's is): the copies used while it waited must not refuse it room."""
+    lm, runtime, registry = local
+    clock = lm.clock
+    recs = {m: await registry.register(m, ModelInfo("demo", f"/{m}"), 1) for m in ("a", "b", "new")}
+    gate = runtime.hold("b")
+    await lm.ensure("a", recs["a"], clock() - 10)
+    b = asyncio.create_task(lm.ensure("b", recs["b"], clock() - 10))  # fills the cache, holds the thread
+    await settle()
+    new = asyncio.create_task(lm.ensure("new", recs["new"], clock() - 5))  # waits for the thread
+    await settle()
+    assert lm.queue.waiting == 1
+    for used in ("a", "b"):  # both used while "new" waits: newer than its request
+        lm.cache.touch(used, clock())
+    gate.set()
+    loaded = await asyncio.wait_for(new, timeout=5)
+    await b
+    assert loaded.state is State.LOADED and "new" in lm.cache
