@@ -59,7 +59,9 @@ def test_a_load_joins_only_if_it_should_start_within_half_the_limit() -> None:
 def test_pressure_is_a_queue_the_threads_cannot_clear_within_a_share_of_the_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert under_pressure(1, 2, 1000.0, 10_000)  # the default share (0): any load that waits
+    # The default share (0.25): loads the threads cannot clear within 2.5 s.
+    assert not under_pressure(5, 2, 1000.0, 10_000)
+    assert under_pressure(6, 2, 1000.0, 10_000)
     assert not under_pressure(0, 2, 1000.0, 10_000)
     monkeypatch.setattr(loading, "PRESSURE_SHARE_OF_LIMIT", 1.0)  # the wording
     assert not under_pressure(20, 2, 1000.0, 10_000)  # 10 s of loads: exactly clearable
