@@ -11,8 +11,9 @@ congestion collapse"). The rules, in the order a miss meets them:
    model's recent popularity, per unit of the room it will take. Not by arrival: a hot model
    that misses does not wait behind a backlog of cold ones.
 3. *Admission under pressure* (`under_pressure`, `colder_than_victims`): once the waiting
-   loads cannot all start within a quarter of the wait limit (`PRESSURE_SHARE_OF_LIMIT`), a miss for a model colder than the copies
-   it would evict (by the instance's `Popularity` counts) is refused fast instead of queued;
+   loads cannot all start within a quarter of the wait limit (`PRESSURE_SHARE_OF_LIMIT`), a
+   miss for a model colder than the copies it would evict (by the instance's `Popularity`
+   counts) is refused fast instead of queued;
    so is one whose load could not start within half the wait limit (`start_wait_ms`,
    `accepts`), unless it is worth more than the least valuable waiting load, which it
    displaces. The refusal is RESOURCE_EXHAUSTED, saying why and when to retry
