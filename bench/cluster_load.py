@@ -593,37 +593,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     tmp = tempfile.TemporaryDirectory(prefix="meshd-cluster-bench-")
     workdir = Path(tmp.name)
-    results: list[ScenarioResult] = []
-    if args.rate_list:
-        try:
-            rows = run_open_loop(args, workdir)
-        except KeyboardInterrupt:
-            log("interrupted; stopped every child")
-            return 130
-        except StartFailed as e:
-            log(f"could not start the mesh: {e}")
-            return 1
-        finally:
-            if not args.keep_workdir:
-                tmp.cleanup()
-        for line in open_loop_report(rows, args, command):
-            print(line)
-        return 1 if any(r.other_errors or r.wrong for r in rows) else 0
     try:
-        workload = build_workload(workdir / "models", args.models, args.warmup, args.requests, args.zipf, args.seed)
-        log(
-            f"workdir {workdir}; {args.models} models, {len(workload.warmup)} warm-up + "
-            f"{len(workload.measured)} measured requests ({workload.distinct_measured} distinct models)"
-        )
-        sizes = {"mesh": MESH_INSTANCES, "single": 1}
-        for name in args.scenario_list:
-            log(f"scenario {name}: {sizes[name]} instance(s)")
-            r = run_scenario(name, sizes[name], args, workload, workdir, log)
-            log(
-                f"  [{name}] {r.requests} requests in {r.elapsed_s:.1f} s ({r.rps:.1f} req/s), "
-                f"{r.tally.n_errors} errors, {r.tally.wrong} wrong"
-            )
-            results.append(r)
+        if args.rate_list:
+            rows = run_open_loop(args, workdir)
+        else:
+            workload = build_workload(workdir / "models", args.models, args.warmup, args.requests, args.zipf, args.seed)
+            results = run_closed_loop(args, workload, workdir)
     except KeyboardInterrupt:
         log("interrupted; stopped every child")
         return 130
@@ -635,10 +610,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"kept {workdir}")
         else:
             tmp.cleanup()
+    if args.rate_list:
+        for line in open_loop_report(rows, args, command):
+            print(line)
+        return 1 if any(r.other_errors or r.wrong for r in rows) else 0
     for line in report(results, args, workload, command, time.monotonic() - started):
         print(line)
-    bad = any(r.tally.n_errors or r.tally.wrong for r in results)
-    return 1 if bad else 0
+    return 1 if any(r.tally.n_errors or r.tally.wrong for r in results) else 0
+
+
+def run_closed_loop(args: argparse.Namespace, workload: Workload, workdir: Path) -> list[ScenarioResult]:
+    log(
+        f"workdir {workdir}; {args.models} models, {len(workload.warmup)} warm-up + "
+        f"{len(workload.measured)} measured requests ({workload.distinct_measured} distinct models)"
+    )
+    sizes = {"mesh": MESH_INSTANCES, "single": 1}
+    results: list[ScenarioResult] = []
+    for name in args.scenario_list:
+        log(f"scenario {name}: {sizes[name]} instance(s)")
+        r = run_scenario(name, sizes[name], args, workload, workdir, log)
+        log(
+            f"  [{name}] {r.requests} requests in {r.elapsed_s:.1f} s ({r.rps:.1f} req/s), "
+            f"{r.tally.n_errors} errors, {r.tally.wrong} wrong"
+        )
+        results.append(r)
+    return results
 
 
 if __name__ == "__main__":
