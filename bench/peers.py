@@ -550,12 +550,20 @@ class MeshdSystem(System):
         return f"runtime of {node.instance_id} (pid {node.runtime.pid})"
 
 
+def meshd_capacity(args: argparse.Namespace, workload: Workload) -> int:
+    """Bytes of models each meshd runtime may hold: `--meshd-cache-mib`, else the model count
+    Ray is given times the mean model size."""
+    if args.meshd_cache_mib:
+        return int(args.meshd_cache_mib * MIB)
+    return int(args.cache_models * workload.mean_size)
+
+
 def run_meshd(workload: Workload, args: argparse.Namespace, workdir: Path, costs: tuple[float, float]) -> Any:
     with mesh_of_run(LocalMesh(workdir / "meshd", service=f"bench-peers-{uuid.uuid4().hex[:8]}")) as mesh:
         mesh.start_etcd()
         runtime_args = [
             "--capacity-bytes",
-            str(args.cache_models * workload.mean_size),
+            str(meshd_capacity(args, workload)),
             "--default-model-size",
             str(workload.mean_size),
             "--log-level",
@@ -737,8 +745,9 @@ def report(
         f"{args.models} models: size {min(sizes) / MIB:.1f}-{max(sizes) / MIB:.1f} MiB (mean "
         f"{workload.mean_size / MIB:.1f}), load {min(loads):.0f}-{max(loads):.0f} ms (mean "
         f"{statistics.fmean(loads):.0f}), service {min(svc):.1f}-{max(svc):.1f} ms; {PROCESSES} processes x "
-        f"{args.cache_models} models (meshd capacity {args.cache_models} x mean size = "
-        f"{args.cache_models * workload.mean_size / MIB:.0f} MiB; Ray max_num_models_per_replica "
+        f"{args.cache_models} models (meshd capacity "
+        f"{'--meshd-cache-mib' if args.meshd_cache_mib else f'{args.cache_models} x mean size'} = "
+        f"{meshd_capacity(args, workload) / MIB:.0f} MiB; Ray max_num_models_per_replica "
         f"{args.cache_models}); zipf {args.zipf:g}; concurrency {args.concurrency}; "
         f"{len(workload.warmup)} warm-up, {args.requests} per trace, seed {args.seed}"
     )
@@ -817,6 +826,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--models", type=int, help="models (default 300; --quick 40)")
     p.add_argument("--cache-models", type=int, help="models each serving process holds (default 16; --quick 4)")
+    p.add_argument(
+        "--meshd-cache-mib",
+        type=float,
+        default=0.0,
+        help="model bytes per meshd runtime (default: --cache-models x the mean model size); "
+        "e.g. what Ray's replicas held, for a comparison on equal bytes",
+    )
     p.add_argument("--requests", type=int, help="measured requests per trace (default 2000; --quick 200)")
     p.add_argument("--warmup", type=int, help="warm-up requests (default 500; --quick 50)")
     p.add_argument("--kill-requests", type=int, help="requests of the kill run, 0 = none (default 2000; --quick 0)")

@@ -648,8 +648,11 @@ class Simulation:
                 self._refuse_load(inst, p, t)
         while inst.pending and inst.loading < self.fleet.loading_threads:
             m = next_load(
-                (load_value(len(inst.waiters[p]), pop.of(self.ids[p]), self.units[p]), since, p)
-                for p, since in inst.pending.items()
+                (
+                    (load_value(len(inst.waiters[p]), pop.of(self.ids[p]), self.units[p]), since, p)
+                    for p, since in inst.pending.items()
+                ),
+                t,
             )
             assert m is not None
             since = inst.pending.pop(m)

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 class _Waiter:
     model_id: str
     granted: asyncio.Future[None]
-    since: int  # arrival order
+    since: int  # when it was queued (monotonic ms)
     value: Callable[[], float]
 
 
@@ -91,7 +91,7 @@ class LoadQueue:
             self._order += 1
             order = self._order
             granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters[order] = _Waiter(model_id, granted, order, value)
+            self._waiters[order] = _Waiter(model_id, granted, int(queued * 1000), value)
             try:
                 await granted
             except asyncio.CancelledError:
@@ -103,7 +103,8 @@ class LoadQueue:
 
     def release(self) -> None:
         """Give a loading thread back: to the most valuable waiter, else to the pool."""
-        order = next_load((w.value(), w.since, k) for k, w in self._waiters.items())
+        now_ms = int(time.monotonic() * 1000)
+        order = next_load(((w.value(), w.since, k) for k, w in self._waiters.items()), now_ms)
         if order is None:
             self._free += 1
             return

@@ -34,9 +34,16 @@ def test_value_grows_with_waiting_requests_and_popularity_and_shrinks_with_size(
 
 
 def test_the_most_valuable_load_starts_next_not_the_first_queued() -> None:
-    assert next_load([(1.0, 100, 7), (5.0, 300, 8), (2.0, 200, 9)]) == 8
-    assert next_load([(2.0, 300, 7), (2.0, 100, 8)]) == 8  # equal value: the earlier queued
-    assert next_load([]) is None
+    assert next_load([(1.0, 100, 7), (5.0, 300, 8), (2.0, 200, 9)], 400) == 8
+    assert next_load([(2.0, 300, 7), (2.0, 100, 8)], 400) == 8  # equal value: the earlier queued
+    assert next_load([], 400) is None
+
+
+def test_no_load_is_overtaken_for_longer_than_the_limit() -> None:
+    waiting = [(1.0, 100, 7), (5.0, 2_000, 8), (1.5, 500, 9)]
+    assert next_load(waiting, 2_100, overtake_limit_ms=2_000) == 8  # nobody waited past it yet
+    assert next_load(waiting, 2_101, overtake_limit_ms=2_000) == 7  # the cold one's turn
+    assert next_load(waiting, 9_000, overtake_limit_ms=2_000) == 7  # the longest waiting first
 
 
 def test_a_full_queue_gives_up_its_least_valuable_latest_load() -> None:
