@@ -56,9 +56,21 @@ def test_the_most_valuable_waiting_load_starts_first() -> None:
     for k in range(3):
         sim._request(EPOCH_MS + 2 + k, 3, inst)  # waits later, three requests
     assert list(inst.pending) == [2, 3]
-    sim._load_done(EPOCH_MS + 1000, 0, 0, 1, 1000.0)
+    sim._load_done(EPOCH_MS + 400, 0, 0, 1, 400.0)  # within the overtaking bound (0.5 s)
     assert "m3" in inst.cache and "m2" not in inst.cache
     assert list(inst.pending) == [2]
+
+
+def test_a_load_overtaken_past_the_bound_starts_before_more_valuable_ones() -> None:
+    sim = one_instance(True)
+    inst = sim.insts[0]
+    sim._request(EPOCH_MS, 1, inst)  # runs
+    sim._request(EPOCH_MS + 1, 2, inst)  # waits first, one request
+    for k in range(3):
+        sim._request(EPOCH_MS + 2 + k, 3, inst)  # waits later, three requests
+    sim._load_done(EPOCH_MS + 1000, 0, 0, 1, 1000.0)  # m2 has waited 1 s: its turn
+    assert "m2" in inst.cache and "m3" not in inst.cache
+    assert list(inst.pending) == [3]
 
 
 def test_a_load_that_cannot_start_within_the_limit_is_refused_at_once() -> None:
