@@ -35,6 +35,7 @@ from meshd.decisions.placement.liveness import counted_for_max_copies
 from meshd.decisions.placement.loading import (
     DEFAULT_LOAD_WAIT_LIMIT_MS,
     accepts,
+    admission_date,
     colder_than_victims,
     exhausted_message,
     least_valuable,
@@ -52,12 +53,6 @@ from meshd.runtime.loader import LoadQueue
 from meshd.serving.gate import CopyGate
 
 log = logging.getLogger(__name__)
-
-# A load whose last use is this recent when it is queued was asked for by requests (a
-# background placement is dated at the model's last use): once it gets a thread it is dated
-# now, so copies used while it waited do not refuse it room. Not "at or after the queueing":
-# the request's clock was read before the load task ran, and a peer's before the hop.
-ASKED_BY_REQUESTS_MS = 1_000
 
 UNLOAD_INFLIGHT_WAIT_S = 120.0  # upstream waits ~2 min for in-flight requests before unloading
 INFLIGHT_POLL_S = 0.05
@@ -456,8 +451,8 @@ class LocalModels:
         finally:
             self._demand.pop(model_id, None)
         wanted = self._wanted_last_used.get(model_id)
-        if wanted is not None and wanted >= queued - ASKED_BY_REQUESTS_MS:
-            self._wanted_last_used[model_id] = self.clock()
+        if wanted is not None:
+            self._wanted_last_used[model_id] = admission_date(wanted, queued, self.clock())
 
     def _check_runtime(self, model_id: str, epoch: int) -> None:
         if self.runtime_epoch != epoch:

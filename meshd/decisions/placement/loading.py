@@ -85,6 +85,19 @@ def least_valuable(values: Iterable[tuple[float, int, int]]) -> int | None:
     return None if worst is None else worst[2]
 
 
+# A load whose last use is this recent when it is queued was asked for by requests (a
+# background placement is dated at the model's last use). Not "at or after the queueing":
+# the request's clock was read before the load was queued, and a peer's before the hop.
+ASKED_BY_REQUESTS_MS = 1_000
+
+
+def admission_date(last_used_ms: int, queued_ms: int, started_ms: int) -> int:
+    """The last use a load is admitted at when it gets a thread: now (`started_ms`) if
+    requests asked for it, so copies used while it waited do not refuse it room; otherwise
+    the older date it was asked with."""
+    return started_ms if last_used_ms >= queued_ms - ASKED_BY_REQUESTS_MS else last_used_ms
+
+
 def update_mean_load_ms(mean_ms: float, took_ms: float) -> float:
     """The running mean load time after a load that took `took_ms`."""
     return mean_ms + LOAD_MS_EWMA_WEIGHT * (took_ms - mean_ms)

@@ -10,6 +10,7 @@ import pytest
 from meshd.decisions.placement import loading
 from meshd.decisions.placement.loading import (
     accepts,
+    admission_date,
     colder_than_victims,
     exhausted_message,
     least_valuable,
@@ -105,3 +106,9 @@ def test_the_refusal_says_why_and_when_to_retry() -> None:
     msg = exhausted_message("m1", "12 loads are waiting", 4_200.0)
     assert "'m1'" in msg and "12 loads are waiting" in msg and "retry after 5 s" in msg
     assert retry_after_s(0.0) == 1
+
+
+def test_a_load_requests_asked_for_is_admitted_as_used_when_it_starts() -> None:
+    assert admission_date(9_995, 10_000, 12_000) == 12_000  # a request's clock, read just before
+    assert admission_date(9_000, 10_000, 12_000) == 12_000  # a peer's, a hop earlier
+    assert admission_date(5_000, 10_000, 12_000) == 5_000  # a background load keeps its date
