@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from array import array
 
+import pytest
+
 from sim.engine import EPOCH_MS, Fleet, Simulation, simulate
 from sim.policies import MESHD, MESHD_FIFO
 from sim.workloads import Catalogue, Workload, catalogue, zipf
@@ -48,7 +50,16 @@ def test_a_queued_load_takes_no_room_so_the_serving_copy_stays() -> None:
         assert (2 in inst.pending) is load_queue
 
 
-def test_the_most_valuable_waiting_load_starts_first() -> None:
+@pytest.mark.parametrize(
+    ("done_at_ms", "first", "still_waiting"),
+    [
+        (400, "m3", 2),  # within the overtaking bound (0.5 s): the more valuable first
+        (1000, "m2", 3),  # m2 has waited 1 s, past the bound: its turn
+    ],
+)
+def test_the_most_valuable_waiting_load_starts_first_unless_one_was_overtaken_too_long(
+    done_at_ms: int, first: str, still_waiting: int
+) -> None:
     sim = one_instance(True)
     inst = sim.insts[0]
     sim._request(EPOCH_MS, 1, inst)  # runs
@@ -56,21 +67,10 @@ def test_the_most_valuable_waiting_load_starts_first() -> None:
     for k in range(3):
         sim._request(EPOCH_MS + 2 + k, 3, inst)  # waits later, three requests
     assert list(inst.pending) == [2, 3]
-    sim._load_done(EPOCH_MS + 400, 0, 0, 1, 400.0)  # within the overtaking bound (0.5 s)
-    assert "m3" in inst.cache and "m2" not in inst.cache
-    assert list(inst.pending) == [2]
-
-
-def test_a_load_overtaken_past_the_bound_starts_before_more_valuable_ones() -> None:
-    sim = one_instance(True)
-    inst = sim.insts[0]
-    sim._request(EPOCH_MS, 1, inst)  # runs
-    sim._request(EPOCH_MS + 1, 2, inst)  # waits first, one request
-    for k in range(3):
-        sim._request(EPOCH_MS + 2 + k, 3, inst)  # waits later, three requests
-    sim._load_done(EPOCH_MS + 1000, 0, 0, 1, 1000.0)  # m2 has waited 1 s: its turn
-    assert "m2" in inst.cache and "m3" not in inst.cache
-    assert list(inst.pending) == [3]
+    sim._load_done(EPOCH_MS + done_at_ms, 0, 0, 1, float(done_at_ms))
+    other = "m2" if first == "m3" else "m3"
+    assert first in inst.cache and other not in inst.cache
+    assert list(inst.pending) == [still_waiting]
 
 
 def test_a_load_that_cannot_start_within_the_limit_is_refused_at_once() -> None:
