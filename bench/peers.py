@@ -859,6 +859,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             setattr(a, k, quick if a.quick else full)
     if min(a.models, a.cache_models, a.requests, a.concurrency, a.runs) < 1 or a.warmup < 0 or a.kill_requests < 0:
         p.error("--models, --cache-models, --requests, --concurrency, --runs must be >= 1; the rest >= 0")
+    if a.meshd_cache_mib < 0 or a.meshd_cache_mib != a.meshd_cache_mib:  # NaN too
+        p.error("--meshd-cache-mib must be >= 0 (0: --cache-models x the mean model size)")
     if a.kill_requests and a.kill_requests < 30:
         p.error("--kill-requests must be 0 or >= 30")
     a.system_list = [s.strip() for s in a.systems.split(",") if s.strip()]
