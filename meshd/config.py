@@ -25,6 +25,7 @@ from meshd.observability.logs import parse_log_format
 from meshd.observability.metrics import MetricsConfig
 from meshd.observability.payloads import Processor, parse_processors
 from meshd.security import tls as meshtls
+from meshd.serving.native.haproxy import find_haproxy
 from meshd.serving.proxy.methods import DataplaneConfig
 
 T = TypeVar("T")
@@ -171,6 +172,21 @@ SETTINGS: tuple[Setting, ...] = (
         "--load-wait-limit-ms",
         "load queue (value): longest a load may wait for a loading thread before misses are refused",
         "10000",
+    ),
+    Setting(
+        "data_plane",
+        "MESHD_DATAPLANE",
+        "--dataplane",
+        "python: every request through meshd's Python path; native: warm requests through HAProxy "
+        "(meshd its control plane; docs/native.md); auto: native when HAProxy is found, else python",
+        "python",
+    ),
+    Setting(
+        "haproxy",
+        "MESHD_HAPROXY",
+        "--haproxy",
+        "the HAProxy executable of the native data plane (a path, or a name on PATH)",
+        "haproxy",
     ),
     Setting("default_vmodel_owner", "MM_DEFAULT_VMODEL_OWNER", "--default-vmodel-owner", "owner of new vmodels", ""),
     Setting(
@@ -360,6 +376,8 @@ class Config:
     eviction: Eviction = Eviction.LRU
     load_queue: bool = True  # MESHD_LOAD_QUEUE=value; False: fifo (upstream's)
     load_wait_limit_ms: int = 10_000
+    data_plane: str = "python"  # resolved: "python" or "native" (MESHD_DATAPLANE=auto picks one)
+    haproxy: str = ""  # the HAProxy executable found, when data_plane is native
     tls: meshtls.MeshTls | None = None
     http_port: int | None = 8091  # None: no REST endpoints
     model_repository: Path | None = None
@@ -463,6 +481,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         _bounded(name("serving_port"), serving, 1, MAX_PORT)
     advertise = raw["advertise_host"] or env.get("POD_IP") or env.get("WKUBE_POD_IPADDR") or "127.0.0.1"
     labels = tuple(x.strip() for x in (raw["labels"] or "").split(",") if x.strip())
+    plane = _data_plane(name("data_plane"), need("data_plane"), name("haproxy"), need("haproxy"))
     config = Config(
         service_name=need("service_name"),
         kv_store=parse_kv_store(raw["kv_store"]) if raw["kv_store"] else None,
@@ -503,6 +522,8 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         eviction=_eviction(name("eviction"), need("eviction")),
         load_queue=_choice(name("load_queue"), need("load_queue"), ("value", "fifo")) == "value",
         load_wait_limit_ms=_int(name("load_wait_limit_ms"), need("load_wait_limit_ms"), 100),
+        data_plane=plane[0],
+        haproxy=plane[1],
         tls=_tls(raw, advertise),
         http_port=_http_port(name("http_port"), need("http_port")),
         model_repository=_directory(name("model_repository"), raw["model_repository"]),
@@ -699,6 +720,22 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     if lowered not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)} (got {value!r})")
     return lowered
+
+
+def _data_plane(name: str, value: str, haproxy_name: str, haproxy: str) -> tuple[str, str]:
+    """MESHD_DATAPLANE resolved against the machine: native needs an HAProxy that runs."""
+    mode = _choice(name, value, ("python", "native", "auto"))
+    if mode == "python":
+        return ("python", "")
+    found = find_haproxy(haproxy.strip()) if haproxy.strip() else None
+    if found is None:
+        if mode == "auto":
+            return ("python", "")
+        raise ConfigError(
+            f"{name}=native needs HAProxy 2.4 or later, and {haproxy_name} ({haproxy!r}) is not an executable "
+            "found here: install it (apt-get install haproxy; docs/native.md) or set MESHD_DATAPLANE=python"
+        )
+    return ("native", found)
 
 
 def _eviction(name: str, value: str) -> Eviction:

@@ -10,10 +10,12 @@ import asyncio
 import contextlib
 import errno
 import logging
+import shutil
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
@@ -34,7 +36,7 @@ from meshd.api.repository import MeshRepository
 from meshd.config import Config
 from meshd.core.clock import wall_ms
 from meshd.core.errors import DeadlineExceeded, MeshError
-from meshd.core.records import NODE_LOCATION, RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
+from meshd.core.records import NATIVE_ADDRESS, NODE_LOCATION, RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.decisions.cache import State, to_units
 from meshd.decisions.ids import ModelInfo
 from meshd.decisions.placement.constraints import TypeConstraints, no_home_message
@@ -60,7 +62,7 @@ from meshd.observability.tracing import from_env as tracing_from_env
 from meshd.registry.instances import InstancePublisher
 from meshd.registry.models import Registry
 from meshd.registry.vmodels import SetVModel, VModels
-from meshd.runtime.client import RuntimeClient, RuntimeNotReady
+from meshd.runtime.client import RuntimeClient, RuntimeInfo, RuntimeNotReady
 from meshd.runtime.endpoints import connection_age_options, internal_server_options, open_channel, server_options
 from meshd.security.peer_auth import interceptors as peer_interceptors
 from meshd.security.tls import bind, self_signed_server_context
@@ -68,6 +70,10 @@ from meshd.serving.cluster import Cluster
 from meshd.serving.copies import CopyCounter
 from meshd.serving.invocations import Invocations
 from meshd.serving.local import LocalModels
+from meshd.serving.native import setup as native_setup
+from meshd.serving.native.haproxy import HAProxy, haproxy_version
+from meshd.serving.native.haproxy_config import render as render_haproxy
+from meshd.serving.native.plane import NativePlane
 from meshd.serving.peers import Peers, dial_plaintext
 from meshd.serving.proxy.handler import InferenceHandler
 from meshd.serving.proxy.headers import RequestIds
@@ -207,6 +213,8 @@ class Instance:
     # /prestop: the same shutdown entry SIGTERM uses (set by `serve`); returns once stopped
     on_prestop: Callable[[], Awaitable[None]] | None = None
     background_stop: asyncio.Task[None] | None = None
+    native: NativePlane | None = None  # MESHD_DATAPLANE=native
+    native_dir: Path | None = None
 
     def __post_init__(self) -> None:
         self.metrics: Metrics = build_metrics(self.config.metrics)
@@ -283,6 +291,8 @@ class Instance:
                 record.extra[RUNTIME_DOWN] = True
             if cfg.location:  # MM_LOCATION (the node's address); `loc` is the address peers dial
                 record.extra[NODE_LOCATION] = cfg.location
+            if self.native is not None:  # peers send warm requests for our copies here
+                record.extra[NATIVE_ADDRESS] = f"{cfg.advertise_host}:{self.grpc_port}"
             return record
 
         instances = self.instances
@@ -293,7 +303,14 @@ class Instance:
             cfg.instance_ttl_s,
             mirror=instances,
         )
-        local.on_change = self.publisher.kick
+        publisher = self.publisher
+
+        def local_changed() -> None:
+            publisher.kick()
+            if self.native is not None:
+                self.native.kick()
+
+        local.on_change = local_changed
         watch.on_change = self.publisher.kick
 
         self.serving_channel = open_channel(cfg.serving_endpoint, cfg.max_msg_size)
@@ -413,7 +430,15 @@ class Instance:
         )
         external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, handlers, invocations)])
         tls = cfg.tls
-        self.grpc_port = bind(external, f"0.0.0.0:{cfg.grpc_port}", tls.external_server_credentials() if tls else None)
+        if cfg.data_plane == "native":
+            # HAProxy takes the external port; the Python path listens on a private socket behind it.
+            self.native_dir = native_setup.workdir()
+            bind(external, f"unix:{self.native_dir / 'python.sock'}", None)
+            self.grpc_port = cfg.grpc_port
+        else:
+            self.grpc_port = bind(
+                external, f"0.0.0.0:{cfg.grpc_port}", tls.external_server_credentials() if tls else None
+            )
         self.health.append(Health(external, EXTERNAL_SERVICES))
 
         # With TLS on, the handshake admits certificates the mesh trusts; the interceptor then
@@ -430,6 +455,14 @@ class Instance:
         for server in (external, internal):
             await server.start()
             self.servers.append(server)
+        if self.native_dir is not None:
+            carried = native_setup.carried_methods(methods, info.method_infos, handlers.keys())
+            self.native = await self._start_native(self.native_dir, methods, carried, cluster, registry, info)
+            router.noticed = self.native.noticed
+            local.before_unload = self.native.withdraw
+            native = self.native
+            self.peer_servicer.data_plane = "native"
+            self.peer_servicer.native_carried = lambda: native.counts.carried
         if cfg.http_port is not None:
             ssl_context = tls.http_server_context() if tls else None
             self.http = HttpServer(
@@ -503,6 +536,44 @@ class Instance:
             prefix,
             tls.describe() if tls else "plaintext",
         )
+        if self.native is not None:
+            log.info("data plane: native (%s), meshd its control plane", self.native.describe)
+        else:
+            log.info("data plane: python (MESHD_DATAPLANE=native carries warm requests through HAProxy)")
+
+    async def _start_native(
+        self,
+        directory: Path,
+        methods: MethodTable,
+        carried: set[str],
+        cluster: Cluster,
+        registry: Registry,
+        info: RuntimeInfo,
+    ) -> NativePlane:
+        cfg = self.config
+        assert self.local is not None
+        tls_files = native_setup.write_tls_files(cfg.tls, directory) if cfg.tls else None
+        python = directory / "python.sock"
+        layout = native_setup.layout(
+            cfg.grpc_port, python, cfg.serving_endpoint, directory, tls_files, cfg.request_timeout_ms > 0
+        )
+        version = await haproxy_version(cfg.haproxy)
+        maps = [layout.methods_map, layout.local_map, layout.peers_map, layout.vmodels_map]
+        haproxy = HAProxy(cfg.haproxy, render_haproxy(layout), directory, maps, layout.api_socket)
+        plane = NativePlane(
+            haproxy,
+            layout,
+            self.local,
+            registry.models,
+            registry.vmodels,
+            cluster.view,
+            lambda: carried,
+            assume_loaded_ms(info.loading_timeout_ms),
+            wall_ms,
+        )
+        plane.describe = f"{version.split(' - ')[0]} at {cfg.haproxy}, port {cfg.grpc_port}"
+        await plane.start()
+        return plane
 
     async def stopped(self) -> None:
         """Returns once `stop` has finished."""
@@ -797,7 +868,11 @@ class Instance:
         # Still serving: held copies locally (they stay loaded), the rest through peers.
         await asyncio.sleep(max(0.0, accept_until - loop.time()))
         # No new calls from here on; those in flight finish (up to 5 s of the budget).
+        if self.native is not None:
+            await self.native.stop()
         await asyncio.gather(*(server.stop(min(grace, 5.0)) for server in self.servers))
+        if self.native_dir is not None:
+            shutil.rmtree(self.native_dir, ignore_errors=True)
         if self.http is not None:
             with contextlib.suppress(Exception):
                 await self.http.stop()

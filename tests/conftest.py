@@ -8,7 +8,38 @@ from collections.abc import Iterator
 import pytest
 
 from meshd.kv.embedded import EmbeddedEtcd
+from meshd.testing import haproxy
 from meshd.testing.etcd import start_test_etcd
+
+DATA_PLANES = ("python", "native")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests marked `both_data_planes` that use `data_plane` run once on each."""
+    if "data_plane" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_data_planes"):
+        metafunc.parametrize("data_plane", DATA_PLANES)
+
+
+@pytest.fixture
+def data_plane() -> str:
+    """The data plane of the meshd processes a test starts (MESHD_DATAPLANE)."""
+    return "python"
+
+
+@pytest.fixture(scope="session")
+def haproxy_path() -> str:
+    """An HAProxy for the native data plane: found, or fetched from Debian packages once."""
+    found = haproxy.find_or_fetch()
+    if found is None:
+        pytest.skip("no HAProxy here and no apt-get to fetch one: the native data plane cannot run (docs/native.md)")
+    return found
+
+
+def data_plane_settings(data_plane: str, request: pytest.FixtureRequest) -> dict[str, str | int]:
+    """meshd settings for `data_plane`: MESHD_DATAPLANE, and MESHD_HAPROXY for native."""
+    if data_plane == "python":
+        return {}
+    return {"data_plane": data_plane, "haproxy": request.getfixturevalue("haproxy_path")}
 
 
 @pytest.fixture(scope="session")

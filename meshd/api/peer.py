@@ -28,6 +28,8 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
         self.local = local
         self.registry = registry
         self.gauges: Callable[[], ClusterGauges | None] = lambda: None  # set once the leader exists
+        self.data_plane = "python"
+        self.native_carried: Callable[[], int] = lambda: 0  # set when the native data plane runs
 
     @statuses
     async def InternalOperation(self, request: Any, context: Any) -> Any:
@@ -66,6 +68,8 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
             capacityBytes=cache.capacity_units * UNIT_BYTES,
             usedBytes=cache.used_units * UNIT_BYTES,
             loadedModels=sorted(e.model_id for e in cache.entries() if e.state is State.LOADED),
+            dataPlane=self.data_plane,
+            nativeCarried=self.native_carried(),
         )
         if request.withCopies:
             resp.copiesIncluded = True

@@ -176,6 +176,7 @@ EMPTY_LRU_TIME = (1 << 63) - 1  # upstream's lruTime of an instance with nothing
 # MM_LOCATION (the node's address): upstream writes it to `loc`, which meshd uses for the
 # address peers dial, so it goes under its own key.
 NODE_LOCATION = "nodeLoc"
+NATIVE_ADDRESS = "meshdNative"  # host:port of the instance's native data plane (MESHD_DATAPLANE=native)
 
 
 @dataclass(slots=True)

@@ -126,13 +126,15 @@ class WeightedLRU:
         return min(e.last_used_ms for e in loaded)
 
     # ---- decisions -----------------------------------------------------------------
-    def touch(self, model_id: str, now_ms: int) -> None:
+    def touch(self, model_id: str, now_ms: int, uses: int = 1) -> None:
+        """`uses` requests of `model_id` at `now_ms` (several when counted in bulk: the native
+        data plane's counters)."""
         entry = self._entries.get(model_id)
         if entry is None:
             return
         gdsf = self.eviction is Eviction.GDSF
         if gdsf:
-            entry.uses += 1
+            entry.uses += uses
             entry.priority = self.inflation + entry.uses * _cost_per_unit(entry)
         if entry.last_used_ms < now_ms:
             if now_ms - entry.last_used_ms > USE_SPELL_GAP_MS:

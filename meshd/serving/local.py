@@ -126,6 +126,8 @@ class LocalModels:
         self._unloading: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._space = asyncio.Event()  # replaced and set whenever room may have appeared
+        # The native data plane's `withdraw`: its route goes and its requests end before an unload.
+        self.before_unload: Callable[[str], Awaitable[None]] | None = None
         self.runtime_up = True  # False while the runtime does not answer (meshd.loops.runtime_watch)
         self.runtime_epoch = 0  # counts the runtime's outages: a load spanning one is void
         self._removals = asyncio.Semaphore(RECORD_REMOVALS_AT_ONCE)
@@ -513,6 +515,8 @@ class LocalModels:
             await asyncio.gather(previous, return_exceptions=True)
         if entry is not None:
             await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
+            if self.before_unload is not None:
+                await self._quiet(self.before_unload(model_id))
             waited = 0.0
             while entry.inflight > 0 and waited < UNLOAD_INFLIGHT_WAIT_S:
                 await asyncio.sleep(INFLIGHT_POLL_S)

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol, TypeVar
 
 import grpc
@@ -144,6 +144,8 @@ class Router:
         self.inflight = self.forwarder.inflight  # requests this instance has in flight per peer
         self._placed = RecentPlacements()  # loads placed lately, per instance
         self.forwarded = 0  # external requests served by a peer (share of peer hops)
+        # The native data plane: told of each model routed here without a local copy (its peer routes).
+        self.noticed: Callable[[str], None] | None = None
 
     # ---- lookups ---------------------------------------------------------------------
     async def place(
@@ -295,6 +297,8 @@ class Router:
         record = await self.record(model_id)
         if not tried:  # on arrival, not on a retry: what the load queue reads as popularity
             self.local.popularity.count(model_id)
+            if self.noticed is not None:
+                self.noticed(model_id)
         known: dict[str, int] = {}  # holders learnt from a load refused at max copies
         exhausted = 0  # loads refused for load capacity (the load queue's limits)
         refused_load: set[str] = set()  # peers excluded only for refusing a load at max copies

@@ -42,6 +42,8 @@ from meshd.runtimes.models import (
 from meshd.testing.cluster import LocalMesh, Node
 from meshd.testing.procs import wait_until
 
+from ..conftest import DATA_PLANES, data_plane_settings
+
 pytestmark = pytest.mark.slow
 
 T = TypeVar("T")
@@ -135,11 +137,15 @@ def _close(a: list[list[float]], b: list[list[float]]) -> bool:
     )
 
 
-@pytest.fixture(scope="module")
-def mesh(etcd_server: EmbeddedEtcd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    """One instance for the whole module, with two loaded models and a vmodel on m0."""
+@pytest.fixture(scope="module", params=DATA_PLANES)
+def mesh(
+    etcd_server: EmbeddedEtcd, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Mesh]:
+    """One instance for the whole module (once per data plane), with two loaded models and a
+    vmodel on m0."""
     tmp: Path = tmp_path_factory.mktemp("badinput")
-    local = LocalMesh(tmp, service=f"bad-{uuid.uuid4().hex[:8]}")
+    settings = data_plane_settings(request.param, request)
+    local = LocalMesh(tmp, service=f"bad-{uuid.uuid4().hex[:8]}", settings=settings)
     local.etcd_url = etcd_server.url
     channel: grpc.Channel | None = None
     try:

@@ -27,6 +27,7 @@ from meshd.testing.etcd import start_test_etcd
 from meshd.testing.observers import ClientThreads, EtcdView
 from meshd.testing.observers import answers as answers  # re-exported for the fault tests
 
+from ..conftest import data_plane_settings
 from ..integration.conftest import MODEL_SIZE, Client, close_enough, expected
 from ..integration.conftest import listed_instances as listed_instances  # re-exported for the fault tests
 
@@ -101,9 +102,10 @@ class FaultMesh:
 
 
 @pytest.fixture
-def fault_mesh(tmp_path: Path) -> Iterator[FaultMesh]:
+def fault_mesh(tmp_path: Path, data_plane: str, request: pytest.FixtureRequest) -> Iterator[FaultMesh]:
     """A mesh whose etcd belongs to this test alone (so stopping it harms no other test)."""
-    mesh = LocalMesh(tmp_path, service=f"svc-{uuid.uuid4().hex[:8]}")
+    settings = data_plane_settings(data_plane, request)
+    mesh = LocalMesh(tmp_path, service=f"svc-{uuid.uuid4().hex[:8]}", settings=settings)
     fm = FaultMesh(mesh, [])
     try:
         mesh.etcd = start_test_etcd(tmp_path)

@@ -23,6 +23,8 @@ from meshd.runtimes.models import DemoModel, GeneratedModel, decode_infer_respon
 from meshd.testing.cluster import LocalMesh, Node
 from meshd.testing.observers import ClientThreads
 
+from ..conftest import data_plane_settings
+
 MODEL_SIZE = 1 << 20
 
 
@@ -72,9 +74,12 @@ class Client:
 
 
 @pytest.fixture
-def mesh(etcd_server: EmbeddedEtcd, tmp_path: Path) -> Iterator[LocalMesh]:
+def mesh(
+    etcd_server: EmbeddedEtcd, tmp_path: Path, data_plane: str, request: pytest.FixtureRequest
+) -> Iterator[LocalMesh]:
     """A LocalMesh on the session etcd, with its own service name so tests never share records."""
-    m = LocalMesh(tmp_path, service=f"svc-{uuid.uuid4().hex[:8]}")
+    settings = data_plane_settings(data_plane, request)
+    m = LocalMesh(tmp_path, service=f"svc-{uuid.uuid4().hex[:8]}", settings=settings)
     m.etcd_url = etcd_server.url
     try:
         yield m

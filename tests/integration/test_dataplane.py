@@ -20,7 +20,7 @@ from meshd.testing.procs import wait_until
 
 from .conftest import Client, NodeFactory, close_enough, expected
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_data_planes]
 
 ROWS = [[0.5, -1.0, 2.0, 0.25]]
 STREAMING_CONFIG = json.dumps({"rpcConfigs": dataplane_streaming()})

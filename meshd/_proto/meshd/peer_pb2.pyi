@@ -66,7 +66,7 @@ class CopyStats(_message.Message):
     def __init__(self, modelId: _Optional[str] = ..., state: _Optional[_Union[InternalOpResponse.State, str]] = ..., sizeBytes: _Optional[int] = ..., lastUsed: _Optional[int] = ..., since: _Optional[int] = ...) -> None: ...
 
 class InstanceStatsResponse(_message.Message):
-    __slots__ = ("instanceId", "requests", "hits", "misses", "loads", "loadFailures", "evictions", "capacityBytes", "usedBytes", "loadedModels", "leader", "modelsManagedTotal", "modelsLoadedTotal", "modelsWithFailureTotal", "copies", "copiesIncluded")
+    __slots__ = ("instanceId", "requests", "hits", "misses", "loads", "loadFailures", "evictions", "capacityBytes", "usedBytes", "loadedModels", "leader", "modelsManagedTotal", "modelsLoadedTotal", "modelsWithFailureTotal", "copies", "copiesIncluded", "dataPlane", "nativeCarried")
     INSTANCEID_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,8 @@ class InstanceStatsResponse(_message.Message):
     MODELSWITHFAILURETOTAL_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
     COPIESINCLUDED_FIELD_NUMBER: _ClassVar[int]
+    DATAPLANE_FIELD_NUMBER: _ClassVar[int]
+    NATIVECARRIED_FIELD_NUMBER: _ClassVar[int]
     instanceId: str
     requests: int
     hits: int
@@ -99,4 +101,6 @@ class InstanceStatsResponse(_message.Message):
     modelsWithFailureTotal: int
     copies: _containers.RepeatedCompositeFieldContainer[CopyStats]
     copiesIncluded: bool
-    def __init__(self, instanceId: _Optional[str] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., loads: _Optional[int] = ..., loadFailures: _Optional[int] = ..., evictions: _Optional[int] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., loadedModels: _Optional[_Iterable[str]] = ..., leader: bool = ..., modelsManagedTotal: _Optional[int] = ..., modelsLoadedTotal: _Optional[int] = ..., modelsWithFailureTotal: _Optional[int] = ..., copies: _Optional[_Iterable[_Union[CopyStats, _Mapping]]] = ..., copiesIncluded: bool = ...) -> None: ...
+    dataPlane: str
+    nativeCarried: int
+    def __init__(self, instanceId: _Optional[str] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., loads: _Optional[int] = ..., loadFailures: _Optional[int] = ..., evictions: _Optional[int] = ..., capacityBytes: _Optional[int] = ..., usedBytes: _Optional[int] = ..., loadedModels: _Optional[_Iterable[str]] = ..., leader: bool = ..., modelsManagedTotal: _Optional[int] = ..., modelsLoadedTotal: _Optional[int] = ..., modelsWithFailureTotal: _Optional[int] = ..., copies: _Optional[_Iterable[_Union[CopyStats, _Mapping]]] = ..., copiesIncluded: bool = ..., dataPlane: _Optional[str] = ..., nativeCarried: _Optional[int] = ...) -> None: ...

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from meshd.core.records import EMPTY_LRU_TIME, InstanceRecord
+from meshd.core.records import EMPTY_LRU_TIME, NATIVE_ADDRESS, InstanceRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,7 @@ class InstanceView:
     version: int = 0
     zone: str = ""
     labels: frozenset[str] = frozenset()
+    native: str = ""  # host:port of its native data plane; "" when it has none
 
     @property
     def free(self) -> int:
@@ -57,7 +58,12 @@ class InstanceView:
             version=r.version,
             zone=r.zone,
             labels=frozenset(r.labels),
+            native=_text(r.extra.get(NATIVE_ADDRESS)),
         )
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,174 @@
+"""HAProxy's configuration for the native data plane, and its table dumps read back (pure).
+
+The frontend takes the external gRPC port. A request goes to the local runtime when its
+method is in the methods map and the model it names by `mm-model-id` (or `mm-vmodel-id`,
+resolved through the vmodels map) is in the local map; to a peer's native port when the
+peers map names a peer slot for it (never for a request that already came from a peer:
+one native hop at most); otherwise to meshd's Python path, which stays complete. Anything
+the Python path would judge (a `-bin` id, both ids, several ids, `mm-balanced`) goes to it.
+
+Every native backend keeps meshd's Python path as a backup server: a runtime or peer that
+refuses the connection is marked down on that first error and the request (nothing of it
+sent yet) is redispatched to the Python path, which reroutes as it always does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+LOCAL_BACKEND = "be_local"
+PYTHON_BACKEND = "be_python"
+PEER_BACKEND = "be_peer_"  # + slot number
+COUNTERS_TABLE = "st_local"
+HOP_HEADER = "meshd-native-hop"  # set on a native hop to a peer; meshd- headers never reach a runtime
+MAX_KEY_CHARS = 250  # the counters table's key length is 256
+TABLE_KEY_LEN = 256
+
+# Keys HAProxy's map files and runtime API take verbatim: printable ASCII without spaces,
+# without ';' (the runtime API's command separator), '\\' or a leading '#'. Other ids simply
+# stay on the Python path.
+_SAFE_KEY = re.compile(r"[!-~]+")
+
+
+def map_key_ok(key: str) -> bool:
+    return (
+        0 < len(key) <= MAX_KEY_CHARS
+        and _SAFE_KEY.fullmatch(key) is not None
+        and ";" not in key
+        and "\\" not in key
+        and not key.startswith("#")
+    )
+
+
+def haproxy_address(endpoint: str) -> str:
+    """A grpc target (`host:port`, `unix:/path`, `unix:///path`) as an HAProxy server address."""
+    if endpoint.startswith("unix://"):
+        return "unix@" + endpoint[len("unix://") :]
+    if endpoint.startswith("unix:"):
+        return "unix@" + endpoint[len("unix:") :]
+    return endpoint
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """TLS on the native ports, as files HAProxy reads (the plane writes them)."""
+
+    cert_key: str  # PEM: the chain, then the private key
+    client_trust: str | None  # verify clients against this bundle (MM_TLS_CLIENT_AUTH=REQUIRE)
+    peer_trust: str  # what a peer's native port must present a chain to
+
+
+@dataclass(frozen=True)
+class Layout:
+    listen: str  # "0.0.0.0:8033": the external gRPC port
+    python: str  # meshd's Python path, on loopback
+    runtime: str  # the runtime's inference endpoint, an HAProxy address
+    api_socket: str
+    methods_map: str
+    local_map: str
+    peers_map: str
+    vmodels_map: str
+    peer_slots: int = 16
+    threads: int = 1
+    tls: TlsFiles | None = None
+    # MESHD_REQUEST_TIMEOUT_MS is set: a call without a deadline takes the Python path, which
+    # gives it that one (and says so when it expires).
+    deadline_required: bool = False
+
+
+def _peer_ssl(tls: TlsFiles | None) -> str:
+    if tls is None:
+        return ""
+    return f" ssl verify required ca-file {tls.peer_trust} crt {tls.cert_key} alpn h2"
+
+
+def render(layout: Layout) -> str:
+    """The whole configuration file."""
+    bind_tls = ""
+    if layout.tls is not None:
+        bind_tls = f" ssl crt {layout.tls.cert_key} alpn h2"
+        if layout.tls.client_trust is not None:
+            bind_tls += f" ca-file {layout.tls.client_trust} verify required"
+    else:
+        bind_tls = " proto h2"
+    python = f"server py {layout.python} proto h2"
+    lines = [
+        "global",
+        f"  stats socket {layout.api_socket} mode 600 level admin",
+        f"  nbthread {layout.threads}",
+        "  maxconn 8000",
+        "  noreuseport",  # a taken port fails start-up, as the Python path does (issue 16)
+        "  tune.h2.initial-window-size 1048576",
+        "defaults",
+        "  mode http",
+        "  timeout connect 1s",
+        # gRPC streams may stay open and quiet for long: the client and deadlines end them.
+        "  timeout client 1d",
+        "  timeout server 1d",
+        "  timeout tunnel 1d",
+        "  timeout http-request 1d",
+        "frontend grpc",
+        f"  bind {layout.listen}{bind_tls}",
+        f"  acl native_method path,map({layout.methods_map}) -m found",
+        "  acl one_model req.hdr_cnt(mm-model-id) eq 1",
+        "  acl one_vmodel req.hdr_cnt(mm-vmodel-id) eq 1",
+        "  acl no_model req.hdr_cnt(mm-model-id) eq 0",
+        "  acl no_vmodel req.hdr_cnt(mm-vmodel-id) eq 0",
+        "  acl python_judges req.hdr_cnt(mm-model-id-bin) gt 0",
+        "  acl python_judges req.hdr_cnt(mm-vmodel-id-bin) gt 0",
+        "  acl python_judges req.hdr_cnt(mm-balanced) gt 0",
+        f"  acl from_peer req.hdr_cnt({HOP_HEADER}) gt 0",
+        *(["  acl python_judges req.hdr_cnt(grpc-timeout) eq 0"] if layout.deadline_required else []),
+        "  http-request set-var(txn.mid) req.fhdr(mm-model-id) if native_method one_model no_vmodel !python_judges",
+        f"  http-request set-var(txn.mid) req.fhdr(mm-vmodel-id),map({layout.vmodels_map})"
+        " if native_method one_vmodel no_model !python_judges",
+        # A vmodel resolved here reaches the runtime as its concrete model, as on the Python path.
+        "  http-request set-header mm-model-id %[var(txn.mid)] if one_vmodel { var(txn.mid) -m found }",
+        "  http-request del-header mm-vmodel-id if one_vmodel { var(txn.mid) -m found }",
+        f"  use_backend {LOCAL_BACKEND} if {{ var(txn.mid),map({layout.local_map}) -m found }}",
+        f"  use_backend %[var(txn.mid),map({layout.peers_map})] if !from_peer"
+        f" {{ var(txn.mid),map({layout.peers_map}) -m found }}",
+        f"  default_backend {PYTHON_BACKEND}",
+        f"backend {LOCAL_BACKEND}",
+        f"  http-request track-sc0 var(txn.mid) table {COUNTERS_TABLE}",
+        f"  http-request del-header {HOP_HEADER}",
+        "  timeout connect 200ms",
+        "  retry-on conn-failure",
+        "  option redispatch 1",
+        "  retries 1",
+        f"  server rt {layout.runtime} proto h2 check inter 1s observe layer4 error-limit 1 on-error mark-down",
+        f"  {python} backup",
+        f"backend {COUNTERS_TABLE}",
+        f"  stick-table type string len {TABLE_KEY_LEN} size 1m expire 1d store http_req_cnt,conn_cur",
+    ]
+    for slot in range(layout.peer_slots):
+        lines += [
+            f"backend {PEER_BACKEND}{slot}",
+            f"  http-request set-header {HOP_HEADER} 1",
+            "  timeout connect 500ms",
+            "  retry-on conn-failure",
+            "  option redispatch 1",
+            "  retries 1",
+            f"  server peer 127.0.0.1:1 proto h2 disabled{_peer_ssl(layout.tls)}"
+            " check inter 1s observe layer4 error-limit 1 on-error mark-down",
+            f"  {python} backup",
+        ]
+    lines += [f"backend {PYTHON_BACKEND}", f"  {python}", ""]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """One model's row in the counters table."""
+
+    requests: int  # http_req_cnt: requests carried natively to the local runtime, ever
+    inflight: int  # conn_cur: of those, the ones not yet answered
+
+
+_ROW = re.compile(r"^0x[0-9a-f]+: key=(\S+) .*?conn_cur=(\d+) http_req_cnt=(\d+)", re.M)
+
+
+def parse_table(dump: str) -> dict[str, Counters]:
+    """`show table st_local` output -> model id -> counters."""
+    return {m[1]: Counters(int(m[3]), int(m[2])) for m in _ROW.finditer(dump)}

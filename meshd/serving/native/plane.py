@@ -1,0 +1,299 @@
+"""The native data plane's control loop: HAProxy's maps kept equal to what this instance knows.
+
+Every `interval_s` (and soon after a change of local copies) the plane computes the routes
+(`routes`) and sends HAProxy only the differences; each poll of the counters table feeds
+the requests HAProxy carried to the local runtime back to the cache (last use, GDSF uses)
+and to the rates copy scaling reads. An eviction calls `withdraw` before it unloads: the
+route goes first, then the copy's native requests in flight finish (bounded), then the
+runtime unloads. If HAProxy exits, the plane starts it again and re-sends every map.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from meshd.core.records import ModelRecord, VModelRecord
+from meshd.decisions.cache import State
+from meshd.decisions.placement.view import ClusterView
+from meshd.kv.table import Table
+from meshd.serving.local import LocalModels
+from meshd.serving.native.haproxy import HAProxy, HAProxyError
+from meshd.serving.native.haproxy_config import COUNTERS_TABLE, PEER_BACKEND, Layout, map_key_ok, parse_table
+from meshd.serving.native.routes import (
+    LocalCopy,
+    assign_slots,
+    local_routes,
+    map_changes,
+    peer_routes,
+    runtime_api_commands,
+)
+
+log = logging.getLogger("meshd.native")
+
+SYNC_INTERVAL_S = 0.25
+COUNTERS_EVERY = 4  # polls of the counters table: one per this many syncs (1 s)
+WITHDRAW_WAIT_S = 30.0  # the Python path's bound on an unload waiting for requests in flight
+WITHDRAW_POLL_S = 0.02
+MAX_WANTED = 50_000  # models asked of this instance that peer routes are kept for
+RESTART_BACKOFF_S = 1.0
+
+
+@dataclass
+class NativeCounts:
+    """What the native data plane did, for tests, logs and benchmarks."""
+
+    carried: int = 0  # requests the counters say HAProxy carried to the local runtime
+    syncs: int = 0
+    map_commands: int = 0
+    restarts: int = 0
+    withdrawn: int = 0
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """`ip:port` of a peer's native port; None when HAProxy could not dial it without DNS."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        number = int(port)
+    except ValueError:
+        return None
+    return (host, number) if 0 < number < 65536 else None
+
+
+class NativePlane:
+    def __init__(
+        self,
+        haproxy: HAProxy,
+        layout: Layout,
+        local: LocalModels,
+        models: Table[ModelRecord],
+        vmodels: Table[VModelRecord],
+        view: Callable[[], ClusterView],
+        native_methods: Callable[[], set[str]],
+        assume_loaded_ms: int,
+        clock: Callable[[], int],
+        interval_s: float = SYNC_INTERVAL_S,
+    ) -> None:
+        self.haproxy = haproxy
+        self.layout = layout
+        self.local = local
+        self.models = models
+        self.vmodels = vmodels
+        self.view = view
+        self.native_methods = native_methods
+        self.assume_loaded_ms = assume_loaded_ms
+        self.clock = clock
+        self.interval_s = interval_s
+        self.counts = NativeCounts()
+        self.describe = "HAProxy"  # for the start-up line: version, executable, port
+        self._maps: dict[str, dict[str, str]] = {}  # map file -> what HAProxy holds
+        self._slots: dict[str, str] = {}  # peer slot -> instance id
+        self._slot_addr: dict[str, str] = {}  # peer slot -> address set on its server
+        self._vmodels_revision = -1
+        self._requests: dict[str, int] = {}  # model -> http_req_cnt at the last poll
+        self._wanted: OrderedDict[str, None] = OrderedDict()
+        self._lock = asyncio.Lock()
+        self._kicked = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._polls = 0
+
+    # ---- lifecycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.haproxy.start()
+        self._reset()
+        await self.sync()
+        self._task = asyncio.create_task(self._run(), name="native data plane")
+
+    async def stop(self) -> None:
+        """Stop carrying: HAProxy stops listening and finishes the streams in flight."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.haproxy.stop()
+
+    def _reset(self) -> None:
+        paths = (self.layout.methods_map, self.layout.local_map, self.layout.peers_map, self.layout.vmodels_map)
+        self._maps = {p: {} for p in paths}
+        self._slots = {}
+        self._slot_addr = {}
+        self._vmodels_revision = -1
+        self._requests = {}
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._kicked.wait(), self.interval_s)
+            self._kicked.clear()
+            try:
+                if not self.haproxy.running:
+                    log.warning("haproxy exited (code %s); starting it again", self._exit_code())
+                    self.counts.restarts += 1
+                    await asyncio.sleep(RESTART_BACKOFF_S)
+                    await self.haproxy.start()
+                    self._reset()
+                await self.sync()
+                self._polls += 1
+                if self._polls % COUNTERS_EVERY == 0:
+                    await self.poll_counters()
+            except (OSError, HAProxyError) as e:
+                log.warning("native data plane: %s", e)
+
+    def _exit_code(self) -> int | None:
+        return self.haproxy.proc.returncode if self.haproxy.proc is not None else None
+
+    # ---- what the Python path tells the plane -----------------------------------------
+    def kick(self) -> None:
+        """Local copies changed: sync soon."""
+        self._kicked.set()
+
+    def noticed(self, model_id: str) -> None:
+        """The Python path was asked for `model_id` and had no local copy to serve it."""
+        wanted = self._wanted
+        if model_id in wanted:
+            wanted.move_to_end(model_id)
+            return
+        wanted[model_id] = None
+        if len(wanted) > MAX_WANTED:
+            wanted.popitem(last=False)
+        self._kicked.set()
+
+    async def withdraw(self, model_id: str) -> None:
+        """Before an unload: no new native request for the copy, then those in flight end
+        (whether the route went here or in a sync that saw the copy leave the cache)."""
+        async with self._lock:
+            local = self._maps.get(self.layout.local_map, {})
+            if model_id in local:
+                try:
+                    await self.haproxy.commands([f"del map {self.layout.local_map} {model_id}"])
+                except (OSError, HAProxyError) as e:
+                    log.warning("native data plane: could not withdraw %s: %s", model_id, e)
+                    return
+                del local[model_id]
+                self.counts.withdrawn += 1
+        if not map_key_ok(model_id):
+            return  # never carried natively
+        deadline = time.monotonic() + WITHDRAW_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                row = parse_table(await self.haproxy.command(f"show table {COUNTERS_TABLE} key {model_id}"))
+            except (OSError, HAProxyError):
+                return  # HAProxy is gone: nothing of it is in flight
+            counters = row.get(model_id)
+            if counters is None or counters.inflight == 0:
+                return
+            await asyncio.sleep(WITHDRAW_POLL_S)
+
+    # ---- sync -------------------------------------------------------------------------
+    async def sync(self) -> None:
+        async with self._lock:
+            self.counts.syncs += 1
+            layout = self.layout
+            local = self.local
+            copies = (LocalCopy(e.model_id, e.state is State.LOADED, e.gate is not None) for e in local.cache.entries())
+            here = local_routes(copies, local.runtime_up)
+            desired: dict[str, Mapping[str, str]] = {
+                layout.methods_map: {m: "1" for m in self.native_methods() if map_key_ok(m)},
+                layout.local_map: {m: "1" for m in here},
+            }
+            view = self.view()
+            natives = {
+                i.instance_id: i.native
+                for i in view.serving
+                if i.native and i.instance_id != view.self_id and i.instance_id not in view.unreachable
+                and split_address(i.native) is not None
+            }  # fmt: skip
+            await self._set_slots(assign_slots(self._slots, natives, layout.peer_slots), natives)
+            slot_of = {inst: slot for slot, inst in self._slots.items()}
+            records = _Records(self.models)
+            desired[layout.peers_map] = peer_routes(
+                list(self._wanted), records, view, natives, slot_of, self.assume_loaded_ms, here
+            )
+            if self.vmodels.revision != self._vmodels_revision:
+                self._vmodels_revision = self.vmodels.revision
+                desired[layout.vmodels_map] = {
+                    vid: v.active_model
+                    for vid, v in self.vmodels.items()
+                    if map_key_ok(vid) and map_key_ok(v.active_model)
+                }
+            commands: list[str] = []
+            for path, want in desired.items():
+                current = self._maps[path]
+                changes = map_changes(current, want)
+                if changes:
+                    commands += runtime_api_commands(path, current, changes)
+                    for key in changes.delete:
+                        del current[key]
+                    current.update(changes.put)
+            if commands:
+                self.counts.map_commands += len(commands)
+                await self.haproxy.commands(commands)
+
+    async def _set_slots(self, slots: dict[str, str], natives: Mapping[str, str]) -> None:
+        commands: list[str] = []
+        for slot in sorted(set(self._slots) | set(slots), key=int):
+            server = f"{PEER_BACKEND}{slot}/peer"
+            inst = slots.get(slot)
+            if inst is None:
+                commands.append(f"set server {server} state maint")
+                self._slot_addr.pop(slot, None)
+                continue
+            address = natives[inst]
+            if self._slot_addr.get(slot) != address:
+                host, port = split_address(address) or ("127.0.0.1", 1)
+                commands += [f"set server {server} addr {host} port {port}", f"set server {server} state ready"]
+                self._slot_addr[slot] = address
+        self._slots = slots
+        if commands:
+            answer = await self.haproxy.command(";".join(commands))
+            if "unknown" in answer.lower() or "no such" in answer.lower():
+                raise HAProxyError(f"haproxy refused a peer address: {answer.strip()[:200]}")
+
+    # ---- counters ---------------------------------------------------------------------
+    async def poll_counters(self) -> None:
+        """Requests carried natively since the last poll: uses for the cache, load for the rates."""
+        rows = parse_table(await self.haproxy.command(f"show table {COUNTERS_TABLE}"))
+        now = self.clock()
+        local = self.local
+        previous = self._requests
+        for model_id, row in rows.items():
+            delta = row.requests - previous.get(model_id, 0)
+            if delta <= 0:
+                continue
+            self.counts.carried += delta
+            local.counters.requests += delta
+            local.counters.hits += delta
+            local.counters.served += delta
+            entry = local.cache.get(model_id)
+            if entry is not None:
+                entry.served += delta
+                local.cache.touch(model_id, now, uses=delta)
+        self._requests = {m: r.requests for m, r in rows.items()}
+
+
+class _Records(Mapping[str, ModelRecord]):
+    """The models table as a read-only mapping (no copy of the whole table)."""
+
+    def __init__(self, table: Table[ModelRecord]) -> None:
+        self.table = table
+
+    def __getitem__(self, key: str) -> ModelRecord:
+        record = self.table.get(key)
+        if record is None:
+            raise KeyError(key)
+        return record
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(k for k, _ in self.table.items())
+
+    def __len__(self) -> int:
+        return len(self.table)

@@ -1,0 +1,78 @@
+"""Where the native data plane's files live and what it is given: its layout, its TLS files,
+the methods it may carry."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Collection, Iterable
+from pathlib import Path
+
+from meshd.runtime.endpoints import grpc_target
+from meshd.security.tls import ClientAuth, MeshTls
+from meshd.serving.native.haproxy_config import Layout, TlsFiles, haproxy_address
+from meshd.serving.proxy.methods import MethodTable, method_path
+
+KSERVE = "/inference.GRPCInferenceService/"
+# What the runtime serves per model; the server-level KServe calls are meshd's own.
+KSERVE_CARRIED = (KSERVE + "ModelInfer", KSERVE + "ModelStreamInfer", KSERVE + "ModelMetadata")
+
+
+def workdir() -> Path:
+    """A private directory for the configuration, maps and sockets: short (unix socket paths
+    are limited to 107 bytes) and readable only by meshd (the runtime API is admin)."""
+    return Path(tempfile.mkdtemp(prefix="meshd-native-"))
+
+
+def write_tls_files(tls: MeshTls, directory: Path) -> TlsFiles:
+    def write(name: str, data: bytes) -> str:
+        path = directory / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return str(path)
+
+    cert_key = write("cert-key.pem", tls.cert_chain.rstrip(b"\n") + b"\n" + tls.private_key)
+    client = None
+    if tls.settings.client_auth is ClientAuth.REQUIRE and tls.trust is not None:
+        client = write("client-trust.pem", tls.trust)
+    return TlsFiles(cert_key, client, write("peer-trust.pem", tls.internal_trust))
+
+
+def layout(
+    listen_port: int,
+    python_socket: Path,
+    runtime_endpoint: str,
+    directory: Path,
+    tls: TlsFiles | None,
+    deadline_required: bool,
+) -> Layout:
+    return Layout(
+        listen=f"0.0.0.0:{listen_port}",
+        python=f"unix@{python_socket}",
+        runtime=haproxy_address(grpc_target(runtime_endpoint)),
+        api_socket=str(directory / "api.sock"),
+        methods_map=str(directory / "methods.map"),
+        local_map=str(directory / "local.map"),
+        peers_map=str(directory / "peers.map"),
+        vmodels_map=str(directory / "vmodels.map"),
+        tls=tls,
+        deadline_required=deadline_required,
+    )
+
+
+def carried_methods(methods: MethodTable, runtime_methods: Iterable[str], meshd_handles: Collection[str]) -> set[str]:
+    """Methods the native data plane may carry: the runtime's per-model unary ones whose model
+    id is in the headers only (no id injection into, or extraction from, the body).
+
+    Streams stay on the Python path: HAProxy 2.6 turns a runtime that ends a stream while the
+    client still sends (an error mid-stream) into RST_STREAM(CANCEL), losing the status the
+    runtime sent; the Python path relays it (tests/integration/test_dataplane.py)."""
+    carried = set()
+    for path in {*KSERVE_CARRIED, *(method_path(m) for m in runtime_methods)}:
+        if path in meshd_handles:
+            continue
+        spec = methods.spec(path)
+        if spec is not None and not spec.streaming and not spec.inject and not spec.extract:
+            carried.add(path)
+    return carried

@@ -1,0 +1,199 @@
+"""The native data plane (MESHD_DATAPLANE=native) through real meshd, HAProxy and runtime
+processes: what it carries and what it leaves to the Python path, counted by its own
+counters (InstanceStats.nativeCarried); the LRU fed by those counters; peers reached on
+their native ports; an eviction waiting for native requests in flight; HAProxy started
+again after it dies. The data-plane, fault and bad-input suites run on it too
+(`both_data_planes`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from meshd._proto.mmesh import model_mesh_pb2 as mm
+from meshd.runtimes.models import GeneratedModel
+from meshd.testing.procs import wait_until
+
+from .conftest import Client, NodeFactory, close_enough, expected
+
+pytestmark = pytest.mark.slow
+
+ROWS = [[0.5, -1.0, 2.0, 0.25]]
+
+
+@pytest.fixture
+def data_plane() -> str:
+    return "native"
+
+
+def carried(c: Client) -> int:
+    return int(c.stats().nativeCarried)
+
+
+def check(c: Client, model: GeneratedModel, header: str = "mm-model-id", model_id: str | None = None) -> None:
+    assert close_enough(c.infer(model_id or model.id, ROWS, header=header), expected(model, ROWS))
+
+
+def load(c: Client, model: GeneratedModel) -> None:
+    assert c.register(model, loadNow=True, sync=True).status == mm.ModelStatusInfo.LOADED
+
+
+def test_warm_requests_are_carried_natively_and_their_uses_reach_the_lru(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    c = start_node(capacity_models=3)
+    assert c.stats().dataPlane == "native"
+    m0, m1, m2, m3 = models[:4]
+    load(c, m0)
+    load(c, m1)  # m1 is now the most recently used
+    for _ in range(20):
+        check(c, m0)
+    wait_until(lambda: carried(c) >= 20, 10, "the counters to show the native requests")
+    assert carried(c) == 20  # every one of them natively: the copy was loaded before the first
+    assert c.stats().requests >= 20  # and counted as served here, for the rates copy scaling reads
+    # Only the counters say m0 was used after m1: the eviction for m3 must take m1, not m0.
+    load(c, m2)
+    load(c, m3)
+    assert c.runtime_loaded() == sorted([m0.id, m2.id, m3.id])
+
+
+def test_a_miss_takes_the_python_path_then_warm_requests_go_native(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    c = start_node()
+    m = models[0]
+    c.register(m)  # registered, not loaded
+    check(c, m)  # the Python path loads it
+    assert carried(c) == 0
+    wait_until(lambda: m.id in c.stats().loadedModels, 10, "the copy")
+    deadline = time.monotonic() + 10
+    while carried(c) == 0 and time.monotonic() < deadline:  # the route goes in within a sync
+        check(c, m)
+        time.sleep(0.1)
+    assert carried(c) > 0
+
+
+def test_vmodel_requests_are_carried_as_their_active_model(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    c = start_node()
+    m0, m1 = models[:2]
+    load(c, m0)
+    load(c, m1)
+    req = mm.SetVModelRequest(vModelId="v", targetModelId=m0.id, sync=True)
+    assert c.mm.setVModel(req, timeout=30).status == mm.VModelStatusInfo.DEFINED
+    time.sleep(0.6)  # two syncs: the vmodels map has v
+    before = carried(c)
+    for _ in range(10):
+        check(c, m0, header="mm-vmodel-id", model_id="v")
+    wait_until(lambda: carried(c) >= before + 10, 10, "native vmodel requests")
+    # The vmodel moves: the next requests (after a sync) reach the new target.
+    req = mm.SetVModelRequest(vModelId="v", targetModelId=m1.id, sync=True)
+    assert c.mm.setVModel(req, timeout=30).status == mm.VModelStatusInfo.DEFINED
+    time.sleep(0.6)
+    for _ in range(5):
+        check(c, m1, header="mm-vmodel-id", model_id="v")
+
+
+def test_a_peers_copy_is_reached_on_its_native_port(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
+    settings: dict[str, str | int] = {"type_constraints": json.dumps({"demo-gpu": {"required": ["gpu"]}})}
+    b = start_node("inst-b", settings={**settings, "labels": "gpu"})
+    a = start_node("inst-a", settings=settings)
+    m = models[0]
+    info = mm.ModelInfo(type="demo-gpu", path=str(m.path))
+    req = mm.RegisterModelRequest(modelId=m.id, modelInfo=info, loadNow=True, sync=True)
+    assert a.mm.registerModel(req, timeout=30).status == mm.ModelStatusInfo.LOADED
+    deadline = time.monotonic() + 10
+    while carried(b) < 20 and time.monotonic() < deadline:
+        check(a, m)  # a holds no copy: the first goes through a's Python path, then natively to b
+    assert carried(b) >= 20
+    assert carried(a) == 0
+    assert a.runtime_loaded() == []
+
+
+def test_an_eviction_waits_for_the_native_requests_in_flight(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    c = start_node(runtime_args=["--infer-delay-ms", "1500"])
+    m = models[0]
+    load(c, m)
+    time.sleep(0.6)  # the route is in
+    results: list[str] = []
+
+    def call() -> None:
+        try:
+            check(c, m)
+            results.append("ok")
+        except Exception as e:
+            results.append(f"failed: {e}")
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # the four are in the runtime's delay
+    unload = c.mm.unregisterModel(mm.UnregisterModelRequest(modelId=m.id), timeout=30)
+    assert unload is not None
+    for t in threads:
+        t.join(30)
+    assert results == ["ok"] * 4
+    wait_until(lambda: c.runtime_loaded() == [], 10, "the unload, after the requests")
+    assert carried(c) == 4
+
+
+def test_limited_copies_and_ids_in_the_body_stay_on_the_python_path(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    limited = start_node(
+        "inst-limited", runtime_args=["--max-concurrency", "2", "--limit-model-concurrency"]
+    )  # the copy's queue is the Python path's
+    m = models[0]
+    load(limited, m)
+    for _ in range(10):
+        check(limited, m)
+    dataplane = {"rpcConfigs": {"inference.GRPCInferenceService/ModelInfer": {"idExtractionPath": [1]}}}
+    body = start_node("inst-body", settings={"dataplane_config": json.dumps(dataplane)})
+    m1 = models[1]
+    load(body, m1)
+    for _ in range(10):
+        check(body, m1)
+    time.sleep(1.5)  # a poll of the counters
+    assert carried(limited) == 0
+    assert carried(body) == 0
+
+
+def _haproxy_pid(meshd_pid: int) -> int | None:
+    for task in Path(f"/proc/{meshd_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if Path(f"/proc/{child}/comm").read_text().strip() == "haproxy":
+                return int(child)
+    return None
+
+
+def test_haproxy_that_dies_is_started_again(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
+    c = start_node()
+    m = models[0]
+    load(c, m)
+    pid = _haproxy_pid(c.node.meshd.pid)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: _haproxy_pid(c.node.meshd.pid) not in (None, pid), 15, "a new haproxy")
+    deadline = time.monotonic() + 15
+    while True:  # its port opens once it runs
+        try:
+            check(c, m)
+            break
+        except grpc.RpcError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    before = carried(c)
+    for _ in range(10):
+        check(c, m)
+    wait_until(lambda: carried(c) >= before + 10, 10, "native requests after the restart")
