@@ -75,9 +75,7 @@ def fetch(root: Path = DEFAULT_ROOT) -> str | None:
 
 def _download(directory: Path) -> bool:
     def download() -> bool:
-        done = subprocess.run(
-            ["apt-get", "download", *PACKAGES], cwd=directory, capture_output=True, timeout=TIMEOUT_S
-        )
+        done = subprocess.run(["apt-get", "download", *PACKAGES], cwd=directory, capture_output=True, timeout=TIMEOUT_S)
         return done.returncode == 0
 
     if download():

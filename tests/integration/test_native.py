@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm
-from meshd.runtimes.models import GeneratedModel
+from meshd.runtimes.models import GeneratedModel, decode_infer_response, make_infer_request
 from meshd.testing.procs import wait_until
 
 from .conftest import Client, NodeFactory, close_enough, expected
@@ -197,3 +197,27 @@ def test_haproxy_that_dies_is_started_again(start_node: NodeFactory, models: lis
     for _ in range(10):
         check(c, m)
     wait_until(lambda: carried(c) >= before + 10, 10, "native requests after the restart")
+
+
+def test_a_runtime_wanting_the_id_in_the_body_gets_it_natively_only_when_the_body_has_it(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    # --inject-id: idInjectionPath [1] for ModelInfer, as the KServe runtime adapters announce.
+    c = start_node(runtime_args=["--inject-id"])
+    m = models[0]
+    load(c, m)
+    time.sleep(0.6)  # the route is in
+    for _ in range(10):
+        check(c, m)  # the body's model_name is the model id, as KServe clients send it
+    wait_until(lambda: carried(c) >= 10, 10, "native requests")
+    before = carried(c)
+    other = make_infer_request("some-other-name", ROWS)  # the Python path splices the id in
+    for _ in range(10):
+        resp = c.v2.ModelInfer(other, metadata=(("mm-model-id", m.id),), timeout=30)
+        assert close_enough(decode_infer_response(resp), expected(m, ROWS))
+    big = [[0.5] * 4] * 40_000  # 640 KB: the id is read from the body's start, not the whole body
+    big_req = make_infer_request(m.id, big)
+    resp = c.v2.ModelInfer(big_req, metadata=(("mm-model-id", m.id),), timeout=30)
+    assert close_enough(decode_infer_response(resp)[:1], expected(m, big[:1]))
+    time.sleep(1.5)
+    assert carried(c) == before + 1

@@ -21,6 +21,8 @@ LOCAL_BACKEND = "be_local"
 PYTHON_BACKEND = "be_python"
 PEER_BACKEND = "be_peer_"  # + slot number
 COUNTERS_TABLE = "st_local"
+PLAIN = "plain"  # methods map values: the body is the runtime's as it is
+ID_IN_FIELD_1 = "id1"  # the runtime wants the model id in field 1: carried when the body has it there
 HOP_HEADER = "meshd-native-hop"  # set on a native hop to a peer; meshd- headers never reach a runtime
 MAX_KEY_CHARS = 250  # the counters table's key length is 256
 TABLE_KEY_LEN = 256
@@ -111,6 +113,7 @@ def render(layout: Layout) -> str:
         "frontend grpc",
         f"  bind {layout.listen}{bind_tls}",
         f"  acl native_method path,map({layout.methods_map}) -m found",
+        f"  acl id_in_body path,map({layout.methods_map}) -m str {ID_IN_FIELD_1}",
         "  acl one_model req.hdr_cnt(mm-model-id) eq 1",
         "  acl one_vmodel req.hdr_cnt(mm-vmodel-id) eq 1",
         "  acl no_model req.hdr_cnt(mm-model-id) eq 0",
@@ -126,9 +129,19 @@ def render(layout: Layout) -> str:
         # A vmodel resolved here reaches the runtime as its concrete model, as on the Python path.
         "  http-request set-header mm-model-id %[var(txn.mid)] if one_vmodel { var(txn.mid) -m found }",
         "  http-request del-header mm-vmodel-id if one_vmodel { var(txn.mid) -m found }",
-        f"  use_backend {LOCAL_BACKEND} if {{ var(txn.mid),map({layout.local_map}) -m found }}",
-        f"  use_backend %[var(txn.mid),map({layout.peers_map})] if !from_peer"
-        f" {{ var(txn.mid),map({layout.peers_map}) -m found }}",
+        # A runtime wanting the id in field 1: the (unary) body must hold it there already,
+        # uncompressed; HAProxy reads the field from the start of the body, so the whole of a
+        # large body need not be buffered.
+        "  http-request wait-for-body time 1s at-least 1024 if id_in_body { var(txn.mid) -m found }",
+        "  acl body_plain req.body,bytes(0,1),hex -m str 00",
+        "  acl body_names_model req.body,bytes(5),protobuf(1),strcmp(txn.mid) eq 0",
+        f"  acl local_copy var(txn.mid),map({layout.local_map}) -m found",
+        f"  acl peer_copy var(txn.mid),map({layout.peers_map}) -m found",
+        f"  use_backend {LOCAL_BACKEND} if local_copy !id_in_body",
+        f"  use_backend {LOCAL_BACKEND} if local_copy id_in_body body_plain body_names_model",
+        f"  use_backend %[var(txn.mid),map({layout.peers_map})] if peer_copy !from_peer !id_in_body",
+        f"  use_backend %[var(txn.mid),map({layout.peers_map})] if peer_copy !from_peer id_in_body body_plain"
+        " body_names_model",
         f"  default_backend {PYTHON_BACKEND}",
         f"backend {LOCAL_BACKEND}",
         f"  http-request track-sc0 var(txn.mid) table {COUNTERS_TABLE}",

@@ -77,7 +77,7 @@ class NativePlane:
         models: Table[ModelRecord],
         vmodels: Table[VModelRecord],
         view: Callable[[], ClusterView],
-        native_methods: Callable[[], set[str]],
+        native_methods: Callable[[], Mapping[str, str]],
         assume_loaded_ms: int,
         clock: Callable[[], int],
         interval_s: float = SYNC_INTERVAL_S,
@@ -202,7 +202,7 @@ class NativePlane:
             copies = (LocalCopy(e.model_id, e.state is State.LOADED, e.gate is not None) for e in local.cache.entries())
             here = local_routes(copies, local.runtime_up)
             desired: dict[str, Mapping[str, str]] = {
-                layout.methods_map: {m: "1" for m in self.native_methods() if map_key_ok(m)},
+                layout.methods_map: {m: how for m, how in self.native_methods().items() if map_key_ok(m)},
                 layout.local_map: {m: "1" for m in here},
             }
             view = self.view()

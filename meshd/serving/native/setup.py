@@ -10,7 +10,7 @@ from pathlib import Path
 
 from meshd.runtime.endpoints import grpc_target
 from meshd.security.tls import ClientAuth, MeshTls
-from meshd.serving.native.haproxy_config import Layout, TlsFiles, haproxy_address
+from meshd.serving.native.haproxy_config import ID_IN_FIELD_1, PLAIN, Layout, TlsFiles, haproxy_address
 from meshd.serving.proxy.methods import MethodTable, method_path
 
 KSERVE = "/inference.GRPCInferenceService/"
@@ -61,18 +61,30 @@ def layout(
     )
 
 
-def carried_methods(methods: MethodTable, runtime_methods: Iterable[str], meshd_handles: Collection[str]) -> set[str]:
-    """Methods the native data plane may carry: the runtime's per-model unary ones whose model
-    id is in the headers only (no id injection into, or extraction from, the body).
+def carried_methods(
+    methods: MethodTable, runtime_methods: Iterable[str], meshd_handles: Collection[str]
+) -> dict[str, str]:
+    """Methods the native data plane may carry -> how it knows the body is right for the runtime.
 
-    Streams stay on the Python path: HAProxy 2.6 turns a runtime that ends a stream while the
-    client still sends (an error mid-stream) into RST_STREAM(CANCEL), losing the status the
-    runtime sent; the Python path relays it (tests/integration/test_dataplane.py)."""
-    carried = set()
+    The runtime's per-model unary methods whose model is named in the headers (no id
+    extraction from the body): PLAIN when the runtime asks for no id in the body; ID_IN_FIELD_1
+    when it asks for the id in field 1 (idInjectionPath [1], what the KServe adapters announce
+    for ModelInfer and ModelMetadata): carried only when the body already names that model
+    there, as clients of such runtimes send it; otherwise the Python path splices it in.
+    Deeper injection paths stay on the Python path.
+
+    Streams stay on the Python path too: HAProxy 2.6 turns a runtime that ends a stream while
+    the client still sends (an error mid-stream) into RST_STREAM(CANCEL), losing the status
+    the runtime sent; the Python path relays it (tests/integration/test_dataplane.py)."""
+    carried: dict[str, str] = {}
     for path in {*KSERVE_CARRIED, *(method_path(m) for m in runtime_methods)}:
         if path in meshd_handles:
             continue
         spec = methods.spec(path)
-        if spec is not None and not spec.streaming and not spec.inject and not spec.extract:
-            carried.add(path)
+        if spec is None or spec.streaming or spec.extract:
+            continue
+        if not spec.inject:
+            carried[path] = PLAIN
+        elif spec.inject == (1,):
+            carried[path] = ID_IN_FIELD_1
     return carried
