@@ -10,6 +10,9 @@ runtime. Registers and loads (sync) one echo model, then, for payloads of ~100 B
     direct  the runtime's own port
     bare    bare_proxy.py -> runtime       (what any Python gRPC hop costs)
     meshd   meshd -> runtime               (what we cost)
+    native  meshd with MESHD_DATAPLANE=native: HAProxy -> runtime, meshd its control plane
+            (its own runtime and meshd, same arguments; CPU = HAProxy + meshd). Left out, and
+            said so, when no HAProxy can be found or fetched (meshd.testing.haproxy)
     http    meshd's KServe V2 REST port -> runtime (unary only: the same echo request as
             the binary-data extension, JSON header + raw tensor, output asked for as binary;
             the load generator is aiohttp, so compare its CPU per request with care)
@@ -55,6 +58,7 @@ from _shared import asyncio_run, sigterm_as_interrupt, stop_uninterrupted  # noq
 from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc  # noqa: E402
 from meshd.runtimes.models import make_echo_request, write_echo_model  # noqa: E402
+from meshd.testing import haproxy  # noqa: E402
 from meshd.testing.cluster import LocalMesh, Node  # noqa: E402
 from meshd.testing.procs import Child, free_port, port_open, wait_until  # noqa: E402
 
@@ -65,21 +69,24 @@ TINY_PAYLOAD = 64  # raw tensor bytes; the serialised ModelInferRequest is ~100 
 BIG_PAYLOAD = 1 << 20  # 1 MiB: well under meshd's 16 MiB and the runtime's 64 MiB limits
 CLIENT_MAX_MESSAGE = 64 << 20
 RPC_TIMEOUT_S = 30.0
-TARGETS = ("direct", "bare", "meshd", "http")
+TARGETS = ("direct", "bare", "meshd", "native", "http")
 GRPC_TARGETS = ("direct", "bare", "meshd")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 T = TypeVar("T")
 
 
 # ---- CPU accounting ------------------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a whole process (all threads), in seconds."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = data[data.rindex(b")") + 2 :].split()
-    # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+def cpu_seconds(pids: int | tuple[int, ...]) -> float:
+    """utime + stime of whole processes (all threads), in seconds."""
+    total = 0.0
+    for pid in (pids,) if isinstance(pids, int) else pids:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        # comm (field 2) may hold spaces and parentheses: split after the last ')'.
+        fields = data[data.rindex(b")") + 2 :].split()
+        # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
 
 
 def self_cpu_seconds() -> float:
@@ -162,7 +169,7 @@ async def measure(
     concurrency: int,
     warmup_s: float,
     duration_s: float,
-    pids: dict[str, int],
+    pids: dict[str, int | tuple[int, ...]],
 ) -> tuple[float, dict[str, float]]:
     """`concurrency` tasks of `worker` through the warm-up, then the window recorded: its
     seconds and the CPU seconds of each role's process over it ("client": this process)."""
@@ -198,7 +205,7 @@ async def drive(
     concurrency: int,
     warmup_s: float,
     duration_s: float,
-    pids: dict[str, int],
+    pids: dict[str, int | tuple[int, ...]],
     shape: str = "unary",
 ) -> Measured:
     """N tasks sending `request` in a loop; only the window after warm-up is recorded.
@@ -274,7 +281,12 @@ def http_echo_body(payload_bytes: int) -> tuple[bytes, dict[str, str]]:
 
 
 async def drive_http(
-    url: str, payload_bytes: int, concurrency: int, warmup_s: float, duration_s: float, pids: dict[str, int]
+    url: str,
+    payload_bytes: int,
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+    pids: dict[str, int | tuple[int, ...]],
 ) -> Measured:
     """`drive` over HTTP: N tasks posting the echo request to meshd's REST port in a loop."""
     import aiohttp
@@ -343,6 +355,45 @@ async def register_echo(node: Node, model_path: Path) -> None:
         )
 
 
+def start_native(
+    workdir: Path,
+    etcd_url: str,
+    runtime_args: list[str],
+    meshd_settings: dict[str, str | int],
+    log: Callable[[str], None],
+) -> tuple[LocalMesh | None, NativeNode | None]:
+    """A meshd with the native data plane beside its own runtime (same arguments), in a
+    service of its own on the same etcd; (None, None) when no HAProxy can be had here."""
+    found = haproxy.find_or_fetch()
+    if found is None:
+        log("no HAProxy found or fetched: the native column is left out")
+        return None, None
+    settings = {**meshd_settings, "data_plane": "native", "haproxy": found}
+    if "metrics" in settings:
+        settings["metrics"] = f"prometheus:port={free_port()}"
+    settings.pop("serving_socket", None)  # its own runtime, reached over TCP
+    native_mesh = LocalMesh(workdir / "native", service=f"bench-native-{uuid.uuid4().hex[:8]}")
+    native_mesh.etcd_url = etcd_url
+    try:
+        node = native_mesh.add_node("bench-native", runtime_args=runtime_args, settings=settings)
+        pid = haproxy_child(node.meshd.pid)
+        if pid is None:
+            raise RuntimeError("meshd --dataplane native is running without an haproxy child")
+    except BaseException:
+        stop_uninterrupted(native_mesh)
+        raise
+    log(f"native: meshd {node.meshd.pid}, haproxy {pid} ({found}), runtime {node.runtime.pid}")
+    return native_mesh, NativeNode(node, pid)
+
+
+def haproxy_child(pid: int) -> int | None:
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if Path(f"/proc/{child}/comm").read_text().strip() == "haproxy":
+                return int(child)
+    return None
+
+
 # ---- the run ---------------------------------------------------------------------------------
 @dataclass
 class Settings:
@@ -361,7 +412,22 @@ class Settings:
         return unary + [Case(name, size, c, "stream") for c in self.stream_concurrencies]
 
 
-async def run_all(settings: Settings, node: Node, bare: Child, bare_port: int, log: Callable[[str], None]) -> Results:
+@dataclass
+class NativeNode:
+    """The meshd running the native data plane, beside its own runtime."""
+
+    node: Node
+    haproxy_pid: int
+
+
+async def run_all(
+    settings: Settings,
+    node: Node,
+    bare: Child,
+    bare_port: int,
+    native: NativeNode | None,
+    log: Callable[[str], None],
+) -> Results:
     opts = [
         ("grpc.max_receive_message_length", CLIENT_MAX_MESSAGE),
         ("grpc.max_send_message_length", CLIENT_MAX_MESSAGE),
@@ -371,12 +437,16 @@ async def run_all(settings: Settings, node: Node, bare: Child, bare_port: int, l
         "bare": f"127.0.0.1:{bare_port}",
         "meshd": node.target,
     }
-    pids = {
+    if native is not None:
+        addrs["native"] = native.node.target
+    pids: dict[str, dict[str, int | tuple[int, ...]]] = {
         "direct": {"runtime": node.runtime.pid},
         "bare": {"proxy": bare.pid, "runtime": node.runtime.pid},
         "meshd": {"proxy": node.meshd.pid, "runtime": node.runtime.pid},
         "http": {"proxy": node.meshd.pid, "runtime": node.runtime.pid},
     }
+    if native is not None:
+        pids["native"] = {"proxy": (native.node.meshd.pid, native.haproxy_pid), "runtime": native.node.runtime.pid}
     http_url = f"{node.http_url}/v2/models/{MODEL_ID}/infer"
     # One channel (one HTTP/2 connection) per target, kept for the whole run.
     channels = {t: grpc.aio.insecure_channel(a, options=opts) for t, a in addrs.items()}
@@ -390,6 +460,8 @@ async def run_all(settings: Settings, node: Node, bare: Child, bare_port: int, l
                 for target in order:
                     if target == "http" and case.shape != "unary":
                         continue  # no streams over HTTP
+                    if target not in pids:
+                        continue  # no native data plane here
                     if target == "http":
                         m = await drive_http(
                             http_url,
@@ -496,6 +568,35 @@ def report(results: Results, settings: Settings, command: str, elapsed_s: float)
             f"{fmt(row['cm'], '12.2f')} {fmt(row['cb'], '11.2f')} {fmt(row['cmb'], '14.2f')}"
         )
     out.append("")
+    native_rows = []
+    native_summary: dict[tuple[str, int], dict[str, float]] = {}
+    for case in cases:
+        d, x, nv = (results.per_run(case, t) for t in ("direct", "meshd", "native"))
+        n = min(len(d), len(x), len(nv))
+        if not n:
+            continue
+        row = {
+            "nd": median([ratio(nv[i].rps, d[i].rps) for i in range(n)]),
+            "nm": median([ratio(nv[i].rps, x[i].rps) for i in range(n)]),
+            "p50n": median([nv[i].pct_ms(0.5) - d[i].pct_ms(0.5) for i in range(n)]),
+            "cn": median([ratio(nv[i].cpu_us_per_req("proxy"), nv[i].cpu_us_per_req("runtime")) for i in range(n)]),
+            "cnm": median([ratio(nv[i].cpu_us_per_req("proxy"), x[i].cpu_us_per_req("proxy")) for i in range(n)]),
+        }
+        native_summary[(case.label, case.concurrency)] = row
+        native_rows.append(
+            f"{case.label:>7} {case.concurrency:>4} {fmt(row['nd'], '13.2f')} {fmt(row['nm'], '12.2f')} "
+            f"{fmt(row['p50n'], '+14.3f')} {fmt(row['cn'], '13.2f')} {fmt(row['cnm'], '15.2f')}"
+        )
+    if native_rows:
+        out.append("Native data plane (MESHD_DATAPLANE=native: HAProxy carries, meshd controls; CPU = HAProxy + meshd)")
+        hdr4 = (
+            f"{'payload':>7} {'conc':>4} {'native/direct':>13} {'native/meshd':>12} {'+p50 native ms':>14} "
+            f"{'native cpu/rt':>13} {'native/meshd cpu':>15}"
+        )
+        out.append(hdr4)
+        out.append("-" * len(hdr4))
+        out.extend(native_rows)
+        out.append("")
     http_rows = []
     cpu = Measured.cpu_us_per_req
     for case in cases:
@@ -543,6 +644,30 @@ def report(results: Results, settings: Settings, command: str, elapsed_s: float)
             met = "met" if goal is not None and figures["cm"] <= goal else "NOT met"
             verdict = "" if goal is None else f" (goal <= {goal:.1f}: {met})"
             out.append(f"meshd CPU per request / runtime CPU per request, {name}: {figures['cm']:.2f}{verdict}")
+    out.extend(native_goals(native_summary, tiny, settings.payloads[-1][0] if len(settings.payloads) > 1 else None))
+    return out
+
+
+def native_goals(summary: dict[tuple[str, int], dict[str, float]], tiny: str, big: str | None) -> list[str]:
+    """The native data plane's goals (issue 18), each with its figure and whether it is met."""
+    if not summary:
+        return ["native data plane: not measured (no HAProxy found or fetched here; docs/native.md)"]
+    checks: list[tuple[str, tuple[str, int], str, float, bool]] = [
+        (f"native throughput / direct, {tiny} unary c=8", (tiny, 8), "nd", 0.7, True),
+        (f"native CPU per request / runtime's, {tiny} unary c=8", (tiny, 8), "cn", 0.3, False),
+        (f"native added p50 ms, {tiny} unary c=1", (tiny, 1), "p50n", 0.3, False),
+    ]
+    if big is not None:
+        checks.append((f"native CPU per request / runtime's, {big} unary c=8", (big, 8), "cn", 0.5, False))
+    out = []
+    for name, key, field_name, goal, at_least in checks:
+        figures = summary.get(key)
+        if figures is None:
+            continue
+        value = figures[field_name]
+        met = value >= goal if at_least else value <= goal
+        sign = ">=" if at_least else "<="
+        out.append(f"{name}: {value:.2f} (goal {sign} {goal:g}: {'met' if met else 'NOT met'})")
     return out
 
 
@@ -564,6 +689,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Settings
         help="meshd and the bare proxy reach the runtime's inference port over a unix socket (default TCP)",
     )
     p.add_argument("--payloads", default="100B,1MiB", help="which payloads (default 100B,1MiB)")
+    p.add_argument("--no-native", action="store_true", help="leave out the native data plane column")
     p.add_argument("--concurrency", default="1,8,64", help="unary concurrencies (default 1,8,64)")
     p.add_argument("--stream-concurrency", default="1,8", help="stream concurrencies, '' for none (default 1,8)")
     a = p.parse_args(argv)
@@ -619,6 +745,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # adapters do, so meshd's splice (its fast path: the body already names the model) is
         # on the measured path.
         runtime_args = ["--capacity-bytes", str(1 << 30), "--inject-id"]
+        native_runtime_args = list(runtime_args)  # the native meshd's own runtime: over TCP
         # Metrics on (the default in production), on a free port: their cost is measured too.
         settings_for_meshd: dict[str, str | int] = {"metrics": f"prometheus:port={free_port()}"}
         upstream = None
@@ -632,17 +759,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         node = mesh.add_node("bench-a", runtime_args=runtime_args, settings=settings_for_meshd)
         settings.direct_port = direct_port or node.runtime_port
         bare, bare_port = start_bare_proxy(workdir / "logs", upstream or f"127.0.0.1:{node.runtime_port}")
+        native_mesh: LocalMesh | None = None
         try:
             model_path = write_echo_model(workdir / "models" / f"{MODEL_ID}.json")
             asyncio_run(register_echo(node, model_path))
+            native = None
+            if not args.no_native:
+                native_mesh, native = start_native(workdir, mesh.etcd_url, native_runtime_args, settings_for_meshd, log)
+                if native is not None:
+                    asyncio_run(register_echo(native.node, model_path))
             log(
                 f"pids: meshd {node.meshd.pid}, runtime {node.runtime.pid}, bare proxy {bare.pid}; "
                 f"{settings.repeat} run(s) x {len(settings.cases()) * len(TARGETS)} cases x "
                 f"{settings.warmup_s + settings.duration_s:g} s"
             )
-            results = asyncio_run(run_all(settings, node, bare, bare_port, log))
+            results = asyncio_run(run_all(settings, node, bare, bare_port, native, log))
         finally:
             bare.stop()
+            if native_mesh is not None:
+                stop_uninterrupted(native_mesh)
     except KeyboardInterrupt:
         log("interrupted; stopping children")
         return 130

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from meshd.kv.embedded import EmbeddedEtcd
@@ -33,6 +34,26 @@ def haproxy_path() -> str:
     if found is None:
         pytest.skip("no HAProxy here and no apt-get to fetch one: the native data plane cannot run (docs/native.md)")
     return found
+
+
+def stream_error_codes(data_plane: str, code: grpc.StatusCode) -> set[grpc.StatusCode]:
+    """The statuses a client may see when meshd or a runtime ends a stream with `code` while
+    the client is still sending. Through HAProxy 2.6 (native data plane) the server's early end
+    (trailers, then RST_STREAM(NO_ERROR)) can reach the client as RST_STREAM(CANCEL) instead:
+    haproxy/haproxy#1219, fixed in later HAProxy releases; docs/native.md says so."""
+    return {code} if data_plane == "python" else {code, grpc.StatusCode.CANCELLED}
+
+
+def lost_in_flight(data_plane: str, failures: list[str], in_flight: int) -> list[str]:
+    """The failures a fault may cause beyond the Python path's (none): through the native data
+    plane, requests HAProxy had already sent to a runtime or peer that is killed are answered
+    UNAVAILABLE (RST_STREAM(REFUSED_STREAM)), at most one per request then in flight; HAProxy
+    2.6 does not retry them (docs/native.md). Returns the failures that are not of that kind."""
+    if data_plane == "python":
+        return failures
+    refused = [f for f in failures if "RST_STREAM with error code 7" in f]
+    other = [f for f in failures if f not in refused]
+    return other if len(refused) <= in_flight else failures
 
 
 def data_plane_settings(data_plane: str, request: pytest.FixtureRequest) -> dict[str, str | int]:

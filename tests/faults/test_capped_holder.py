@@ -15,7 +15,7 @@ from meshd.testing.procs import wait_until
 
 from .conftest import WAIT_S, FaultMesh, Traffic, answers, listed_instances, load_on
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_data_planes]
 
 MAX_ONE = '{"meshd": {"max_copies": 1}}'
 # A lease far longer than the fault: the dead holder's record stays live in every mirror

@@ -15,7 +15,7 @@ from meshd.testing.procs import wait_until
 
 from .conftest import WAIT_S, FaultMesh, Traffic, answers, listed_instances, load_on
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_data_planes]
 
 GRACE_MS = 4000
 SETTINGS: dict[str, str | int] = {"drain_grace_ms": GRACE_MS, "scaleup_rpm_threshold": 1_000_000}

@@ -20,7 +20,7 @@ from meshd.testing.procs import wait_until
 from ..integration.conftest import Client
 from .conftest import WAIT_S, FaultMesh, Traffic, answers, listed_instances, load_on
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_data_planes]
 
 SETTINGS: dict[str, str | int] = {
     "instance_ttl_s": 2,

@@ -27,7 +27,7 @@ from meshd.testing.procs import free_port
 
 from .conftest import MODEL_SIZE, Client, close_enough, expected
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_data_planes]
 
 ROWS = [[1.0, 2.0, 3.0, 4.0]]
 PEER_NAME = "meshd-peers.test"  # the only name in the instance certificate (no IP)

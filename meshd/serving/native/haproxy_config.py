@@ -147,10 +147,12 @@ def render(layout: Layout) -> str:
         f"  http-request track-sc0 var(txn.mid) table {COUNTERS_TABLE}",
         f"  http-request del-header {HOP_HEADER}",
         "  timeout connect 200ms",
-        "  retry-on conn-failure",
+        # A runtime that dies with requests in flight (nothing answered yet): they go to the
+        # Python path, which reroutes them as it does a copy found unreachable.
+        "  retry-on conn-failure empty-response",
         "  option redispatch 1",
         "  retries 1",
-        f"  server rt {layout.runtime} proto h2 check inter 1s observe layer4 error-limit 1 on-error mark-down",
+        f"  server rt {layout.runtime} proto h2 check inter 1s observe layer7 error-limit 1 on-error mark-down",
         f"  {python} backup",
         f"backend {COUNTERS_TABLE}",
         f"  stick-table type string len {TABLE_KEY_LEN} size 1m expire 1d store http_req_cnt,conn_cur",
@@ -160,11 +162,11 @@ def render(layout: Layout) -> str:
             f"backend {PEER_BACKEND}{slot}",
             f"  http-request set-header {HOP_HEADER} 1",
             "  timeout connect 500ms",
-            "  retry-on conn-failure",
+            "  retry-on conn-failure empty-response",
             "  option redispatch 1",
             "  retries 1",
             f"  server peer 127.0.0.1:1 proto h2 disabled{_peer_ssl(layout.tls)}"
-            " check inter 1s observe layer4 error-limit 1 on-error mark-down",
+            " check inter 1s observe layer7 error-limit 1 on-error mark-down",
             f"  {python} backup",
         ]
     lines += [f"backend {PYTHON_BACKEND}", f"  {python}", ""]
