@@ -732,8 +732,9 @@ def _data_plane(name: str, value: str, haproxy_name: str, haproxy: str) -> tuple
         if mode == "auto":
             return ("python", "")
         raise ConfigError(
-            f"{name}=native needs HAProxy 2.4 or later, and {haproxy_name} ({haproxy!r}) is not an executable "
-            "found here: install it (apt-get install haproxy; docs/native.md) or set MESHD_DATAPLANE=python"
+            f"{name} is native, which needs HAProxy 2.4 or later, and {haproxy_name} names {haproxy!r}, not an "
+            "executable found here: install HAProxy (apt-get install haproxy; docs/native.md), point "
+            f"{haproxy_name} at it, or use the Python data plane (MESHD_DATAPLANE=python)"
         )
     return ("native", found)
 

@@ -123,6 +123,24 @@ def test_eviction_switch() -> None:
     assert load_config(None, {"MESHD_EVICTION": "GDSF"}).eviction is Eviction.GDSF
 
 
+def test_native_data_plane_setting(tmp_path: Path) -> None:
+    assert load_config(None, {}).data_plane == "python"  # the default: every request through Python
+    fake = tmp_path / "haproxy"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    cfg = load_config(None, {"MESHD_DATAPLANE": "native", "MESHD_HAPROXY": str(fake)})
+    assert (cfg.data_plane, cfg.haproxy) == ("native", str(fake))
+    missing = {"MESHD_HAPROXY": str(tmp_path / "no-such-haproxy")}
+    # auto: native where HAProxy is found, else the Python path
+    assert load_config(None, {**missing, "MESHD_DATAPLANE": "auto"}).data_plane == "python"
+    assert load_config(None, {"MESHD_DATAPLANE": "AUTO", "MESHD_HAPROXY": str(fake)}).data_plane == "native"
+    needs = r"MESHD_DATAPLANE \(--dataplane\) is native, which needs HAProxy .*no-such-haproxy.*apt-get install"
+    with pytest.raises(ConfigError, match=needs):
+        load_config(None, {**missing, "MESHD_DATAPLANE": "native"})
+    with pytest.raises(ConfigError, match=r"MESHD_DATAPLANE \(--dataplane\) must be one of python, native, auto"):
+        load_config(None, {"MESHD_DATAPLANE": "envoy"})
+
+
 def test_load_queue_switch() -> None:
     cfg = load_config(None, {})
     assert cfg.load_queue and cfg.load_wait_limit_ms == 10_000  # meshd's value-ordered queue by default
