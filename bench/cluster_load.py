@@ -28,6 +28,10 @@ every forwarded attempt, including a refused one that was rerouted, adds one), a
 runtime CPU per request (utime + stime from /proc over the measured window). A per-instance
 block shows how requests, loads and evictions spread over the mesh.
 
+`--data-plane both` runs each scenario once per data plane on the same trace: python (every
+request through meshd's Python path) and native (rows `-nat`: MESHD_DATAPLANE=native, warm
+requests carried by HAProxy, meshd CPU counting its HAProxy too).
+
 Every child process is stopped by PID on exit, including on failure and Ctrl-C. Exit status
 0 only when both scenarios ran without errors or wrong answers.
 
@@ -89,6 +93,7 @@ from meshd.runtimes.models import (  # noqa: E402
     pack_f32,
     unpack_f32,
 )
+from meshd.testing import haproxy  # noqa: E402
 from meshd.testing.cluster import LocalMesh, MeshClient, Node, StartFailed, sized_runtime_args  # noqa: E402
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -233,6 +238,15 @@ async def send_all(
     await run_pool(len(planned), concurrency, send)
 
 
+NATIVE_COUNTERS_S = 1.2  # the native data plane's counters reach the stats within a second
+
+
+def serving_cpu_s(node: Node) -> float:
+    """CPU seconds of the serving layer: meshd, and its HAProxy with the native data plane."""
+    proxy = haproxy.child_of(node.meshd.pid)
+    return cpu_seconds(node.meshd.pid) + (cpu_seconds(proxy) if proxy is not None else 0.0)
+
+
 async def run_traffic(
     name: str,
     nodes: list[Node],
@@ -262,8 +276,9 @@ async def run_traffic(
             )
         warmup_s = time.perf_counter() - t_warm
 
+        await asyncio.sleep(NATIVE_COUNTERS_S)  # native requests reach the stats once counted
         before = [await c.stats() for c in clients]
-        cpu0 = [(cpu_seconds(n.meshd.pid), cpu_seconds(n.runtime.pid)) for n in nodes]
+        cpu0 = [(serving_cpu_s(n), cpu_seconds(n.runtime.pid)) for n in nodes]
         tally = Tally()
         t0 = time.perf_counter()
         await send_all(
@@ -274,7 +289,8 @@ async def run_traffic(
             progress(f"[{name}] measured", len(workload.measured), log),
         )
         elapsed = time.perf_counter() - t0
-        cpu1 = [(cpu_seconds(n.meshd.pid), cpu_seconds(n.runtime.pid)) for n in nodes]
+        cpu1 = [(serving_cpu_s(n), cpu_seconds(n.runtime.pid)) for n in nodes]
+        await asyncio.sleep(NATIVE_COUNTERS_S)
         after = [await c.stats() for c in clients]
 
         n_req = len(workload.measured)
@@ -304,8 +320,9 @@ def run_scenario(
     workload: Workload,
     workdir: Path,
     log: Callable[[str], None],
+    settings: dict[str, str | int],
 ) -> ScenarioResult:
-    mesh = LocalMesh(workdir / name, service=f"bench-{name}-{uuid.uuid4().hex[:8]}")
+    mesh = LocalMesh(workdir / name, service=f"bench-{name}-{uuid.uuid4().hex[:8]}", settings=settings)
     t_setup = time.perf_counter()
     with mesh_of_run(mesh):
         mesh.start_etcd()
@@ -500,7 +517,7 @@ def report(
     out.append(
         "hit% = hits/(hits+misses) over instances; no-load% = 1 - loads/requests; "
         "peer-hop% = (sum of instance requests - client requests)/client requests; "
-        "ms/req = process CPU (all instances) per client request"
+        "ms/req = process CPU (all instances; meshd includes its HAProxy on -nat rows) per client request"
     )
     out.append("")
     out.append("per instance (measured window)")
@@ -556,6 +573,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rates", help="open loop: Poisson arrivals at each of these rates/s (e.g. 5,10,20,40)")
     p.add_argument("--seconds", type=float, default=30.0, help="open loop: measured seconds per rate (default 30)")
     p.add_argument("--load-queue", default="value,fifo", help="open loop: MESHD_LOAD_QUEUE settings to compare")
+    p.add_argument(
+        "--data-plane",
+        default="python",
+        help="closed loop: MESHD_DATAPLANE of the meshd processes: python, native or both (same trace on each)",
+    )
     a = p.parse_args(argv)
     try:
         a.rate_list = [float(x) for x in (a.rates or "").split(",") if x.strip()]
@@ -579,6 +601,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             setattr(a, k, v)
     if min(a.models, a.cache_models, a.requests, a.concurrency) < 1 or a.warmup < 0 or a.load_delay_ms < 0:
         p.error("--models, --cache-models, --requests, --concurrency must be >= 1; --warmup, --load-delay-ms >= 0")
+    a.data_plane_list = ["python", "native"] if a.data_plane == "both" else [a.data_plane]
+    if a.data_plane_list[0] not in ("python", "native"):
+        p.error("--data-plane takes python, native or both")
     a.scenario_list = [s.strip() for s in a.scenarios.split(",") if s.strip()]
     if not a.scenario_list or any(s not in ("mesh", "single") for s in a.scenario_list):
         p.error("--scenarios takes mesh, single or both")
@@ -626,9 +651,18 @@ def run_closed_loop(args: argparse.Namespace, workload: Workload, workdir: Path)
     )
     sizes = {"mesh": MESH_INSTANCES, "single": 1}
     results: list[ScenarioResult] = []
-    for name in args.scenario_list:
-        log(f"scenario {name}: {sizes[name]} instance(s)")
-        r = run_scenario(name, sizes[name], args, workload, workdir, log)
+    native: dict[str, str | int] = {}
+    if "native" in args.data_plane_list:
+        found = haproxy.find_or_fetch()
+        if found is None:
+            raise StartFailed("--data-plane native: no HAProxy found or fetched here (docs/native.md)")
+        native = {"data_plane": "native", "haproxy": found}
+    runs = [(s, dp) for dp in args.data_plane_list for s in args.scenario_list]
+    for scenario, data_plane in runs:
+        name = scenario if data_plane == "python" else f"{scenario}-nat"
+        log(f"scenario {name}: {sizes[scenario]} instance(s), data plane {data_plane}")
+        settings = native if data_plane == "native" else {}
+        r = run_scenario(name, sizes[scenario], args, workload, workdir, log, settings)
         log(
             f"  [{name}] {r.requests} requests in {r.elapsed_s:.1f} s ({r.rps:.1f} req/s), "
             f"{r.tally.n_errors} errors, {r.tally.wrong} wrong"

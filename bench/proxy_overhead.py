@@ -376,7 +376,7 @@ def start_native(
     native_mesh.etcd_url = etcd_url
     try:
         node = native_mesh.add_node("bench-native", runtime_args=runtime_args, settings=settings)
-        pid = haproxy_child(node.meshd.pid)
+        pid = haproxy.child_of(node.meshd.pid)
         if pid is None:
             raise RuntimeError("meshd --dataplane native is running without an haproxy child")
     except BaseException:
@@ -384,14 +384,6 @@ def start_native(
         raise
     log(f"native: meshd {node.meshd.pid}, haproxy {pid} ({found}), runtime {node.runtime.pid}")
     return native_mesh, NativeNode(node, pid)
-
-
-def haproxy_child(pid: int) -> int | None:
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            if Path(f"/proc/{child}/comm").read_text().strip() == "haproxy":
-                return int(child)
-    return None
 
 
 # ---- the run ---------------------------------------------------------------------------------

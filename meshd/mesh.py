@@ -545,7 +545,7 @@ class Instance:
         self,
         directory: Path,
         methods: MethodTable,
-        carried: set[str],
+        carried: dict[str, str],
         cluster: Cluster,
         registry: Registry,
         info: RuntimeInfo,

@@ -24,6 +24,18 @@ MARKER = ".meshd-haproxy-complete"
 TIMEOUT_S = 300.0
 
 
+def child_of(meshd_pid: int) -> int | None:
+    """The pid of the HAProxy a meshd process runs (its native data plane), or None."""
+    try:
+        for task in Path(f"/proc/{meshd_pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                if Path(f"/proc/{child}/comm").read_text().strip() == "haproxy":
+                    return int(child)
+    except OSError:  # the process or a child went meanwhile
+        return None
+    return None
+
+
 def runs(executable: str) -> bool:
     try:
         done = subprocess.run([executable, "-v"], capture_output=True, timeout=30)

@@ -12,13 +12,13 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.runtimes.models import GeneratedModel, decode_infer_response, make_infer_request
+from meshd.testing import haproxy
 from meshd.testing.procs import wait_until
 
 from .conftest import Client, NodeFactory, close_enough, expected
@@ -168,22 +168,14 @@ def test_limited_copies_and_ids_in_the_body_stay_on_the_python_path(
     assert carried(body) == 0
 
 
-def _haproxy_pid(meshd_pid: int) -> int | None:
-    for task in Path(f"/proc/{meshd_pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            if Path(f"/proc/{child}/comm").read_text().strip() == "haproxy":
-                return int(child)
-    return None
-
-
 def test_haproxy_that_dies_is_started_again(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
     c = start_node()
     m = models[0]
     load(c, m)
-    pid = _haproxy_pid(c.node.meshd.pid)
+    pid = haproxy.child_of(c.node.meshd.pid)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: _haproxy_pid(c.node.meshd.pid) not in (None, pid), 15, "a new haproxy")
+    wait_until(lambda: haproxy.child_of(c.node.meshd.pid) not in (None, pid), 15, "a new haproxy")
     deadline = time.monotonic() + 15
     while True:  # its port opens once it runs
         try:
