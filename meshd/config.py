@@ -534,6 +534,8 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         max_headers_size=_bounded(name("max_headers_size"), need("max_headers_size"), 1024, MAX_GRPC_INT),
         watch_trace=_writable_file(name("watch_trace"), raw["watch_trace"]),
     )
+    if config.data_plane == "native" and config.grpc_port == 0:
+        raise ConfigError(f"{name('grpc_port')} is 0 (any free port), which HAProxy cannot bind: give it a port")
     if config.metrics.https and config.tls is None and not meshtls.can_self_sign():
         raise ConfigError(
             f"{name('metrics')}: scheme=https needs the instance certificate ({meshtls.CERT_ENV} and "

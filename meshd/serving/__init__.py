@@ -8,7 +8,8 @@ the janitor's repairs, applied to the runtime and the registry), `gate` (a copy'
 concurrency limit on asyncio), `peers` (channels to peer instances), `cluster` (the live
 `ClusterView` snapshot and peer channels together), `copies` (loaded copies counted by
 asking their holders), `invocations` (per-call metrics and the invoke log), and `proxy/`
-(the raw-bytes gRPC handlers and the wire: headers, methods, id splicing, stream relays).
+(the raw-bytes gRPC handlers and the wire: headers, methods, id splicing, stream relays), and
+`native/` (the optional native data plane: HAProxy carrying warm requests, this room its control plane).
 
 May import: core, decisions, security, observability, kv, runtime, registry.
 """
