@@ -68,10 +68,12 @@ from meshd.security.peer_auth import interceptors as peer_interceptors
 from meshd.security.tls import bind, self_signed_server_context
 from meshd.serving.cluster import Cluster
 from meshd.serving.copies import CopyCounter
-from meshd.serving.invocations import Invocations
+from meshd.serving.invocations import LOCAL, Invocations
 from meshd.serving.local import LocalModels
 from meshd.serving.native import setup as native_setup
+from meshd.serving.native.calls import CarriedCalls
 from meshd.serving.native.haproxy import HAProxy, haproxy_version
+from meshd.serving.native.haproxy_config import CarriedCall
 from meshd.serving.native.haproxy_config import render as render_haproxy
 from meshd.serving.native.plane import NativePlane
 from meshd.serving.peers import Peers, dial_plaintext
@@ -215,6 +217,7 @@ class Instance:
     background_stop: asyncio.Task[None] | None = None
     native: NativePlane | None = None  # MESHD_DATAPLANE=native
     native_dir: Path | None = None
+    native_calls: CarriedCalls | None = None
 
     def __post_init__(self) -> None:
         self.metrics: Metrics = build_metrics(self.config.metrics)
@@ -457,7 +460,10 @@ class Instance:
             self.servers.append(server)
         if self.native_dir is not None:
             carried = native_setup.carried_methods(methods, info.method_infos, handlers.keys())
-            self.native = await self._start_native(self.native_dir, methods, carried, cluster, registry, info)
+            if self.payloads is not None:  # processors see every payload: HAProxy's never reach Python
+                log.warning("MM_PAYLOAD_PROCESSORS is set: the native data plane carries nothing natively")
+                carried = {}
+            self.native = await self._start_native(self.native_dir, carried, cluster, registry, info, invocations)
             router.noticed = self.native.noticed
             local.before_unload = self.native.withdraw
             native = self.native
@@ -544,18 +550,20 @@ class Instance:
     async def _start_native(
         self,
         directory: Path,
-        methods: MethodTable,
         carried: dict[str, str],
         cluster: Cluster,
         registry: Registry,
         info: RuntimeInfo,
+        invocations: Invocations,
     ) -> NativePlane:
         cfg = self.config
         assert self.local is not None
         tls_files = native_setup.write_tls_files(cfg.tls, directory) if cfg.tls else None
         python = directory / "python.sock"
+        # Per-call records (metrics, invoke log) of natively carried calls, when either is on.
+        log_socket = directory / "log.sock" if invocations.active else None
         layout = native_setup.layout(
-            cfg.grpc_port, python, cfg.serving_endpoint, directory, tls_files, cfg.request_timeout_ms > 0
+            cfg.grpc_port, python, cfg.serving_endpoint, directory, tls_files, cfg.request_timeout_ms > 0, log_socket
         )
         version = await haproxy_version(cfg.haproxy)
         maps = [layout.methods_map, layout.local_map, layout.peers_map, layout.vmodels_map]
@@ -572,6 +580,20 @@ class Instance:
             wall_ms,
         )
         plane.describe = f"{version.split(' - ')[0]} at {cfg.haproxy}, port {cfg.grpc_port}"
+        if log_socket is not None:
+            metrics = self.metrics
+
+            def record(call: CarriedCall) -> None:
+                served_by = plane.served_by(call.backend)
+                invocations.carried(
+                    call.method, call.model_id, call.vmodel_id, call.code, call.ms,
+                    call.req_bytes, call.resp_bytes, served_by,
+                )  # fmt: skip
+                if served_by == LOCAL and call.runtime_ms >= 0:
+                    metrics.invoke_model(call.method, call.code, call.runtime_ms, call.model_id)
+
+            self.native_calls = CarriedCalls(log_socket, record)
+            self.native_calls.start()
         await plane.start()
         return plane
 
@@ -870,6 +892,8 @@ class Instance:
         # No new calls from here on; those in flight finish (up to 5 s of the budget).
         if self.native is not None:
             await self.native.stop()
+        if self.native_calls is not None:
+            self.native_calls.close()
         await asyncio.gather(*(server.stop(min(grace, 5.0)) for server in self.servers))
         if self.native_dir is not None:
             shutil.rmtree(self.native_dir, ignore_errors=True)

@@ -54,6 +54,43 @@ class Invocations:
             SERVED.set(None)
         return time.perf_counter()
 
+    def carried(
+        self,
+        method: str,
+        model_id: str,
+        vmodel_id: str,
+        code: str,
+        ms: float,
+        req_bytes: int,
+        resp_bytes: int,
+        served_by: str,
+    ) -> None:
+        """Record one call the native data plane carried (served by this runtime, LOCAL, or by a
+        peer): the same metrics and invoke log as `done`. Its payloads never reach Python, so
+        with payload processors on, nothing is carried natively (see meshd.mesh)."""
+        if not self.active:
+            return
+        self.metrics.api_request(method, code, ms, req_bytes, resp_bytes, model_id, vmodel_id)
+        if self.log_each:
+            log.info(
+                "invoke %s model=%s vmodel=%s code=%s %.2f ms served_by=%s native",
+                method,
+                model_id,
+                vmodel_id or "-",
+                code,
+                ms,
+                served_by,
+                extra={
+                    "method": method,
+                    "modelId": model_id,
+                    "vModelId": vmodel_id or None,
+                    "code": code,
+                    "durationMs": round(ms, 3),
+                    "servedBy": served_by,
+                    "native": True,
+                },
+            )
+
     def done(
         self,
         method: str,

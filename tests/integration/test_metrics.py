@@ -20,7 +20,7 @@ from meshd.testing.procs import free_port, wait_until
 from .conftest import NodeFactory
 from .test_mesh import load_on
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_data_planes]
 
 ROWS = [[1.0, 2.0, 3.0, 4.0]]
 INFER = "ModelInfer"  # the metrics' method label (upstream's short names)

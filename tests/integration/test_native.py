@@ -19,13 +19,15 @@ import pytest
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.runtimes.models import GeneratedModel, decode_infer_response, make_infer_request
 from meshd.testing import haproxy
-from meshd.testing.procs import wait_until
+from meshd.testing.procs import free_port, wait_until
 
 from .conftest import Client, NodeFactory, close_enough, expected
+from .test_metrics import scrape, total
 
 pytestmark = pytest.mark.slow
 
 ROWS = [[0.5, -1.0, 2.0, 0.25]]
+INFER = "ModelInfer"  # the metrics' method label
 
 
 @pytest.fixture
@@ -213,3 +215,26 @@ def test_a_runtime_wanting_the_id_in_the_body_gets_it_natively_only_when_the_bod
     assert close_enough(decode_infer_response(resp)[:1], expected(m, big[:1]))
     time.sleep(1.5)
     assert carried(c) == before + 1
+
+
+def test_natively_carried_calls_keep_their_metrics_and_invoke_log(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    port = free_port()
+    metrics = f"prometheus:port={port};per_model_metrics=true"
+    c = start_node(settings={"metrics": metrics, "log_each_invoke": "true"})
+    m = models[0]
+    load(c, m)
+    time.sleep(0.6)  # the route is in
+    for _ in range(10):
+        check(c, m)
+    wait_until(lambda: carried(c) >= 10, 10, "native requests")
+    assert carried(c) == 10
+    api = "modelmesh_api_request_milliseconds_count"
+    # The same names and labels as the Python path's records, from HAProxy's log of each call.
+    wait_until(lambda: total(scrape(port), api, modelId=m.id) == 10, 10, "the carried calls' metrics")
+    series = scrape(port)
+    assert total(series, api, method=INFER, code="OK", modelId=m.id, vModelId="") == 10
+    assert total(series, "modelmesh_invoke_model_milliseconds_count", method=INFER, code="OK", modelId=m.id) == 10
+    lines = [line for line in c.node.meshd.log_path.read_text().splitlines() if "served_by=local native" in line]
+    assert len(lines) == 10 and all(f"model={m.id}" in line for line in lines)

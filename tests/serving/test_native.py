@@ -163,7 +163,7 @@ def _check(haproxy: str, text: str, tmp: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("variant", ["plain", "deadline", "tls", "mtls", "unix-runtime"])
+@pytest.mark.parametrize("variant", ["plain", "deadline", "tls", "mtls", "unix-runtime", "log"])
 def test_every_rendered_configuration_is_valid_for_haproxy(haproxy_path: str, tmp_path: Path, variant: str) -> None:
     pem = tmp_path / "cert-key.pem"
     ca = TestCA(tmp_path, "ca")
@@ -176,6 +176,7 @@ def test_every_rendered_configuration_is_valid_for_haproxy(haproxy_path: str, tm
         "tls": {"tls": tls},
         "mtls": {"tls": tls},
         "unix-runtime": {"runtime": "unix@/run/runtime.sock"},
+        "log": {"log_socket": str(tmp_path / "log.sock")},
     }[variant]
     text = render(_layout(tmp_path, **kw))
     _check(haproxy_path, text, tmp_path)

@@ -86,7 +86,7 @@ class HAProxy:
         """Write the configuration and empty maps, check them, start, wait for the runtime API."""
         self._write_files()  # a few small local files: not worth a thread
         check = await asyncio.create_subprocess_exec(
-            self.executable, "-c", "-q", "-f", str(self.config_path),
+            self.executable, "-c", "-f", str(self.config_path),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
         out, _ = await check.communicate()

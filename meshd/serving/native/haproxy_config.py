@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import grpc
+
 LOCAL_BACKEND = "be_local"
 PYTHON_BACKEND = "be_python"
 PEER_BACKEND = "be_peer_"  # + slot number
@@ -77,6 +79,9 @@ class Layout:
     # MESHD_REQUEST_TIMEOUT_MS is set: a call without a deadline takes the Python path, which
     # gives it that one (and says so when it expires).
     deadline_required: bool = False
+    # A unix datagram socket meshd reads: one line per request carried natively, for the
+    # per-call metrics and the invoke log (None: no per-call record, metrics and log are off).
+    log_socket: str | None = None
 
 
 def _peer_ssl(tls: TlsFiles | None) -> str:
@@ -101,12 +106,14 @@ def render(layout: Layout) -> str:
         f"  nbthread {layout.threads}",
         "  maxconn 8000",
         "  noreuseport",  # a taken port fails start-up, as the Python path does (issue 16)
+        *([f"  log unix@{layout.log_socket} len 2048 format raw local0 info"] if layout.log_socket else []),
         "  tune.h2.initial-window-size 1048576",
         # 64 KiB buffers (default 16): a 1 MiB request cost HAProxy + meshd 3.9 ms of CPU with
         # 16 KiB, 1.4 ms with 64 KiB, no less with 128 KiB (bench/proxy_overhead.py, this machine).
         "  tune.bufsize 65536",
         "defaults",
         "  mode http",
+        *(["  log global"] if layout.log_socket else []),
         "  timeout connect 1s",
         # gRPC streams may stay open and quiet for long: the client and deadlines end them.
         "  timeout client 1d",
@@ -115,6 +122,7 @@ def render(layout: Layout) -> str:
         "  timeout http-request 1d",
         "frontend grpc",
         f"  bind {layout.listen}{bind_tls}",
+        *([f'  log-format "{LOG_FORMAT}"'] if layout.log_socket else []),
         f"  acl native_method path,map({layout.methods_map}) -m found",
         f"  acl id_in_body path,map({layout.methods_map}) -m str {ID_IN_FIELD_1}",
         "  acl one_model req.hdr_cnt(mm-model-id) eq 1",
@@ -127,8 +135,10 @@ def render(layout: Layout) -> str:
         f"  acl from_peer req.hdr_cnt({HOP_HEADER}) gt 0",
         *(["  acl python_judges req.hdr_cnt(grpc-timeout) eq 0"] if layout.deadline_required else []),
         "  http-request set-var(txn.mid) req.fhdr(mm-model-id) if native_method one_model no_vmodel !python_judges",
+        *(["  http-request set-var(txn.path) path"] if layout.log_socket else []),
         f"  http-request set-var(txn.mid) req.fhdr(mm-vmodel-id),map({layout.vmodels_map})"
         " if native_method one_vmodel no_model !python_judges",
+        "  http-request set-var(txn.vmid) req.fhdr(mm-vmodel-id) if one_vmodel { var(txn.mid) -m found }",
         # A vmodel resolved here reaches the runtime as its concrete model, as on the Python path.
         "  http-request set-header mm-model-id %[var(txn.mid)] if one_vmodel { var(txn.mid) -m found }",
         "  http-request del-header mm-vmodel-id if one_vmodel { var(txn.mid) -m found }",
@@ -145,6 +155,7 @@ def render(layout: Layout) -> str:
         f"  use_backend %[var(txn.mid),map({layout.peers_map})] if peer_copy !from_peer !id_in_body",
         f"  use_backend %[var(txn.mid),map({layout.peers_map})] if peer_copy !from_peer id_in_body body_plain"
         " body_names_model",
+        *(["  http-response set-var(txn.grpc_status) res.hdr(grpc-status)"] if layout.log_socket else []),
         f"  default_backend {PYTHON_BACKEND}",
         f"backend {LOCAL_BACKEND}",
         f"  http-request track-sc0 var(txn.mid) table {COUNTERS_TABLE}",
@@ -172,8 +183,60 @@ def render(layout: Layout) -> str:
             " check inter 1s observe layer7 error-limit 1 on-error mark-down",
             f"  {python} backup",
         ]
-    lines += [f"backend {PYTHON_BACKEND}", f"  {python}", ""]
+    # The Python path records its own calls: only natively carried ones are logged here.
+    lines += [f"backend {PYTHON_BACKEND}", "  http-request set-log-level silent", f"  {python}", ""]
     return "\n".join(lines)
+
+
+# One line per request: model, vmodel, path, active ms, bytes in, bytes out, HTTP status, the
+# grpc-status response header (a unary error is Trailers-Only, so present; absent: OK), the
+# backend and server that took it, and the server's response time (ms).
+LOG_FORMAT = "%[var(txn.mid)] %[var(txn.vmid)] %[var(txn.path)] %Ta %U %B %ST %[var(txn.grpc_status)] %b %s %Tr"
+BACKUP_SERVER = "py"  # a native backend's request that fell back to the Python path (recorded there)
+_GRPC_CODES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+@dataclass(frozen=True, slots=True)
+class CarriedCall:
+    """One request HAProxy carried natively, from its log line."""
+
+    model_id: str
+    vmodel_id: str
+    method: str
+    ms: float
+    req_bytes: int
+    resp_bytes: int
+    code: str  # a grpc.StatusCode name
+    backend: str  # LOCAL_BACKEND: this instance's runtime; else a peer slot's backend
+    runtime_ms: float  # the runtime's (or peer's) response time; -1: none
+
+
+def parse_log_line(line: str) -> CarriedCall | None:
+    """A log line in LOG_FORMAT; None for lines that are not one (or a fallback to Python)."""
+    parts = line.split(" ")
+    if len(parts) != 11 or parts[9] == BACKUP_SERVER or parts[0] == "-":
+        return None
+    model_id, vmodel_id, method, ta, up, down, http_status, grpc_status, backend, _server, tr = parts
+    try:
+        if http_status != "200":
+            code = "UNAVAILABLE"  # HAProxy's own answer (no server could take it), as grpc maps it
+        elif grpc_status == "-":
+            code = "OK"
+        else:
+            code = _GRPC_CODES.get(int(grpc_status), "UNKNOWN")
+        return CarriedCall(
+            model_id,
+            "" if vmodel_id == "-" else vmodel_id,
+            method,
+            float(ta),
+            int(up),
+            int(down),
+            code,
+            backend,
+            float(tr),
+        )
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)

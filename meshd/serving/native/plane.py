@@ -23,6 +23,7 @@ from meshd.core.records import ModelRecord, VModelRecord
 from meshd.decisions.cache import State
 from meshd.decisions.placement.view import ClusterView
 from meshd.kv.table import Table
+from meshd.serving.invocations import LOCAL
 from meshd.serving.local import LocalModels
 from meshd.serving.native.haproxy import HAProxy, HAProxyError
 from meshd.serving.native.haproxy_config import COUNTERS_TABLE, PEER_BACKEND, Layout, map_key_ok, parse_table
@@ -150,6 +151,12 @@ class NativePlane:
 
     def _exit_code(self) -> int | None:
         return self.haproxy.proc.returncode if self.haproxy.proc is not None else None
+
+    def served_by(self, backend: str) -> str:
+        """Who served a carried call, from the backend HAProxy logged: LOCAL or a peer's id."""
+        if backend.startswith(PEER_BACKEND):
+            return self._slots.get(backend[len(PEER_BACKEND) :], "peer")
+        return LOCAL
 
     # ---- what the Python path tells the plane -----------------------------------------
     def kick(self) -> None:

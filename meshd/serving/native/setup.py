@@ -46,6 +46,7 @@ def layout(
     directory: Path,
     tls: TlsFiles | None,
     deadline_required: bool,
+    log_socket: Path | None,
 ) -> Layout:
     return Layout(
         listen=f"0.0.0.0:{listen_port}",
@@ -58,6 +59,7 @@ def layout(
         vmodels_map=str(directory / "vmodels.map"),
         tls=tls,
         deadline_required=deadline_required,
+        log_socket=str(log_socket) if log_socket is not None else None,
     )
 
 
