@@ -496,7 +496,7 @@ def report(
     )
     out.append("")
     hdr = (
-        f"{'scenario':<8} {'inst':>4} {'cached':>6} {'req/s':>7} {'hit%':>6} {'no-load%':>8} {'loads':>6} "
+        f"{'scenario':<10} {'inst':>4} {'cached':>6} {'req/s':>7} {'hit%':>6} {'no-load%':>8} {'loads':>6} "
         f"{'evict':>6} {'errors':>6} {'wrong':>5} {'p50 ms':>8} {'p99 ms':>8} {'peer-hop%':>9} "
         f"{'meshd ms/req':>12} {'rt ms/req':>9}"
     )
@@ -505,7 +505,7 @@ def report(
     for r in results:
         lat = r.tally.latencies_ms
         out.append(
-            f"{r.name:<8} {r.instances:>4} {r.instances * args.cache_models:>6} {fmt(r.rps, '7.1f')} "
+            f"{r.name:<10} {r.instances:>4} {r.instances * args.cache_models:>6} {fmt(r.rps, '7.1f')} "
             f"{fmt(100 * r.hit_ratio, '6.1f')} {fmt(100 * r.no_load_share, '8.1f')} {r.total('loads'):>6} "
             f"{r.total('evictions'):>6} {r.tally.n_errors:>6} {r.tally.wrong:>5} "
             f"{fmt(percentile(lat, 50) if lat else float('nan'), '8.1f')} "
@@ -550,6 +550,16 @@ def report(
             f"hit ratio {100 * m.hit_ratio:.1f}% vs {100 * s.hit_ratio:.1f}%; "
             f"{100 * m.peer_hop_share:.1f}% of mesh requests took a peer hop"
         )
+    for scenario in ("mesh", "single"):
+        if scenario in by_name and f"{scenario}-nat" in by_name:
+            p, n = by_name[scenario], by_name[f"{scenario}-nat"]
+            p50 = [percentile(r.tally.latencies_ms, 50) if r.tally.latencies_ms else float("nan") for r in (p, n)]
+            out.append(
+                f"summary: {scenario}, native against python data plane on the same trace: "
+                f"{n.rps:.0f} vs {p.rps:.0f} req/s, serving-layer CPU {n.cpu_ms_per_req('meshd'):.2f} vs "
+                f"{p.cpu_ms_per_req('meshd'):.2f} ms/req, p50 {p50[1]:.1f} vs {p50[0]:.1f} ms, "
+                f"hit ratio {100 * n.hit_ratio:.1f}% vs {100 * p.hit_ratio:.1f}%"
+            )
     return out
 
 
