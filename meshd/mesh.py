@@ -563,7 +563,14 @@ class Instance:
         # Per-call records (metrics, invoke log) of natively carried calls, when either is on.
         log_socket = directory / "log.sock" if invocations.active else None
         layout = native_setup.layout(
-            cfg.grpc_port, python, cfg.serving_endpoint, directory, tls_files, cfg.request_timeout_ms > 0, log_socket
+            cfg.grpc_port,
+            python,
+            cfg.serving_endpoint,
+            directory,
+            tls_files,
+            cfg.request_timeout_ms > 0,
+            log_socket,
+            cfg.max_headers_size,
         )
         version = await haproxy_version(cfg.haproxy)
         maps = [layout.methods_map, layout.local_map, layout.peers_map, layout.vmodels_map]

@@ -26,7 +26,7 @@ from .conftest import (
     load_on,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_data_planes]
 
 ETCD_DOWN_S = 30.0  # issue 8: "etcd down for 30 s under traffic"
 TTL = {"instance_ttl_s": 5}  # shorter than the outage: leases must survive it all the same

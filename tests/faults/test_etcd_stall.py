@@ -32,7 +32,7 @@ from meshd.testing.procs import wait_until
 from ..integration.conftest import MODEL_SIZE
 from .conftest import WAIT_S, FaultMesh, Traffic, answers, listed_instances, load_on
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_data_planes]
 
 MAX_ONE = '{"meshd": {"max_copies": 1}}'
 TTL_S = 12

@@ -16,7 +16,7 @@ from meshd.testing.procs import wait_until
 from ..integration.conftest import Client, close_enough, expected
 from .conftest import ROWS, WAIT_S, FaultMesh, answers, listed_instances
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_data_planes]
 
 MAX_ONE = '{"meshd": {"max_copies": 1}}'
 PER_INSTANCE = 4  # concurrent cold requests per model through each instance

@@ -18,7 +18,7 @@ from meshd.runtimes.models import GeneratedModel, decode_infer_response, make_in
 
 from .conftest import Client, NodeFactory, close_enough, expected
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_data_planes]
 
 ROWS = [[0.5, -1.0, 2.0, 0.25]]
 # Well under grpc's default soft limit (8 KiB), so the runtime behind never refuses at random.

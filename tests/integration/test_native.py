@@ -12,12 +12,19 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm
-from meshd.runtimes.models import GeneratedModel, decode_infer_response, make_infer_request
+from meshd.runtimes.models import (
+    GeneratedModel,
+    decode_infer_response,
+    make_echo_request,
+    make_infer_request,
+    write_echo_model,
+)
 from meshd.testing import haproxy
 from meshd.testing.procs import free_port, wait_until
 
@@ -238,3 +245,26 @@ def test_natively_carried_calls_keep_their_metrics_and_invoke_log(
     assert total(series, "modelmesh_invoke_model_milliseconds_count", method=INFER, code="OK", modelId=m.id) == 10
     lines = [line for line in c.node.meshd.log_path.read_text().splitlines() if "served_by=local native" in line]
     assert len(lines) == 10 and all(f"model={m.id}" in line for line in lines)
+
+
+def test_many_large_requests_at_once_all_complete(start_node: NodeFactory, tmp_path: Path) -> None:
+    # 64 concurrent 1 MiB echo calls on one connection: with a per-stream window larger than
+    # HAProxy's stream buffers, these once stalled HAProxy's HTTP/2 demultiplexer for good.
+    c = start_node(capacity_models=64)
+    echo = write_echo_model(tmp_path / "echo.json")
+    info = mm.ModelInfo(type="demo", path=str(echo))
+    req = mm.RegisterModelRequest(modelId="echo", modelInfo=info, loadNow=True, sync=True)
+    assert c.mm.registerModel(req, timeout=30).status == mm.ModelStatusInfo.LOADED
+    time.sleep(0.6)  # the route is in
+    request = make_echo_request("echo", 1 << 20)
+    options = [("grpc.max_send_message_length", 8 << 20), ("grpc.max_receive_message_length", 8 << 20)]
+    with grpc.insecure_channel(c.node.target, options=options) as channel:
+        infer = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=lambda r: r.SerializeToString(),
+            response_deserializer=lambda b: b,
+        )
+        futures = [infer.future(request, metadata=(("mm-model-id", "echo"),), timeout=60) for _ in range(64)]
+        sizes = [len(f.result()) for f in futures]
+    assert all(size > 1 << 20 for size in sizes)
+    wait_until(lambda: carried(c) >= 64, 10, "the counters")

@@ -91,7 +91,9 @@ class HAProxy:
         )  # fmt: skip
         out, _ = await check.communicate()
         if check.returncode != 0:
-            raise HAProxyError(f"haproxy rejected its configuration: {out.decode(errors='replace').strip()[:800]}")
+            lines = out.decode(errors="replace").splitlines()
+            alerts = [line for line in lines if "ALERT" in line] or lines
+            raise HAProxyError(f"haproxy rejected its configuration: {' | '.join(alerts)[:800]}")
         logfile = self.log_path.open("ab")  # the child holds it open
         try:
             self.proc = await asyncio.create_subprocess_exec(

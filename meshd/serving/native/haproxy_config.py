@@ -82,6 +82,9 @@ class Layout:
     # A unix datagram socket meshd reads: one line per request carried natively, for the
     # per-call metrics and the invoke log (None: no per-call record, metrics and log are off).
     log_socket: str | None = None
+    # MM_SVC_GRPC_MAX_HEADERS_SIZE: requests with headers anywhere near it take the Python path,
+    # which enforces it exactly (HAProxy measures headers in its own way).
+    max_headers_bytes: int = 8 << 10
 
 
 def _peer_ssl(tls: TlsFiles | None) -> str:
@@ -107,9 +110,11 @@ def render(layout: Layout) -> str:
         "  maxconn 8000",
         "  noreuseport",  # a taken port fails start-up, as the Python path does (issue 16)
         *([f"  log unix@{layout.log_socket} len 2048 format raw local0 info"] if layout.log_socket else []),
-        "  tune.h2.initial-window-size 1048576",
         # 64 KiB buffers (default 16): a 1 MiB request cost HAProxy + meshd 3.9 ms of CPU with
         # 16 KiB, 1.4 ms with 64 KiB, no less with 128 KiB (bench/proxy_overhead.py, this machine).
+        # The per-stream window stays HAProxy's default (64 KiB): a 1 MiB window let 64 clients'
+        # 1 MiB uploads overrun the stream buffers and stall HAProxy's HTTP/2 demultiplexer for
+        # good (tests/integration/test_native.py holds that case).
         "  tune.bufsize 65536",
         "defaults",
         "  mode http",
@@ -133,6 +138,7 @@ def render(layout: Layout) -> str:
         "  acl python_judges req.hdr_cnt(mm-vmodel-id-bin) gt 0",
         "  acl python_judges req.hdr_cnt(mm-balanced) gt 0",
         f"  acl from_peer req.hdr_cnt({HOP_HEADER}) gt 0",
+        f"  acl python_judges req.hdrs,length gt {layout.max_headers_bytes // 2}",
         *(["  acl python_judges req.hdr_cnt(grpc-timeout) eq 0"] if layout.deadline_required else []),
         "  http-request set-var(txn.mid) req.fhdr(mm-model-id) if native_method one_model no_vmodel !python_judges",
         *(["  http-request set-var(txn.path) path"] if layout.log_socket else []),

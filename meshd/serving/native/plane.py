@@ -148,6 +148,8 @@ class NativePlane:
                     await self.poll_counters()
             except (OSError, HAProxyError) as e:
                 log.warning("native data plane: %s", e)
+            except Exception:  # the loop must outlive any one bad round: routes would freeze
+                log.exception("native data plane: a sync failed")
 
     def _exit_code(self) -> int | None:
         return self.haproxy.proc.returncode if self.haproxy.proc is not None else None

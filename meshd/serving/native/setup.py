@@ -47,6 +47,7 @@ def layout(
     tls: TlsFiles | None,
     deadline_required: bool,
     log_socket: Path | None,
+    max_headers_bytes: int,
 ) -> Layout:
     return Layout(
         listen=f"0.0.0.0:{listen_port}",
@@ -60,6 +61,7 @@ def layout(
         tls=tls,
         deadline_required=deadline_required,
         log_socket=str(log_socket) if log_socket is not None else None,
+        max_headers_bytes=max_headers_bytes,
     )
 
 
