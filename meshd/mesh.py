@@ -571,6 +571,7 @@ class Instance:
             cfg.request_timeout_ms > 0,
             log_socket,
             cfg.max_headers_size,
+            cfg.max_msg_size,
         )
         version = await haproxy_version(cfg.haproxy)
         maps = [layout.methods_map, layout.local_map, layout.peers_map, layout.vmodels_map]

@@ -85,6 +85,15 @@ class Layout:
     # MM_SVC_GRPC_MAX_HEADERS_SIZE: requests with headers anywhere near it take the Python path,
     # which enforces it exactly (HAProxy measures headers in its own way).
     max_headers_bytes: int = 8 << 10
+    max_message_bytes: int = 16 << 20  # MM_SVC_GRPC_MAX_MSG_SIZE: larger requests take the Python path
+
+
+# A vmodel resolved by the frontend reaches the runtime (or the peer) as its concrete model, as
+# on the Python path; only in the native backends, so the Python path still sees the vmodel.
+VMODEL_AS_MODEL = (
+    "  http-request set-header mm-model-id %[var(txn.mid)] if { var(txn.vmid) -m found }",
+    "  http-request del-header mm-vmodel-id if { var(txn.vmid) -m found }",
+)
 
 
 def _peer_ssl(tls: TlsFiles | None) -> str:
@@ -145,27 +154,29 @@ def render(layout: Layout) -> str:
         f"  http-request set-var(txn.mid) req.fhdr(mm-vmodel-id),map({layout.vmodels_map})"
         " if native_method one_vmodel no_model !python_judges",
         "  http-request set-var(txn.vmid) req.fhdr(mm-vmodel-id) if one_vmodel { var(txn.mid) -m found }",
-        # A vmodel resolved here reaches the runtime as its concrete model, as on the Python path.
-        "  http-request set-header mm-model-id %[var(txn.mid)] if one_vmodel { var(txn.mid) -m found }",
-        "  http-request del-header mm-vmodel-id if one_vmodel { var(txn.mid) -m found }",
-        # A runtime wanting the id in field 1: the (unary) body must hold it there already,
-        # uncompressed; HAProxy reads the field from the start of the body, so the whole of a
-        # large body need not be buffered.
-        "  http-request wait-for-body time 1s at-least 1024 if id_in_body { var(txn.mid) -m found }",
+        # The (unary) body's start: its gRPC frame must be uncompressed and within
+        # MM_SVC_GRPC_MAX_MSG_SIZE (the Python path refuses larger ones), and a runtime wanting
+        # the id in field 1 must find it there already. HAProxy reads these from the first bytes,
+        # so a large body need not be buffered whole.
+        "  http-request wait-for-body time 1s at-least 1024 if { var(txn.mid) -m found }",
+        f"  http-request set-var(txn.max_len) str({layout.max_message_bytes:08X}) if {{ var(txn.mid) -m found }}",
         "  acl body_plain req.body,bytes(0,1),hex -m str 00",
+        "  acl body_fits req.body,bytes(1,4),hex,strcmp(txn.max_len) le 0",
         "  acl body_names_model req.body,bytes(5),protobuf(1),strcmp(txn.mid) eq 0",
         f"  acl local_copy var(txn.mid),map({layout.local_map}) -m found",
         f"  acl peer_copy var(txn.mid),map({layout.peers_map}) -m found",
-        f"  use_backend {LOCAL_BACKEND} if local_copy !id_in_body",
-        f"  use_backend {LOCAL_BACKEND} if local_copy id_in_body body_plain body_names_model",
-        f"  use_backend %[var(txn.mid),map({layout.peers_map})] if peer_copy !from_peer !id_in_body",
-        f"  use_backend %[var(txn.mid),map({layout.peers_map})] if peer_copy !from_peer id_in_body body_plain"
-        " body_names_model",
+        f"  use_backend {LOCAL_BACKEND} if local_copy body_plain body_fits !id_in_body",
+        f"  use_backend {LOCAL_BACKEND} if local_copy body_plain body_fits id_in_body body_names_model",
+        f"  use_backend %[var(txn.mid),map({layout.peers_map})] if peer_copy !from_peer body_plain body_fits"
+        " !id_in_body",
+        f"  use_backend %[var(txn.mid),map({layout.peers_map})] if peer_copy !from_peer body_plain body_fits"
+        " id_in_body body_names_model",
         *(["  http-response set-var(txn.grpc_status) res.hdr(grpc-status)"] if layout.log_socket else []),
         f"  default_backend {PYTHON_BACKEND}",
         f"backend {LOCAL_BACKEND}",
         f"  http-request track-sc0 var(txn.mid) table {COUNTERS_TABLE}",
         f"  http-request del-header {HOP_HEADER}",
+        *VMODEL_AS_MODEL,
         "  timeout connect 200ms",
         # A runtime that dies with requests in flight (nothing answered yet): they go to the
         # Python path, which reroutes them as it does a copy found unreachable.
@@ -181,6 +192,7 @@ def render(layout: Layout) -> str:
         lines += [
             f"backend {PEER_BACKEND}{slot}",
             f"  http-request set-header {HOP_HEADER} 1",
+            *VMODEL_AS_MODEL,
             "  timeout connect 500ms",
             "  retry-on conn-failure empty-response",
             "  option redispatch 1",

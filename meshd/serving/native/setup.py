@@ -48,6 +48,7 @@ def layout(
     deadline_required: bool,
     log_socket: Path | None,
     max_headers_bytes: int,
+    max_message_bytes: int,
 ) -> Layout:
     return Layout(
         listen=f"0.0.0.0:{listen_port}",
@@ -62,6 +63,7 @@ def layout(
         deadline_required=deadline_required,
         log_socket=str(log_socket) if log_socket is not None else None,
         max_headers_bytes=max_headers_bytes,
+        max_message_bytes=max_message_bytes,
     )
 
 
