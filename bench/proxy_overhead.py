@@ -245,6 +245,8 @@ async def drive(
                 resp = await call(request, metadata=metadata, timeout=RPC_TIMEOUT_S)
             except grpc.aio.AioRpcError as e:
                 all_errors += 1
+                if all_errors == 1:  # what went wrong, once per case: the count alone says little
+                    print(f"  first error: {e.code().name}: {e.details()}", file=sys.stderr, flush=True)
                 if window.recording:
                     errors += 1
                 if all_errors > 100:
@@ -438,7 +440,12 @@ async def run_all(
         "http": {"proxy": node.meshd.pid, "runtime": node.runtime.pid},
     }
     if native is not None:
-        pids["native"] = {"proxy": (native.node.meshd.pid, native.haproxy_pid), "runtime": native.node.runtime.pid}
+        pids["native"] = {
+            "proxy": (native.node.meshd.pid, native.haproxy_pid),
+            "haproxy": native.haproxy_pid,  # the split of "proxy", for the report
+            "control": native.node.meshd.pid,
+            "runtime": native.node.runtime.pid,
+        }
     http_url = f"{node.http_url}/v2/models/{MODEL_ID}/infer"
     # One channel (one HTTP/2 connection) per target, kept for the whole run.
     channels = {t: grpc.aio.insecure_channel(a, options=opts) for t, a in addrs.items()}
@@ -577,13 +584,15 @@ def report(results: Results, settings: Settings, command: str, elapsed_s: float)
         native_summary[(case.label, case.concurrency)] = row
         native_rows.append(
             f"{case.label:>7} {case.concurrency:>4} {fmt(row['nd'], '13.2f')} {fmt(row['nm'], '12.2f')} "
-            f"{fmt(row['p50n'], '+14.3f')} {fmt(row['cn'], '13.2f')} {fmt(row['cnm'], '15.2f')}"
+            f"{fmt(row['p50n'], '+14.3f')} {fmt(row['cn'], '13.2f')} {fmt(row['cnm'], '15.2f')} "
+            f"{fmt(median([nv[i].cpu_us_per_req('haproxy') for i in range(n)]), '14.1f')} "
+            f"{fmt(median([nv[i].cpu_us_per_req('control') for i in range(n)]), '12.1f')}"
         )
     if native_rows:
         out.append("Native data plane (MESHD_DATAPLANE=native: HAProxy carries, meshd controls; CPU = HAProxy + meshd)")
         hdr4 = (
             f"{'payload':>7} {'conc':>4} {'native/direct':>13} {'native/meshd':>12} {'+p50 native ms':>14} "
-            f"{'native cpu/rt':>13} {'native/meshd cpu':>15}"
+            f"{'native cpu/rt':>13} {'native/meshd cpu':>15} {'haproxy us/req':>14} {'meshd us/req':>12}"
         )
         out.append(hdr4)
         out.append("-" * len(hdr4))
