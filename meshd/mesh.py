@@ -72,8 +72,8 @@ from meshd.serving.invocations import LOCAL, Invocations
 from meshd.serving.local import LocalModels
 from meshd.serving.native import setup as native_setup
 from meshd.serving.native.calls import CarriedCalls
-from meshd.serving.native.haproxy import HAProxy, haproxy_version
-from meshd.serving.native.haproxy_config import CarriedCall
+from meshd.serving.native.haproxy import HAProxy, HAProxyError
+from meshd.serving.native.haproxy_config import CarriedCall, Layout
 from meshd.serving.native.haproxy_config import render as render_haproxy
 from meshd.serving.native.plane import NativePlane
 from meshd.serving.peers import Peers, dial_plaintext
@@ -218,6 +218,9 @@ class Instance:
     native: NativePlane | None = None  # MESHD_DATAPLANE=native
     native_dir: Path | None = None
     native_calls: CarriedCalls | None = None
+    haproxy: HAProxy | None = None  # checked at start-up, started once the Python path listens
+    native_layout: Layout | None = None
+    haproxy_version: str = ""
 
     def __post_init__(self) -> None:
         self.metrics: Metrics = build_metrics(self.config.metrics)
@@ -230,6 +233,8 @@ class Instance:
         # Everything that can refuse start-up is checked before the runtime is asked for its
         # status (it purges its models then): a mistaken second meshd must not wipe them.
         check_ports_free(listening_ports(cfg))
+        if cfg.data_plane == "native":
+            await self._check_native()
         await self._start_probes()
         if self.tracing is None:
             self.tracing = tracing_from_env(cfg.instance_id)
@@ -433,9 +438,8 @@ class Instance:
         )
         external.add_generic_rpc_handlers([InferenceHandler(router, methods, timeout_s, handlers, invocations)])
         tls = cfg.tls
-        if cfg.data_plane == "native":
+        if self.native_dir is not None:
             # HAProxy takes the external port; the Python path listens on a private socket behind it.
-            self.native_dir = native_setup.workdir()
             bind(external, f"unix:{self.native_dir / 'python.sock'}", None)
             self.grpc_port = cfg.grpc_port
         else:
@@ -463,7 +467,7 @@ class Instance:
             if self.payloads is not None:  # processors see every payload: HAProxy's never reach Python
                 log.warning("MM_PAYLOAD_PROCESSORS is set: the native data plane carries nothing natively")
                 carried = {}
-            self.native = await self._start_native(self.native_dir, carried, cluster, registry, info, invocations)
+            self.native = await self._start_native(carried, cluster, registry, info, invocations)
             router.noticed = self.native.noticed
             local.before_unload = self.native.withdraw
             native = self.native
@@ -547,9 +551,37 @@ class Instance:
         else:
             log.info("data plane: python (MESHD_DATAPLANE=native carries warm requests through HAProxy)")
 
+    async def _check_native(self) -> None:
+        """HAProxy runs and takes its configuration: checked before the runtime is asked for
+        anything (it purges its models then), so a mistake there changes nothing."""
+        cfg = self.config
+        directory = self.native_dir = native_setup.workdir()
+        tls_files = native_setup.write_tls_files(cfg.tls, directory) if cfg.tls else None
+        # Per-call records (metrics, invoke log) of natively carried calls, when either is on
+        # (`Invocations.active`: metrics, the invoke log or payload processors).
+        records = cfg.metrics.enabled or cfg.log_each_invoke or bool(cfg.payload_processors)
+        layout = native_setup.layout(
+            cfg.grpc_port,
+            directory / "python.sock",
+            cfg.serving_endpoint,
+            directory,
+            tls_files,
+            cfg.request_timeout_ms > 0,
+            directory / "log.sock" if records else None,
+            cfg.max_headers_size,
+            cfg.max_msg_size,
+        )
+        maps = [layout.methods_map, layout.local_map, layout.peers_map, layout.vmodels_map]
+        self.haproxy = HAProxy(cfg.haproxy, render_haproxy(layout), directory, maps, layout.api_socket)
+        self.native_layout = layout
+        try:
+            self.haproxy_version = await self.haproxy.check()
+        except HAProxyError as e:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise StartRefused(f"MESHD_DATAPLANE=native: {e}") from None
+
     async def _start_native(
         self,
-        directory: Path,
         carried: dict[str, str],
         cluster: Cluster,
         registry: Registry,
@@ -557,25 +589,10 @@ class Instance:
         invocations: Invocations,
     ) -> NativePlane:
         cfg = self.config
-        assert self.local is not None
-        tls_files = native_setup.write_tls_files(cfg.tls, directory) if cfg.tls else None
-        python = directory / "python.sock"
-        # Per-call records (metrics, invoke log) of natively carried calls, when either is on.
-        log_socket = directory / "log.sock" if invocations.active else None
-        layout = native_setup.layout(
-            cfg.grpc_port,
-            python,
-            cfg.serving_endpoint,
-            directory,
-            tls_files,
-            cfg.request_timeout_ms > 0,
-            log_socket,
-            cfg.max_headers_size,
-            cfg.max_msg_size,
-        )
-        version = await haproxy_version(cfg.haproxy)
-        maps = [layout.methods_map, layout.local_map, layout.peers_map, layout.vmodels_map]
-        haproxy = HAProxy(cfg.haproxy, render_haproxy(layout), directory, maps, layout.api_socket)
+        assert self.local is not None and self.haproxy is not None and self.native_layout is not None
+        haproxy, layout = self.haproxy, self.native_layout
+        log_socket = Path(layout.log_socket) if layout.log_socket is not None else None
+        version = self.haproxy_version
         plane = NativePlane(
             haproxy,
             layout,
@@ -602,7 +619,10 @@ class Instance:
 
             self.native_calls = CarriedCalls(log_socket, record)
             self.native_calls.start()
-        await plane.start()
+        try:
+            await plane.start()
+        except HAProxyError as e:
+            raise StartRefused(f"MESHD_DATAPLANE=native: {e}") from None
         return plane
 
     async def stopped(self) -> None:

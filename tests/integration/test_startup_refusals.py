@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,27 @@ def test_a_serving_port_nothing_answers_on_stops_start_up(mesh: LocalMesh) -> No
     assert exit_code(child) == 1, child.log_tail()
     out = child.log_path.read_text()
     assert "INTERNAL_SERVING_GRPC_PORT" in out.strip().splitlines()[-1] and "Traceback" not in out, out
+
+
+def test_a_native_data_plane_whose_haproxy_fails_stops_start_up_before_the_runtime_is_touched(
+    mesh: LocalMesh, start_node: NodeFactory, models: list[GeneratedModel], tmp_path: Path
+) -> None:
+    a: Client = start_node("inst-a")
+    model = models[0]
+    a.register(model, loadNow=True, sync=True)
+    broken = tmp_path / "haproxy"
+    broken.write_text("#!/bin/sh\necho 'not an haproxy' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    # Pointed at the first one's runtime: a start that went on would make it purge its copies.
+    settings: dict[str, str | int] = {
+        "runtime_port": a.node.runtime_port,
+        "data_plane": "native",
+        "haproxy": str(broken),
+    }
+    second = start_second(mesh, "inst-b", settings)
+    assert exit_code(second) == 2, second.log_tail()
+    out = second.log_path.read_text()
+    assert "Traceback" not in out, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("meshd serve: MESHD_DATAPLANE=native:") and "not an haproxy" in last, out
+    assert a.runtime_loaded() == [model.id]

@@ -82,8 +82,13 @@ class HAProxy:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.api_socket)
 
-    async def start(self) -> None:
-        """Write the configuration and empty maps, check them, start, wait for the runtime API."""
+    async def check(self) -> str:
+        """HAProxy's version line, once it has accepted the configuration (written first, with
+        empty maps). HAProxyError says why not."""
+        try:
+            version = await haproxy_version(self.executable)
+        except OSError as e:
+            raise HAProxyError(f"{self.executable} does not run: {e}") from None
         self._write_files()  # a few small local files: not worth a thread
         check = await asyncio.create_subprocess_exec(
             self.executable, "-c", "-f", str(self.config_path),
@@ -94,6 +99,11 @@ class HAProxy:
             lines = out.decode(errors="replace").splitlines()
             alerts = [line for line in lines if "ALERT" in line] or lines
             raise HAProxyError(f"haproxy rejected its configuration: {' | '.join(alerts)[:800]}")
+        return version
+
+    async def start(self) -> None:
+        """Check the configuration, start, wait for the runtime API."""
+        await self.check()
         logfile = self.log_path.open("ab")  # the child holds it open
         try:
             self.proc = await asyncio.create_subprocess_exec(
