@@ -26,8 +26,10 @@ from meshd.serving.native.plane import split_address
 from meshd.serving.native.routes import (
     LocalCopy,
     assign_slots,
+    carried_since,
     local_routes,
     map_changes,
+    native_peers,
     peer_routes,
     runtime_api_commands,
 )
@@ -61,6 +63,24 @@ def test_local_routes_are_loaded_unlimited_copies_of_an_answering_runtime() -> N
     ]
     assert local_routes(copies, runtime_up=True) == {"served"}
     assert local_routes(copies, runtime_up=False) == set()
+
+
+def test_native_peers_are_live_reachable_dialable_others() -> None:
+    instances = {
+        "me": InstanceView("me", native="10.0.0.1:8033"),
+        "b": InstanceView("b", native="10.0.0.2:8033"),
+        "c": InstanceView("c", native=""),  # Python data plane
+        "d": InstanceView("d", native="10.0.0.4:8033", shutdown=True),
+        "e": InstanceView("e", native="10.0.0.5:8033"),  # found unreachable
+        "f": InstanceView("f", native="peer-f:8033"),  # not an IP literal
+    }
+    view = ClusterView("me", 0, instances, unreachable=frozenset({"e"}))
+    assert native_peers(view, lambda a: split_address(a) is not None) == {"b": "10.0.0.2:8033"}
+
+
+def test_counters_read_twice_give_what_was_carried_between() -> None:
+    assert carried_since({"a": 5, "b": 7}, {"a": 9, "b": 7, "c": 2}) == {"a": 4, "c": 2}
+    assert carried_since({"a": 5}, {"a": 1}) == {}  # HAProxy restarted: its table starts again
 
 
 def test_peer_slots_are_stable_and_bounded() -> None:

@@ -30,8 +30,10 @@ from meshd.serving.native.haproxy_config import COUNTERS_TABLE, PEER_BACKEND, La
 from meshd.serving.native.routes import (
     LocalCopy,
     assign_slots,
+    carried_since,
     local_routes,
     map_changes,
+    native_peers,
     peer_routes,
     runtime_api_commands,
 )
@@ -215,12 +217,7 @@ class NativePlane:
                 layout.local_map: {m: "1" for m in here},
             }
             view = self.view()
-            natives = {
-                i.instance_id: i.native
-                for i in view.serving
-                if i.native and i.instance_id != view.self_id and i.instance_id not in view.unreachable
-                and split_address(i.native) is not None
-            }  # fmt: skip
+            natives = native_peers(view, lambda address: split_address(address) is not None)
             await self._set_slots(assign_slots(self._slots, natives, layout.peer_slots), natives)
             slot_of = {inst: slot for slot, inst in self._slots.items()}
             records = _Records(self.models)
@@ -273,11 +270,8 @@ class NativePlane:
         rows = parse_table(await self.haproxy.command(f"show table {COUNTERS_TABLE}"))
         now = self.clock()
         local = self.local
-        previous = self._requests
-        for model_id, row in rows.items():
-            delta = row.requests - previous.get(model_id, 0)
-            if delta <= 0:
-                continue
+        counted = {m: r.requests for m, r in rows.items()}
+        for model_id, delta in carried_since(self._requests, counted).items():
             self.counts.carried += delta
             local.counters.requests += delta
             local.counters.hits += delta
@@ -286,7 +280,7 @@ class NativePlane:
             if entry is not None:
                 entry.served += delta
                 local.cache.touch(model_id, now, uses=delta)
-        self._requests = {m: r.requests for m, r in rows.items()}
+        self._requests = counted
 
 
 class _Records(Mapping[str, ModelRecord]):

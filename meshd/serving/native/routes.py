@@ -9,7 +9,7 @@ native port; the peer is the one Python's routing would pick first for an idle i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from meshd.core.records import ModelRecord
@@ -29,6 +29,22 @@ def local_routes(copies: Iterable[LocalCopy], runtime_up: bool) -> set[str]:
     if not runtime_up:
         return set()
     return {c.model_id for c in copies if c.loaded and not c.limited and map_key_ok(c.model_id)}
+
+
+def native_peers(view: ClusterView, address_ok: Callable[[str], bool]) -> dict[str, str]:
+    """Peer instance -> native address, for the live peers a native hop may go to: serving (not
+    shutting down), not found unreachable lately, with an address HAProxy can dial."""
+    return {
+        i.instance_id: i.native
+        for i in view.serving
+        if i.native and i.instance_id != view.self_id and i.instance_id not in view.unreachable and address_ok(i.native)
+    }
+
+
+def carried_since(previous: Mapping[str, int], now: Mapping[str, int]) -> dict[str, int]:
+    """Model -> requests carried natively between two reads of HAProxy's counters (its table
+    counts from its own start: a model new to it starts at 0)."""
+    return {m: n - previous.get(m, 0) for m, n in now.items() if n > previous.get(m, 0)}
 
 
 def assign_slots(current: Mapping[str, str], natives: Mapping[str, str], slots: int) -> dict[str, str]:
