@@ -44,7 +44,8 @@ SYNC_INTERVAL_S = 0.25
 COUNTERS_EVERY = 4  # polls of the counters table: one per this many syncs (1 s)
 WITHDRAW_WAIT_S = 30.0  # the Python path's bound on an unload waiting for requests in flight
 WITHDRAW_POLL_S = 0.02
-MAX_WANTED = 50_000  # models asked of this instance that peer routes are kept for
+MAX_WANTED = 50_000
+PEER_ROUTES_EVERY_S = 1.0  # models asked of this instance that peer routes are kept for
 RESTART_BACKOFF_S = 1.0
 
 
@@ -103,6 +104,9 @@ class NativePlane:
         self._vmodels_revision = -1
         self._requests: dict[str, int] = {}  # model -> http_req_cnt at the last poll
         self._wanted: OrderedDict[str, None] = OrderedDict()
+        self._wanted_changes = 0  # bumped when a model joins `_wanted`
+        self._peer_key: object = None  # what the peer routes were last made from
+        self._peer_at = 0.0
         self._lock = asyncio.Lock()
         self._kicked = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -131,6 +135,7 @@ class NativePlane:
         self._slot_addr = {}
         self._vmodels_revision = -1
         self._requests = {}
+        self._peer_key = None
 
     async def _run(self) -> None:
         while True:
@@ -174,6 +179,7 @@ class NativePlane:
             wanted.move_to_end(model_id)
             return
         wanted[model_id] = None
+        self._wanted_changes += 1
         if len(wanted) > MAX_WANTED:
             wanted.popitem(last=False)
         self._kicked.set()
@@ -220,10 +226,17 @@ class NativePlane:
             natives = native_peers(view, lambda address: split_address(address) is not None)
             await self._set_slots(assign_slots(self._slots, natives, layout.peer_slots), natives)
             slot_of = {inst: slot for slot, inst in self._slots.items()}
-            records = _Records(self.models)
-            desired[layout.peers_map] = peer_routes(
-                list(self._wanted), records, view, natives, slot_of, self.assume_loaded_ms, here
-            )
+            # Peer routes cost a placement decision per model asked of this instance: made again
+            # when something they read changed, else once a second (copies age into "loaded").
+            inputs = (self.models.revision, self._wanted_changes, tuple(sorted(slot_of.items())), view.unreachable)
+            now = time.monotonic()
+            if inputs != self._peer_key or now - self._peer_at >= PEER_ROUTES_EVERY_S:
+                self._peer_key, self._peer_at = inputs, now
+                desired[layout.peers_map] = peer_routes(
+                    list(self._wanted), _Records(self.models), view, natives, slot_of, self.assume_loaded_ms, here
+                )
+            else:  # only the local copies changed: a model served here needs no peer route
+                desired[layout.peers_map] = {m: b for m, b in self._maps[layout.peers_map].items() if m not in here}
             if self.vmodels.revision != self._vmodels_revision:
                 self._vmodels_revision = self.vmodels.revision
                 desired[layout.vmodels_map] = {
