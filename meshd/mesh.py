@@ -68,7 +68,7 @@ from meshd.security.peer_auth import interceptors as peer_interceptors
 from meshd.security.tls import bind, self_signed_server_context
 from meshd.serving.cluster import Cluster
 from meshd.serving.copies import CopyCounter
-from meshd.serving.invocations import LOCAL, Invocations
+from meshd.serving.invocations import LOCAL, Invocations, records_calls
 from meshd.serving.local import LocalModels
 from meshd.serving.native import setup as native_setup
 from meshd.serving.native.calls import CarriedCalls
@@ -557,9 +557,8 @@ class Instance:
         cfg = self.config
         directory = self.native_dir = native_setup.workdir()
         tls_files = native_setup.write_tls_files(cfg.tls, directory) if cfg.tls else None
-        # Per-call records (metrics, invoke log) of natively carried calls, when either is on
-        # (`Invocations.active`: metrics, the invoke log or payload processors).
-        records = cfg.metrics.enabled or cfg.log_each_invoke or bool(cfg.payload_processors)
+        # Per-call records (metrics, invoke log) of natively carried calls, when calls are recorded.
+        records = records_calls(cfg.metrics.enabled, cfg.log_each_invoke, bool(cfg.payload_processors))
         layout = native_setup.layout(
             cfg.grpc_port,
             directory / "python.sock",

@@ -29,6 +29,11 @@ UNRESOLVED = frozenset({"NOT_FOUND", "INVALID_ARGUMENT"})
 SERVED: ContextVar[tuple[str, str] | None] = ContextVar("meshd_served", default=None)
 
 
+def records_calls(metrics: bool, log_each: bool, payloads: bool) -> bool:
+    """Whether calls are recorded one by one at all: metrics, the invoke log or payload processors."""
+    return metrics or log_each or payloads
+
+
 class Invocations:
     def __init__(
         self,
@@ -46,7 +51,7 @@ class Invocations:
         self.payloads = payloads
         self.header_fields = dict(header_fields or {})
         self._ids = itertools.count(1)
-        self.active = metrics.enabled or log_each or payloads is not None  # off: `done` returns at once
+        self.active = records_calls(metrics.enabled, log_each, payloads is not None)  # off: `done` returns at once
 
     def start(self) -> float:
         """The call's start time; forgets any earlier call's note in this context."""
