@@ -54,6 +54,7 @@ if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
 from _shared import asyncio_run, sigterm_as_interrupt, stop_uninterrupted  # noqa: E402 - bench/ is on sys.path
+from _shared import cpu_seconds as process_cpu_seconds  # noqa: E402
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc  # noqa: E402
@@ -71,22 +72,13 @@ CLIENT_MAX_MESSAGE = 64 << 20
 RPC_TIMEOUT_S = 30.0
 TARGETS = ("direct", "bare", "meshd", "native", "http")
 GRPC_TARGETS = ("direct", "bare", "meshd")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 T = TypeVar("T")
 
 
 # ---- CPU accounting ------------------------------------------------------------------------
 def cpu_seconds(pids: int | tuple[int, ...]) -> float:
     """utime + stime of whole processes (all threads), in seconds."""
-    total = 0.0
-    for pid in (pids,) if isinstance(pids, int) else pids:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-        fields = data[data.rindex(b")") + 2 :].split()
-        # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
-        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return total
+    return sum(process_cpu_seconds(pid) for pid in ((pids,) if isinstance(pids, int) else pids))
 
 
 def self_cpu_seconds() -> float:
