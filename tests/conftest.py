@@ -47,11 +47,13 @@ def stream_error_codes(data_plane: str, code: grpc.StatusCode) -> set[grpc.Statu
 def lost_in_flight(data_plane: str, failures: list[str], in_flight: int) -> list[str]:
     """The failures a fault may cause beyond the Python path's (none): through the native data
     plane, requests HAProxy had already sent to a runtime or peer that is killed are answered
-    UNAVAILABLE (RST_STREAM(REFUSED_STREAM)), at most one per request then in flight; HAProxy
-    2.6 does not retry them (docs/native.md). Returns the failures that are not of that kind."""
+    UNAVAILABLE (RST_STREAM(REFUSED_STREAM)), and those arriving at a runtime as it stops are
+    answered CANCELLED or UNKNOWN "Stream removed", at most one per request then in flight;
+    HAProxy 2.6 does not retry them (docs/native.md). Returns the failures not of that kind."""
     if data_plane == "python":
         return failures
-    refused = [f for f in failures if "RST_STREAM with error code 7" in f]
+    signs = ("RST_STREAM with error code 7", "CANCELLED: CANCELLED", "UNKNOWN: Stream removed")
+    refused = [f for f in failures if any(s in f for s in signs)]
     other = [f for f in failures if f not in refused]
     return other if len(refused) <= in_flight else failures
 

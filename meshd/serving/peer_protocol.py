@@ -78,4 +78,9 @@ def peer_failure(code: grpc.StatusCode, details: str | None, trailers: Any, mode
         return NotFound(details or f"model {model_id!r} not found")
     if reason is None and code == grpc.StatusCode.UNAVAILABLE:
         return Refused(f"unreachable: {details}", unreachable=True)  # gRPC's own: the peer is gone
+    if reason is None and code == grpc.StatusCode.CANCELLED:
+        # Not this instance's doing (its own cancellation ends the calling task instead): a
+        # gRPC server that is stopping cancels the calls that reached it but no handler yet
+        # (grpc 1.75 answers CANCELLED "CANCELLED"), so the peer is leaving: try another copy.
+        return Refused(f"cancelled by the peer (stopping?): {details}")
     return RuntimeStatusError(code, details or code.name)

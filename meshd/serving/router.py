@@ -525,6 +525,10 @@ class Router:
                 # The runtime is down or overloaded: try another copy (SPEC: UNAVAILABLE ->
                 # another copy); if none can serve, the client gets UNAVAILABLE with the reasons.
                 raise Refused(f"the runtime is unavailable: {e.details()}") from None
+            if code == grpc.StatusCode.CANCELLED:
+                # Not cancelled here (that ends this task): the runtime's server is stopping and
+                # cancelled the call before running it (peer_protocol.peer_failure says how).
+                raise Refused(f"the runtime cancelled the call (stopping?): {e.details()}") from None
             if code == grpc.StatusCode.INTERNAL and "deserializ" in (e.details() or "").lower():
                 raise InvalidArgument(f"the runtime could not parse the request: {e.details()}") from None
             raise RuntimeStatusError(code, e.details() or code.name) from None

@@ -94,3 +94,29 @@ def runtime_down(c: Client, instance_id: str) -> bool:
 def _loads_here(c: Client, model_id: str) -> bool:
     load_on(c, model_id)
     return model_id in c.runtime_loaded()
+
+
+def test_runtime_stopped_gracefully_under_traffic_fails_nothing(
+    fault_mesh: FaultMesh, models: list[GeneratedModel], data_plane: str
+) -> None:
+    """A runtime's gRPC server that is stopping (SIGTERM, as in a rollout) cancels the calls
+    that reached it but no handler yet: those are sent to another copy, never answered
+    CANCELLED. Then the runtime is gone (refused) and a's requests go to b's copies."""
+    a, b, c = (fault_mesh.add(f"inst-{n}", settings=FAST) for n in "abc")
+    shared = models[:2]
+    for m in shared:
+        a.register(m)
+        load_on(a, m.id)
+        load_on(b, m.id)
+    # Several threads per instance, so that calls are arriving at a's runtime as it stops.
+    with Traffic([a, a, a, a, b, c, c], shared, pace_s=0.0) as traffic:
+        time.sleep(0.5)
+        assert a.node.runtime.stop() == 0  # SIGTERM: the runtime stops its server itself
+        wait_until(
+            answers(lambda: all("inst-a" not in r["instanceIds"] for r in fault_mesh.records().values())),
+            WAIT_S,
+            "the stopped runtime's copies to leave the records",
+        )
+        time.sleep(0.5)
+    assert not lost_in_flight(data_plane, traffic.failures, in_flight=4), traffic.failures[:5]
+    assert traffic.served["inst-a"] > 10

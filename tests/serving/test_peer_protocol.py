@@ -37,3 +37,10 @@ def test_no_answer_at_all_marks_the_peer_unreachable_and_a_refusal_does_not() ->
     assert isinstance(gone, Refused) and gone.unreachable
     here = peer_failure(grpc.StatusCode.UNAVAILABLE, "no copy", ((REASON, "not-here"),), "m")
     assert isinstance(here, Refused) and not here.unreachable
+
+
+def test_a_peer_cancelling_a_call_it_was_not_asked_to_cancel_is_a_reroute() -> None:
+    """A stopping gRPC server cancels the calls that reached it but no handler: the peer is
+    leaving, not answering for the model (not marked unreachable: it still answers)."""
+    stopping = peer_failure(grpc.StatusCode.CANCELLED, "CANCELLED", (), "m")
+    assert isinstance(stopping, Refused) and stopping.exclude and not stopping.unreachable
