@@ -28,3 +28,19 @@ def test_proxy_overhead_smoke() -> None:
                     f"no row for {payload} c={conc} {target}:\n{proc.stdout}"
                 )
     assert "summary:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_native_floor_smoke(haproxy_path: str) -> None:
+    """Every proxy row is printed with its two ratios, and no request failed through HAProxy."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "native_floor.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    rows = {r[0]: r[1:] for r in (line.split() for line in proc.stdout.splitlines()) if r}
+    for proxy in ("haproxy-bare", "meshd-rules", "meshd"):
+        tiny, big, errors = rows[proxy]
+        assert float(tiny) > 0 and float(big) > 0 and errors == "0", proc.stdout
