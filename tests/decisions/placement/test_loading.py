@@ -24,7 +24,8 @@ from meshd.decisions.placement.loading import (
     update_mean_load_ms,
 )
 from meshd.decisions.placement.rank import LoadRequest, choose_load_target
-from tests.decisions.placement.factories import inst, view
+from meshd.decisions.placement.view import InstanceView
+from tests.decisions.placement.factories import CAP, full, inst, view
 
 
 def test_value_grows_with_waiting_requests_and_popularity_and_shrinks_with_size() -> None:
@@ -100,6 +101,56 @@ def test_placement_keeps_the_near_best_instances_with_the_shortest_queue() -> No
     assert picks == {"b", "c"}
     upstream = LoadRequest("m", "", 10)
     assert "a" in {choose_load_target(view(a, b, c), upstream, random.Random(s)) for s in range(40)}
+
+
+def _picks(req: LoadRequest, *instances: InstanceView) -> set[str | None]:
+    """Every instance the pick lands on over 60 seeds (the caller is "me")."""
+    return {choose_load_target(view(*instances), req, random.Random(s)) for s in range(60)}
+
+
+MESHD = LoadRequest("m", "", 10, start_soonest=True)
+UPSTREAM = LoadRequest("m", "", 10)
+
+
+def test_meshd_places_beyond_the_near_best_window_where_a_load_starts_at_once() -> None:
+    """Cache ages far apart (GDSF's next victims) no longer narrow the pick to the oldest:
+    the oldest is busy loading, so the load goes to one that can start it now."""
+    oldest = full("old", lru_age_ms=3_600_000, loading_threads=2, loading_in_progress=3)
+    young = [full(f"y{n}", lru_age_ms=60_000, loading_threads=2) for n in range(3)]
+    assert _picks(UPSTREAM, oldest, *young) == {"old"}  # upstream: the near-best window
+    assert _picks(MESHD, oldest, *young) == {"y0", "y1", "y2"}
+
+
+def test_meshd_spreads_over_every_instance_not_only_one_a_little_under_full() -> None:
+    """Most instances sit just under "full" between evictions; preferring them would pile
+    every load on them until their records caught up."""
+    nearly = full("nearly", lru_age_ms=60_000, used=CAP - 80)  # under the 50-unit threshold: not full
+    others = [full(f"f{n}", lru_age_ms=60_000) for n in range(3)]
+    assert _picks(UPSTREAM, nearly, *others) == {"nearly"}
+    assert _picks(MESHD, nearly, *others) == {"nearly", "f0", "f1", "f2"}
+
+
+def test_meshd_sends_loads_to_an_instance_with_plenty_of_room_first() -> None:
+    """A new, empty instance takes the loads (they evict nothing there)."""
+    fresh = inst("fresh", count=0)
+    others = [full(f"f{n}", lru_age_ms=60_000) for n in range(3)]
+    assert _picks(MESHD, fresh, *others) == {"fresh"}
+
+
+def test_meshd_prefers_itself_only_among_the_soonest_to_start() -> None:
+    me_busy = full("me", lru_age_ms=60_000, loading_threads=1, loading_in_progress=2)
+    other = full("b", lru_age_ms=60_000, loading_threads=1)
+    balanced = LoadRequest("m", "", 10, start_soonest=True, prefer_self=True)
+    assert _picks(balanced, me_busy, other) == {"b"}
+    me_free = full("me", lru_age_ms=60_000, loading_threads=1)
+    assert _picks(balanced, me_free, other) == {"me"}
+
+
+def test_meshd_keeps_to_instances_with_a_preferred_label() -> None:
+    labelled = full("gpu", lru_age_ms=60_000, labels={"gpu"})
+    plain = [full(f"p{n}", lru_age_ms=3_600_000) for n in range(3)]
+    req = LoadRequest("m", "", 10, start_soonest=True, preferred_labels=frozenset({"gpu"}))
+    assert _picks(req, labelled, *plain) == {"gpu"}
 
 
 def test_the_refusal_says_why_and_when_to_retry() -> None:
