@@ -156,8 +156,8 @@ SETTINGS: tuple[Setting, ...] = (
         "eviction",
         "MESHD_EVICTION",
         "--eviction",
-        "cache eviction order: lru (upstream's) or gdsf (size- and load-time-aware, see docs/simulator.md)",
-        "lru",
+        "cache eviction order: gdsf (size-, load-time- and frequency-aware, see docs/simulator.md) or lru (upstream's)",
+        "gdsf",
     ),
     Setting(
         "load_queue",
@@ -373,7 +373,7 @@ class Config:
     max_inflight_per_copy: int = 0
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
-    eviction: Eviction = Eviction.LRU
+    eviction: Eviction = Eviction.GDSF
     load_queue: bool = True  # MESHD_LOAD_QUEUE=value; False: fifo (upstream's)
     load_wait_limit_ms: int = 10_000
     data_plane: str = "python"  # resolved: "python" or "native" (MESHD_DATAPLANE=auto picks one)

@@ -119,8 +119,8 @@ def test_data_plane_settings(tmp_path: object) -> None:
 def test_eviction_switch() -> None:
     from meshd.decisions.cache import Eviction
 
-    assert load_config(None, {}).eviction is Eviction.LRU  # upstream's order stays the default
-    assert load_config(None, {"MESHD_EVICTION": "GDSF"}).eviction is Eviction.GDSF
+    assert load_config(None, {}).eviction is Eviction.GDSF  # meshd's order is the default
+    assert load_config(None, {"MESHD_EVICTION": "LRU"}).eviction is Eviction.LRU
 
 
 def test_native_data_plane_setting(tmp_path: Path) -> None:

@@ -5,9 +5,9 @@ runtime (`meshd.serving.local`) asks it what to admit and what to evict, then do
 unloads. The simulator drives exactly this class.
 
 Two eviction orders (`Eviction`), one switch:
-- `LRU` (upstream's, the default): by each entry's last-used time, which may be set "in
+- `LRU` (upstream's): by each entry's last-used time, which may be set "in
   the past" (a model registered without a recent use must not push out models in active use).
-- `GDSF` (meshd's): Greedy-Dual-Size-Frequency with the load time as the cost. An entry's
+- `GDSF` (meshd's, the daemon's default): Greedy-Dual-Size-Frequency with the load time as the cost. An entry's
   priority is L + uses x load_ms / units, where L (the "inflation") is the priority of the
   last victim, so entries not used for a while age out. It keeps the copies whose reloads
   would cost the most time per unit of memory they hold, and, unlike LRU, does not let a
@@ -76,7 +76,7 @@ class Admission:
 
 
 class WeightedLRU:
-    """The cache; named for its default order (`eviction` selects GDSF instead)."""
+    """The cache; named for upstream's order, its default here (the daemon configures GDSF by default)."""
 
     def __init__(self, capacity_units: int, eviction: Eviction = Eviction.LRU) -> None:
         if capacity_units < 1:
