@@ -239,10 +239,18 @@ class _Snapshot:
     Values are fresh bytes on each listing, as from etcd, so the mirror's copy is counted."""
 
     def __init__(self, kvs: list[tuple[str, bytes]]) -> None:
-        self.kvs = kvs
+        self.kvs = sorted(kvs)
+        self.keys = [k for k, _ in self.kvs]
 
-    async def range_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        return [KeyValue(k, bytes(bytearray(v)), r + 1, r + 1) for r, (k, v) in enumerate(self.kvs)], len(self.kvs)
+    async def range_page(
+        self, prefix: str, after: str | None, limit: int, revision: int
+    ) -> tuple[list[KeyValue], int, bool]:
+        start = 0 if after is None else bisect.bisect_right(self.keys, after)
+        page = [
+            KeyValue(k, bytes(bytearray(v)), r + 1, r + 1)
+            for r, (k, v) in enumerate(self.kvs[start : start + limit], start)
+        ]
+        return page, len(self.kvs), start + limit < len(self.kvs)
 
     async def _never(self) -> AsyncIterator[list[Event]]:
         await asyncio.Event().wait()
@@ -252,7 +260,9 @@ class _Snapshot:
         return self._never()
 
 
-async def table_heap_bytes(n: int) -> int:
+async def table_heap_bytes(n: int) -> tuple[int, int]:
+    """The Python heap a Table mirror of `n` records holds once started, and its peak while
+    starting (the listing's pages in flight as well), both over the heap before."""
     snapshot = _Snapshot([(f"r/{model_id(i)}", record_bytes(i)) for i in range(n)])
     table: Table[ModelRecord] = Table(snapshot, "r/", ModelRecord.decode, ModelRecord.encode)  # type: ignore[arg-type]
     gc.collect()
@@ -260,11 +270,11 @@ async def table_heap_bytes(n: int) -> int:
     before = tracemalloc.get_traced_memory()[0]
     await table.start()
     gc.collect()
-    after = tracemalloc.get_traced_memory()[0]
+    after, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     await table.stop()
     assert len(table) == n
-    return after - before
+    return after - before, peak - before
 
 
 # ---- the run ---------------------------------------------------------------------------------
@@ -302,7 +312,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
         cpu1 = [cpu_seconds(n.meshd.pid) for n in nodes]
 
         log("in-process: tracemalloc of a Table mirror")
-        heap = asyncio_run(table_heap_bytes(args.models))
+        heap, heap_peak = asyncio_run(table_heap_bytes(args.models))
 
         log(f"direct etcd writes: {args.models}, {args.concurrency} in flight")
         direct_s, direct_lat = asyncio_run(direct_writes(mesh.etcd_url, args.models, args.concurrency))
@@ -353,7 +363,10 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
         f"memory {nodes[2].instance_id} restarted with {n} records: RSS {rss_restart / mib:.1f} MiB, "
         f"{(rss_restart - rss0[2]) / n:.0f} bytes/record over its empty start"
     )
-    out.append(f"tracemalloc, Table mirror in-process: {heap / n:.0f} bytes/record ({heap / mib:.1f} MiB for {n})")
+    out.append(
+        f"tracemalloc, Table mirror in-process: {heap / n:.0f} bytes/record ({heap / mib:.1f} MiB for {n}); "
+        f"peak while listing {heap_peak / n:.0f} bytes/record"
+    )
     out.append(
         f"watch propagation: {len(sent)} updates at {achieved:.0f}/s achieved ({args.rate}/s asked), {args.seconds:g} s"
     )

@@ -314,6 +314,22 @@ class EtcdStore:
         resp = await self._call("range", lambda c: c.kv.Range(request, timeout=self.timeout_s, metadata=c.metadata))
         return [_kv(kv) for kv in resp.kvs], int(resp.header.revision)
 
+    async def range_page(
+        self, prefix: str, after: str | None, limit: int, revision: int
+    ) -> tuple[list[KeyValue], int, bool]:
+        key, end = _prefix_range(prefix)
+        if after is not None:
+            key = after.encode() + b"\0"  # the next key after `after`
+        request = rpc.RangeRequest(key=key, range_end=end, limit=limit, revision=revision)
+        try:
+            resp = await self._call("range", lambda c: c.kv.Range(request, timeout=self.timeout_s, metadata=c.metadata))
+        except StoreError as e:
+            if "has been compacted" in str(e):
+                raise Compacted(revision) from None
+            raise
+        # Read at a past revision, the header still carries the current one: keep ours.
+        return [_kv(kv) for kv in resp.kvs], revision or int(resp.header.revision), bool(resp.more)
+
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
         request = rpc.PutRequest(key=key.encode(), value=value, lease=lease)
         resp = await self._call("put", lambda c: c.kv.Put(request, timeout=self.timeout_s, metadata=c.metadata))

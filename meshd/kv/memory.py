@@ -89,6 +89,18 @@ class MemoryStore:
         kvs = sorted((kv for k, kv in self._data.items() if k.startswith(prefix)), key=lambda kv: kv.key)
         return kvs, self._revision
 
+    async def range_page(
+        self, prefix: str, after: str | None, limit: int, revision: int
+    ) -> tuple[list[KeyValue], int, bool]:
+        self._begin()
+        if revision and revision != self._revision:
+            raise Compacted(self._revision)  # no history kept: a past revision is gone
+        kvs = sorted(
+            (kv for k, kv in self._data.items() if k.startswith(prefix) and (after is None or k > after)),
+            key=lambda kv: kv.key,
+        )
+        return kvs[:limit], self._revision, len(kvs) > limit
+
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
         self._begin()
         self._check_leases([Put(key, value, lease)])

@@ -13,7 +13,7 @@ in order, grouped by revision.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -100,6 +100,13 @@ class KVStore(Protocol):
     async def range_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """All keys under `prefix`, sorted by key, and the store revision they were read at."""
 
+    async def range_page(
+        self, prefix: str, after: str | None, limit: int, revision: int
+    ) -> tuple[list[KeyValue], int, bool]:
+        """At most `limit` keys under `prefix` sorted by key, those after `after` (None: from
+        the first), as of `revision` (0: now; raises Compacted when that is gone); with the
+        revision read at and whether more keys follow."""
+
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
         """Unconditional write; returns the new revision."""
 
@@ -149,3 +156,23 @@ async def put_if(store: KVStore, key: str, value: bytes, mod_revision: int, leas
 async def delete_if(store: KVStore, key: str, mod_revision: int) -> TxnResult:
     """Delete `key` only if its mod_revision is still `mod_revision`."""
     return await store.txn([Compare(key, mod_revision)], [Delete(key)])
+
+
+# Keys per page when a whole prefix is read: a mirror of 100,000 records then never holds the
+# whole listing (etcd's response and its decoded copies) at once, only one page of it.
+PAGE_KEYS = 2000
+
+
+async def prefix_pages(
+    store: KVStore, prefix: str, limit: int = PAGE_KEYS
+) -> AsyncGenerator[tuple[list[KeyValue], int], None]:
+    """Every key under `prefix` in pages of at most `limit`, sorted, all as of one revision
+    (the first page's), with that revision. Compacted if the store drops it meanwhile."""
+    after: str | None = None
+    revision = 0
+    while True:
+        kvs, revision, more = await store.range_page(prefix, after, limit, revision)
+        yield kvs, revision
+        if not more or not kvs:
+            return
+        after = kvs[-1].key

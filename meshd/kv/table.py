@@ -18,7 +18,17 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from meshd.core.records import RecordError
-from meshd.kv.store import Compacted, Delete, KeyValue, KVStore, StoreError, StoreUnavailable, put_if
+from meshd.kv.store import (
+    PAGE_KEYS,
+    Compacted,
+    Delete,
+    KeyValue,
+    KVStore,
+    StoreError,
+    StoreUnavailable,
+    prefix_pages,
+    put_if,
+)
 from meshd.kv.store import Compare as _Compare
 
 log = logging.getLogger(__name__)
@@ -40,7 +50,6 @@ KEEP = Keep()
 class Entry(Generic[R]):
     record: R
     mod_revision: int
-    raw: bytes
 
 
 class Table(Generic[R]):
@@ -50,8 +59,10 @@ class Table(Generic[R]):
         prefix: str,
         decode: Callable[[bytes], R],
         encode: Callable[[R], bytes],
+        page_keys: int = PAGE_KEYS,
     ) -> None:
         self.store = store
+        self.page_keys = page_keys  # a (re-)listing reads this many keys per request
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"
         self._decode = decode
         self._encode = encode
@@ -121,12 +132,9 @@ class Table(Generic[R]):
         Raises RecordError when the stored value is corrupt (nothing is overwritten).
         """
         key = self.key(item_id)
-        entry = self.entries.get(item_id)
-        kv: KeyValue | None
-        if entry is None or item_id in self.corrupt:
+        kv = self.mirrored(item_id)
+        if kv is None:
             kv = await self.store.get(key)
-        else:
-            kv = KeyValue(key, entry.raw, entry.mod_revision, 0)
         for _ in range(MAX_CAS_ATTEMPTS):
             current = self._decode_or_raise(kv.value) if kv is not None else None
             result = fn(current)
@@ -144,6 +152,16 @@ class Table(Generic[R]):
                 return result
             kv = await self.store.get(key)
         raise StoreUnavailable(f"gave up updating {key} after {MAX_CAS_ATTEMPTS} conflicting writes")
+
+    def mirrored(self, item_id: str) -> KeyValue | None:
+        """The record as this mirror holds it, as the store would return it (None: not held
+        here, or corrupt: ask the store). Encoded again from the record rather than kept as
+        stored: the mirror of 100,000 records then holds one copy of each, not two; decoding
+        it gives the update a copy of its own to change."""
+        entry = self.entries.get(item_id)
+        if entry is None or item_id in self.corrupt:
+            return None
+        return KeyValue(self.key(item_id), self._encode(entry.record), entry.mod_revision, 0)
 
     def _decode_or_raise(self, value: bytes) -> R:
         try:
@@ -173,7 +191,7 @@ class Table(Generic[R]):
                 return
             else:
                 self.corrupt.pop(item_id, None)
-                self.entries[item_id] = Entry(new_record, mod_revision, value)
+                self.entries[item_id] = Entry(new_record, mod_revision)
         old_record = old.record if old is not None else None
         if old_record is not None or new_record is not None:
             for listener in self.listeners:
@@ -196,16 +214,19 @@ class Table(Generic[R]):
         self._waiters = still
 
     async def _relist(self) -> None:
-        kvs, revision = await self.store.range_prefix(self.prefix)
-        if revision <= self.revision:
-            return  # the watch applied this much (or more) while the read was out
+        """Read the whole prefix (in pages, all as of one revision) and apply the difference."""
         seen = set()
-        for kv in kvs:
-            item_id = kv.key[len(self.prefix) :]
-            seen.add(item_id)
-            entry = self.entries.get(item_id)
-            if entry is None or entry.mod_revision != kv.mod_revision:
-                self._apply(kv.key, kv.value, kv.mod_revision)
+        revision = 0
+        async with contextlib.aclosing(prefix_pages(self.store, self.prefix, self.page_keys)) as pages:
+            async for kvs, revision in pages:
+                if revision <= self.revision:
+                    return  # the watch applied this much (or more) while a page was out
+                for kv in kvs:
+                    item_id = kv.key[len(self.prefix) :]
+                    seen.add(item_id)
+                    entry = self.entries.get(item_id)
+                    if entry is None or entry.mod_revision != kv.mod_revision:
+                        self._apply(kv.key, kv.value, kv.mod_revision)
         for item_id in [i for i in [*self.entries, *self.corrupt] if i not in seen]:
             self._apply(self.key(item_id), None, revision)
         self._advance(revision)

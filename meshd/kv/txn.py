@@ -46,11 +46,8 @@ async def update_many(
 
     kvs: list[KeyValue | None] = []
     for (table, item_id), key in zip(tables_and_ids, keys, strict=True):
-        entry = table.entries.get(item_id)
-        if entry is None or item_id in table.corrupt:
-            kvs.append(await store.get(key))  # absent or corrupt here: ask the store
-        else:
-            kvs.append(KeyValue(key, entry.raw, entry.mod_revision, 0))
+        kv = table.mirrored(item_id)
+        kvs.append(kv if kv is not None else await store.get(key))  # absent or corrupt here: ask the store
 
     for _ in range(MAX_CAS_ATTEMPTS):
         currents = [

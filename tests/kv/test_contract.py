@@ -29,6 +29,7 @@ from meshd.kv.store import (
     Put,
     StoreUnavailable,
     delete_if,
+    prefix_pages,
     put_if,
 )
 from meshd.testing.etcd import start_test_etcd
@@ -142,6 +143,31 @@ async def test_range_prefix_sorted_with_revision(h: Harness) -> None:
     assert [kv.key for kv in sub] == [p + "b/1", p + "b/2"] and rev2 == last
     none, _ = await s.range_prefix(p + "nothing/")
     assert none == []
+
+
+async def test_prefix_pages_read_every_key_once_as_of_the_first_page(h: Harness) -> None:
+    """Pages of two, sorted, none skipped or repeated; all as of the first page's revision."""
+    s, p = h.store, h.p
+    keys = ["a", "b", "b0", "c", "d"]  # "b0" sorts right after "b": the next-key boundary
+    for key in keys:
+        await s.put(p + key, key.encode())
+    await s.put(p[:-1] + "0", b"x")  # outside the prefix
+    pages = [(kvs, rev) async for kvs, rev in prefix_pages(s, p, limit=2)]
+    assert [[kv.key.removeprefix(p) for kv in kvs] for kvs, _ in pages] == [["a", "b"], ["b0", "c"], ["d"]]
+    assert len({rev for _, rev in pages}) == 1
+    empty = [kvs async for kvs, _ in prefix_pages(s, p + "nothing/")]
+    assert empty == [[]]
+
+
+async def test_a_page_at_a_revision_no_longer_kept_is_compacted(h: Harness) -> None:
+    s, p = h.store, h.p
+    await s.put(p + "a", b"1")
+    _, rev, more = await s.range_page(p, None, 1, 0)
+    assert not more
+    latest = await s.put(p + "a", b"2")
+    await s.compact(latest)
+    with pytest.raises(Compacted):
+        await s.range_page(p, None, 1, rev)
 
 
 # -- transactions ---------------------------------------------------------------------------

@@ -139,6 +139,46 @@ async def test_compaction_while_not_watching_is_repaired_by_relisting(store: KVS
         await t.stop()
 
 
+async def test_a_listing_in_pages_mirrors_every_record_and_drops_the_deleted(store: KVStore, etcd_prefix: str) -> None:
+    """The start and every re-listing read the prefix a few keys at a time (here 2 of 7):
+    nothing is missed at a page's edge, and what is gone from the store goes from the mirror."""
+    for n in range(7):
+        await store.put(etcd_prefix + f"registry/m{n}", ModelRecord(type=f"t{n}").encode())
+    t = Table(store, etcd_prefix + "registry/", ModelRecord.decode, ModelRecord.encode, page_keys=2)
+    await t.start()
+    try:
+        assert sorted(i for i, _ in t.items()) == [f"m{n}" for n in range(7)]
+        assert t.get("m6") == ModelRecord(type="t6")
+        await t.stop()
+        await store.txn([], [Delete(etcd_prefix + "registry/m3")])
+        await store.put(etcd_prefix + "registry/m7", ModelRecord(type="t7").encode())
+        await t.catch_up()
+        assert sorted(i for i, _ in t.items()) == [f"m{n}" for n in (0, 1, 2, 4, 5, 6, 7)]
+    finally:
+        await t.stop()
+
+
+async def test_an_update_starts_from_the_mirrored_record_not_a_shared_one(store: KVStore, etcd_prefix: str) -> None:
+    """The mirror keeps each record once (decoded, not also as stored): an update function
+    gets a copy of its own, so changing it in place leaves the mirror as it was."""
+    t = table(store, etcd_prefix)
+    await t.start()
+    try:
+        await t.update("m", lambda rec: ModelRecord(type="t"))
+        seen: list[ModelRecord] = []
+
+        def change(rec: ModelRecord | None) -> object:
+            assert rec is not None and rec is not t.get("m")
+            rec.type = "mutated"
+            seen.append(rec)
+            return KEEP
+
+        await t.update("m", change)
+        assert seen and t.get("m") == ModelRecord(type="t")
+    finally:
+        await t.stop()
+
+
 async def test_catch_up_brings_a_lagging_mirror_to_the_store_without_replaying_events() -> None:
     store = LaggingStore()
     t = table(store, "")
