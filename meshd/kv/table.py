@@ -37,6 +37,8 @@ R = TypeVar("R")
 
 # Conflicting writers retry against a fresh read; beyond this something is wrong.
 MAX_CAS_ATTEMPTS = 32
+# A listing in pages starts again when compaction passes it; beyond this, give up (retried later).
+RELIST_ATTEMPTS = 5
 
 
 class Keep:
@@ -214,7 +216,19 @@ class Table(Generic[R]):
         self._waiters = still
 
     async def _relist(self) -> None:
-        """Read the whole prefix (in pages, all as of one revision) and apply the difference."""
+        """Read the whole prefix (in pages, all as of one revision) and apply the difference.
+        A listing whose revision is compacted away between two pages starts again at the
+        store's current one (what it applied so far was newer than the mirror, so it stands)."""
+        for attempt in range(RELIST_ATTEMPTS):
+            try:
+                await self._list_once()
+                return
+            except Compacted:
+                if attempt == RELIST_ATTEMPTS - 1:
+                    raise
+                log.info("listing %s outlived its revision (compacted); listing again", self.prefix)
+
+    async def _list_once(self) -> None:
         seen = set()
         revision = 0
         async with contextlib.aclosing(prefix_pages(self.store, self.prefix, self.page_keys)) as pages:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from meshd.core.records import ModelRecord, RecordError
+from meshd.kv.memory import MemoryStore
 from meshd.kv.store import Delete, KVStore
 from meshd.kv.table import KEEP, Table
 from tests.lagging_store import LaggingStore
@@ -154,6 +156,33 @@ async def test_a_listing_in_pages_mirrors_every_record_and_drops_the_deleted(sto
         await store.put(etcd_prefix + "registry/m7", ModelRecord(type="t7").encode())
         await t.catch_up()
         assert sorted(i for i, _ in t.items()) == [f"m{n}" for n in (0, 1, 2, 4, 5, 6, 7)]
+    finally:
+        await t.stop()
+
+
+async def test_a_listing_outlived_by_its_revision_starts_again() -> None:
+    """Writes (and, on etcd, a compaction) between two pages: the listing starts again at the
+    store's new revision and the mirror ends with what the store holds then."""
+    store = MemoryStore()  # keeps no history: any write between pages compacts the listing's
+    for n in range(5):
+        await store.put(f"registry/m{n}", ModelRecord(type="t").encode())
+    t = Table(store, "registry/", ModelRecord.decode, ModelRecord.encode, page_keys=2)
+    real_page = store.range_page
+    pages = 0
+
+    async def page_then_write(prefix: str, after: str | None, limit: int, revision: int) -> Any:
+        nonlocal pages
+        pages += 1
+        out = await real_page(prefix, after, limit, revision)
+        if pages == 1:
+            await store.put("registry/late", ModelRecord(type="late").encode())
+        return out
+
+    store.range_page = page_then_write  # type: ignore[method-assign]
+    await t.start()
+    try:
+        assert sorted(i for i, _ in t.items()) == sorted([f"m{n}" for n in range(5)] + ["late"])
+        assert pages > 3  # the first listing was abandoned after its first page
     finally:
         await t.stop()
 
