@@ -566,6 +566,7 @@ def run_meshd(workload: Workload, args: argparse.Namespace, workdir: Path, costs
             str(meshd_capacity(args, workload)),
             "--default-model-size",
             str(workload.mean_size),
+            *(["--max-loading-concurrency", str(args.meshd_loading_threads)] if args.meshd_loading_threads else []),
             "--log-level",
             "WARNING",
         ]
@@ -748,7 +749,8 @@ def report(
         f"{args.cache_models} models (meshd capacity "
         f"{'--meshd-cache-mib' if args.meshd_cache_mib else f'{args.cache_models} x mean size'} = "
         f"{meshd_capacity(args, workload) / MIB:.0f} MiB; Ray max_num_models_per_replica "
-        f"{args.cache_models}); zipf {args.zipf:g}; concurrency {args.concurrency}; "
+        f"{args.cache_models}); meshd loading threads "
+        f"{args.meshd_loading_threads or 'runtime default'}; zipf {args.zipf:g}; concurrency {args.concurrency}; "
         f"{len(workload.warmup)} warm-up, {args.requests} per trace, seed {args.seed}"
     )
     out.append("")
@@ -833,6 +835,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="model bytes per meshd runtime (default: --cache-models x the mean model size); "
         "e.g. what Ray's replicas held, for a comparison on equal bytes",
     )
+    p.add_argument(
+        "--meshd-loading-threads",
+        type=int,
+        default=0,
+        help="loads each meshd runtime runs at once (default: the reference runtime's 2); Ray's "
+        "replicas start every multiplexed load as its request asks (async), up to --concurrency",
+    )
     p.add_argument("--requests", type=int, help="measured requests per trace (default 2000; --quick 200)")
     p.add_argument("--warmup", type=int, help="warm-up requests (default 500; --quick 50)")
     p.add_argument("--kill-requests", type=int, help="requests of the kill run, 0 = none (default 2000; --quick 0)")
@@ -859,6 +868,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             setattr(a, k, quick if a.quick else full)
     if min(a.models, a.cache_models, a.requests, a.concurrency, a.runs) < 1 or a.warmup < 0 or a.kill_requests < 0:
         p.error("--models, --cache-models, --requests, --concurrency, --runs must be >= 1; the rest >= 0")
+    if a.meshd_loading_threads < 0:
+        p.error("--meshd-loading-threads must be >= 0 (0: the reference runtime's default)")
     if a.meshd_cache_mib < 0 or a.meshd_cache_mib != a.meshd_cache_mib:  # NaN too
         p.error("--meshd-cache-mib must be >= 0 (0: --cache-models x the mean model size)")
     if a.kill_requests and a.kill_requests < 30:

@@ -25,7 +25,14 @@ def test_defaults_and_quick() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--systems", "meshd,triton"], ["--systems", ""], ["--requests", "0"], ["--kill-requests", "5"]]
+    "argv",
+    [
+        ["--systems", "meshd,triton"],
+        ["--systems", ""],
+        ["--requests", "0"],
+        ["--kill-requests", "5"],
+        ["--meshd-loading-threads", "-1"],
+    ],
 )
 def test_bad_arguments_exit_with_usage(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as info:
