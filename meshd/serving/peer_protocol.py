@@ -1,6 +1,6 @@
 """The internal port's protocol between peers: the metadata a forwarded call carries, the
-reasons a refusal gives, and what an answer from a peer means to the sender (reroute, not
-found, or the status as it is).
+reasons a refusal gives, and what an answer from a peer, or from the local runtime, means to
+the sender (reroute, not found, a request it could not parse, or the status as it is).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from meshd.core.errors import MeshError, NotFound, RuntimeStatusError
+from meshd.core.errors import InvalidArgument, MeshError, NotFound, RuntimeStatusError
 
 # Internal metadata, only ever read on the internal port (the external one strips meshd-*).
 HOP = "meshd-hop"  # instance id of the forwarding peer
@@ -83,4 +83,19 @@ def peer_failure(code: grpc.StatusCode, details: str | None, trailers: Any, mode
         # gRPC server that is stopping cancels the calls that reached it but no handler yet
         # (grpc 1.75 answers CANCELLED "CANCELLED"), so the peer is leaving: try another copy.
         return Refused(f"cancelled by the peer (stopping?): {details}")
+    return RuntimeStatusError(code, details or code.name)
+
+
+def runtime_failure(code: grpc.StatusCode, details: str | None) -> Exception:
+    """What the local runtime's non-OK answer means (a lost copy is checked by the caller
+    first, against the runtime): reroute when it is down or overloaded (UNAVAILABLE: SPEC's
+    "another copy"; if none can serve, the client gets UNAVAILABLE with the reasons) or when
+    it cancelled a call this instance did not cancel (its server is stopping, as in
+    `peer_failure`); INVALID_ARGUMENT when it could not parse the request; else its status."""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return Refused(f"the runtime is unavailable: {details}")
+    if code == grpc.StatusCode.CANCELLED:
+        return Refused(f"the runtime cancelled the call (stopping?): {details}")
+    if code == grpc.StatusCode.INTERNAL and "deserializ" in (details or "").lower():
+        return InvalidArgument(f"the runtime could not parse the request: {details}")
     return RuntimeStatusError(code, details or code.name)

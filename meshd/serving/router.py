@@ -32,13 +32,11 @@ import grpc
 from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd.core.errors import (
     DataLoss,
-    InvalidArgument,
     LoadFailed,
     MeshError,
     ModelLoadError,
     NotFound,
     ResourceExhausted,
-    RuntimeStatusError,
     Unavailable,
     means_model_missing,
 )
@@ -71,6 +69,7 @@ from meshd.serving.peer_protocol import (
     NOT_HERE,
     PeerRefusal,
     Refused,
+    runtime_failure,
 )
 from meshd.serving.peers import Peers, RawCalls
 from meshd.serving.proxy.headers import Metadata, RequestIds, runtime_metadata
@@ -521,17 +520,7 @@ class Router:
                 # the runtime's own answer and goes to the client, the copy untouched.
                 self.local.lost(model_id, entry)
                 raise Refused(f"the runtime no longer has {model_id!r}", exclude=False) from None
-            if code == grpc.StatusCode.UNAVAILABLE:
-                # The runtime is down or overloaded: try another copy (SPEC: UNAVAILABLE ->
-                # another copy); if none can serve, the client gets UNAVAILABLE with the reasons.
-                raise Refused(f"the runtime is unavailable: {e.details()}") from None
-            if code == grpc.StatusCode.CANCELLED:
-                # Not cancelled here (that ends this task): the runtime's server is stopping and
-                # cancelled the call before running it (peer_protocol.peer_failure says how).
-                raise Refused(f"the runtime cancelled the call (stopping?): {e.details()}") from None
-            if code == grpc.StatusCode.INTERNAL and "deserializ" in (e.details() or "").lower():
-                raise InvalidArgument(f"the runtime could not parse the request: {e.details()}") from None
-            raise RuntimeStatusError(code, e.details() or code.name) from None
+            raise runtime_failure(code, e.details()) from None
         finally:
             self._leave(entry, started)
 

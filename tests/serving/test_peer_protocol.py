@@ -8,8 +8,17 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from meshd.core.errors import InvalidArgument
-from meshd.serving.peer_protocol import HOP, MODE, REASON, UNKNOWN_PEER, PeerRefusal, Refused, peer_failure
+from meshd.core.errors import InvalidArgument, RuntimeStatusError
+from meshd.serving.peer_protocol import (
+    HOP,
+    MODE,
+    REASON,
+    UNKNOWN_PEER,
+    PeerRefusal,
+    Refused,
+    peer_failure,
+    runtime_failure,
+)
 from meshd.serving.proxy.headers import MODEL_ID
 from meshd.serving.proxy.peer_handler import parse_peer_metadata
 
@@ -44,3 +53,20 @@ def test_a_peer_cancelling_a_call_it_was_not_asked_to_cancel_is_a_reroute() -> N
     leaving, not answering for the model (not marked unreachable: it still answers)."""
     stopping = peer_failure(grpc.StatusCode.CANCELLED, "CANCELLED", (), "m")
     assert isinstance(stopping, Refused) and stopping.exclude and not stopping.unreachable
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "meaning"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, "connection refused", Refused),  # down: another copy
+        (grpc.StatusCode.CANCELLED, "CANCELLED", Refused),  # its server stopping: another copy
+        (grpc.StatusCode.INTERNAL, "Failed to deserialize request", InvalidArgument),
+        (grpc.StatusCode.INTERNAL, "the model crashed", RuntimeStatusError),  # its own answer
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "", RuntimeStatusError),
+    ],
+)
+def test_what_the_runtimes_answer_means(code: grpc.StatusCode, details: str, meaning: type) -> None:
+    failure = runtime_failure(code, details)
+    assert type(failure) is meaning
+    if isinstance(failure, RuntimeStatusError):  # passed on as it is
+        assert failure.code == code and failure.message == (details or code.name)

@@ -44,8 +44,8 @@ SYNC_INTERVAL_S = 0.25
 COUNTERS_EVERY = 4  # polls of the counters table: one per this many syncs (1 s)
 WITHDRAW_WAIT_S = 30.0  # the Python path's bound on an unload waiting for requests in flight
 WITHDRAW_POLL_S = 0.02
-MAX_WANTED = 50_000
-PEER_ROUTES_EVERY_S = 1.0  # models asked of this instance that peer routes are kept for
+MAX_WANTED = 50_000  # models asked of this instance that peer routes are kept for
+PEER_ROUTES_EVERY_S = 1.0  # peer routes made again at least this often (copies age into "loaded")
 RESTART_BACKOFF_S = 1.0
 
 
