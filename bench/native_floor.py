@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="runs; medians are reported (default 3)")
     p.add_argument("--smoke", action="store_true", help="the shortest run that covers every case")
     args = p.parse_args(argv)
+    if not args.duration > 0 or args.repeat < 1:  # NaN too
+        p.error("--duration must be > 0 and --repeat >= 1")
     duration, repeat = (0.3, 1) if args.smoke else (args.duration, args.repeat)
     sigterm_as_interrupt()
     found = haproxy.find_or_fetch()

@@ -44,3 +44,11 @@ def test_native_floor_smoke(haproxy_path: str) -> None:
     for proxy in ("haproxy-bare", "meshd-rules", "meshd"):
         tiny, big, errors = rows[proxy]
         assert float(tiny) > 0 and float(big) > 0 and errors == "0", proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["--repeat", "0"], ["--duration", "0"], ["--duration", "nan"]])
+def test_native_floor_refuses_bad_arguments_with_usage(argv: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "native_floor.py"), *argv], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
