@@ -168,6 +168,8 @@ async def prefix_pages(
 ) -> AsyncGenerator[tuple[list[KeyValue], int], None]:
     """Every key under `prefix` in pages of at most `limit`, sorted, all as of one revision
     (the first page's), with that revision. Compacted if the store drops it meanwhile."""
+    if limit < 1:
+        raise ValueError(f"a page holds at least one key, not {limit}")
     after: str | None = None
     revision = 0
     while True:

@@ -63,6 +63,8 @@ class Table(Generic[R]):
         encode: Callable[[R], bytes],
         page_keys: int = PAGE_KEYS,
     ) -> None:
+        if page_keys < 1:  # a page of none would list nothing and drop every record
+            raise ValueError(f"page_keys must be at least 1, not {page_keys}")
         self.store = store
         self.page_keys = page_keys  # a (re-)listing reads this many keys per request
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"

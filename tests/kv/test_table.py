@@ -234,3 +234,8 @@ async def test_catch_up_brings_a_lagging_mirror_to_the_store_without_replaying_e
     finally:
         await t.stop()
         await store.close()
+
+
+def test_a_page_of_no_keys_is_refused(store: KVStore) -> None:
+    with pytest.raises(ValueError, match="page_keys"):
+        Table(store, "registry/", ModelRecord.decode, ModelRecord.encode, page_keys=0)
