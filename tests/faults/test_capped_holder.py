@@ -13,6 +13,7 @@ from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.runtimes.models import GeneratedModel
 from meshd.testing.procs import wait_until
 
+from ..conftest import lost_in_flight
 from .conftest import WAIT_S, FaultMesh, Traffic, answers, listed_instances, load_on
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_data_planes]
@@ -26,7 +27,7 @@ FAULT_S = 4.0
 
 @pytest.mark.parametrize("fault", ["kill", "freeze"])
 def test_capped_model_is_served_while_its_dead_holder_still_has_a_record(
-    fault_mesh: FaultMesh, models: list[GeneratedModel], fault: str
+    fault_mesh: FaultMesh, models: list[GeneratedModel], fault: str, data_plane: str
 ) -> None:
     a, b, c = (fault_mesh.add(f"inst-{n}", settings=SETTINGS) for n in "abc")
     names = {"inst-a", "inst-b", "inst-c"}
@@ -51,6 +52,9 @@ def test_capped_model_is_served_while_its_dead_holder_still_has_a_record(
         finally:
             if fault == "freeze":
                 c.node.meshd.send_signal(signal.SIGCONT)
-    assert not traffic.failures, f"{len(traffic.failures)} failed: {traffic.failures[:3]}"
+    # One client thread per ingress: at most one request each was in flight to c at the kill,
+    # which the native data plane answers UNAVAILABLE (REFUSED_STREAM) instead of rerouting.
+    lost = lost_in_flight(data_plane, traffic.failures, in_flight=2)
+    assert not lost, f"{len(traffic.failures)} failed: {traffic.failures[:3]}"
     assert served_during > 0
     assert listed_instances(a) >= {"inst-a", "inst-b"}
