@@ -617,7 +617,7 @@ class Simulation:
             # The queue is at its bound: this load goes in only in place of a less valuable one.
             value = load_value(1, pop.of(mid), units)
             values = {p: load_value(len(inst.waiters[p]), pop.of(self.ids[p]), self.units[p]) for p in inst.pending}
-            coldest = least_valuable((v, since, p) for p, since in inst.pending.items() for v in (values[p],))
+            coldest = least_valuable(((values[p], since, p) for p, since in inst.pending.items()), t)
             if coldest is not None and values[coldest] < value:
                 del inst.pending[coldest]
                 self._refuse_load(inst, coldest, t, reroute=True)

@@ -68,8 +68,9 @@ class LoadQueue:
         """Loading threads taken (loading, or held by a load about to start)."""
         return self.threads - self._free
 
-    def waiting_models(self) -> list[str]:
-        return [w.model_id for w in self._waiters.values()]
+    def waiting_models(self) -> list[tuple[str, int]]:
+        """The loads waiting for a thread: (model, when queued, monotonic ms)."""
+        return [(w.model_id, w.since) for w in self._waiters.values()]
 
     def displace(self, model_id: str, error: BaseException) -> bool:
         """Refuse a load still waiting for a thread (a more valuable one takes its place)."""

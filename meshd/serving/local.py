@@ -213,11 +213,13 @@ class LocalModels:
         if not accepts(wait, limit):
             value = load_value(1, self.popularity.of(model_id), units)
             waiting = q.waiting_models()
-            coldest = least_valuable((self._value(m), i, i) for i, m in enumerate(waiting))
-            if coldest is None or self._value(waiting[coldest]) >= value:
+            now_ms = int(time.monotonic() * 1000)
+            coldest = least_valuable(((self._value(m), since, i) for i, (m, since) in enumerate(waiting)), now_ms)
+            if coldest is None or self._value(waiting[coldest][0]) >= value:
                 return exhausted_message(model_id, f"{q.waiting} loads wait for {threads} loading threads", wait)
+            displaced = waiting[coldest][0]
             why = f"{model_id!r} is wanted more than it"
-            q.displace(waiting[coldest], ResourceExhausted(exhausted_message(waiting[coldest], why, wait)))
+            q.displace(displaced, ResourceExhausted(exhausted_message(displaced, why, wait)))
             self.metrics.load_refused()
         if wait > 0 and under_pressure(q.waiting + 1, threads, mean, limit):
             victims = self.cache.victims_for(model_id, units, last_used_ms)

@@ -14,6 +14,7 @@ from meshd.core.errors import ResourceExhausted
 from meshd.core.records import ModelRecord, VModelRecord
 from meshd.decisions.cache import State
 from meshd.decisions.ids import ModelInfo
+from meshd.decisions.placement import loading
 from meshd.kv.memory import MemoryStore
 from meshd.kv.table import Table
 from meshd.registry.models import Registry
@@ -158,3 +159,56 @@ async def test_a_load_requests_waited_on_is_dated_when_it_starts_not_when_asked(
     loaded = await asyncio.wait_for(new, timeout=5)
     await b
     assert loaded.state is State.LOADED and "new" in lm.cache
+
+
+async def _cold_waiting_behind_a_load(
+    lm: LocalModels, runtime: FakeRuntime, registry: Registry
+) -> tuple[dict[str, ModelRecord], asyncio.Event, asyncio.Task[object], asyncio.Task[object]]:
+    """One load running, one cold load waiting: the queue is at its bound (a second waiter
+    would start 2 s from now, past half of the 3 s limit)."""
+    lm.load_wait_limit_ms = 3_000
+    recs = {m: await registry.register(m, ModelInfo("demo", f"/{m}"), 1) for m in ("c1", "cold", "hot")}
+    for _ in range(5):
+        lm.popularity.count("hot")  # asked for here before: worth more than the cold one
+    gate = runtime.hold("c1")
+    running = asyncio.create_task(lm.ensure("c1", recs["c1"], 200))
+    await settle()
+    cold = asyncio.create_task(lm.ensure("cold", recs["cold"], 300))
+    await settle()
+    assert lm.queue.waiting == 1
+    return recs, gate, running, cold  # type: ignore[return-value]
+
+
+async def test_a_hotter_miss_displaces_a_load_that_just_began_waiting(
+    local: tuple[LocalModels, FakeRuntime, Registry],
+) -> None:
+    lm, runtime, registry = local
+    recs, gate, running, cold = await _cold_waiting_behind_a_load(lm, runtime, registry)
+    hot = asyncio.create_task(lm.ensure("hot", recs["hot"], 400))
+    try:
+        with pytest.raises(ResourceExhausted, match="'hot' is wanted more than it"):
+            await asyncio.wait_for(cold, timeout=5)
+    finally:
+        gate.set()
+    await asyncio.wait_for(asyncio.gather(running, hot), timeout=5)
+    assert "hot" in lm.cache and "cold" not in lm.cache
+
+
+async def test_a_load_that_has_waited_keeps_its_place_and_the_newcomer_is_refused_fast(
+    local: tuple[LocalModels, FakeRuntime, Registry],
+) -> None:
+    """Its requests have waited: refused now, they would fail slowly (issue 24: failures are
+    only fast refusals). The newcomer is refused at once and may try another copy."""
+    lm, runtime, registry = local
+    recs, gate, running, cold = await _cold_waiting_behind_a_load(lm, runtime, registry)
+    await asyncio.sleep((loading.DISPLACE_WITHIN_MS + 50) / 1000)
+    hot = asyncio.create_task(lm.ensure("hot", recs["hot"], 400))
+    await settle()
+    try:
+        assert hot.done() and not cold.done() and lm.queue.waiting == 1
+        with pytest.raises(ResourceExhausted, match="load capacity exhausted: cannot load 'hot'"):
+            hot.result()
+    finally:
+        gate.set()
+    await asyncio.wait_for(asyncio.gather(running, cold), timeout=5)
+    assert "cold" in lm.cache and "hot" not in lm.cache

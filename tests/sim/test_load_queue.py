@@ -101,6 +101,21 @@ def test_a_hotter_miss_displaces_the_least_valuable_waiting_load() -> None:
     assert sim.result.failed == 1
 
 
+def test_a_load_that_has_waited_is_not_displaced_the_newcomer_is_refused_fast() -> None:
+    sim = one_instance(True, load_wait_limit_ms=4_000)
+    inst = sim.insts[0]
+    inst.mean_load_ms = 1000.0
+    for m in (1, 2, 3):
+        sim._request(EPOCH_MS + m, m, inst)
+    assert list(inst.pending) == [2, 3]
+    for _ in range(5):
+        inst.popularity.count("m9")
+    sim._request(EPOCH_MS + 300, 9, inst)  # m2 and m3 have waited about 300 ms: past the window
+    assert list(inst.pending) == [2, 3]
+    r = sim.result
+    assert r.failed == r.refused_fast == 1 and r.failed_slow == 0
+
+
 def test_an_overloaded_fleet_keeps_its_hit_ratio_where_first_come_collapses() -> None:
     cat = catalogue(300, random.Random(1), size_sigma=0.5)
     fleet = Fleet(4, max(1, cat.total_units // 10 // 4), loading_threads=1, seed=1)

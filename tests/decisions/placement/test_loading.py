@@ -49,8 +49,17 @@ def test_no_load_is_overtaken_for_longer_than_the_limit() -> None:
 
 
 def test_a_full_queue_gives_up_its_least_valuable_latest_load() -> None:
-    assert least_valuable([(1.0, 100, 7), (5.0, 300, 8), (1.0, 200, 9)]) == 9
-    assert least_valuable([]) is None
+    assert least_valuable([(1.0, 100, 7), (5.0, 300, 8), (1.0, 200, 9)], 300) == 9
+    assert least_valuable([], 300) is None
+
+
+def test_only_a_load_queued_within_the_displacement_window_gives_way() -> None:
+    """One that waited longer keeps its place: refused now, its requests would fail slowly."""
+    waiting = [(1.0, 100, 7), (5.0, 300, 8), (3.0, 250, 9)]
+    assert least_valuable(waiting, 300, within_ms=100) == 9  # 7 waited 200 ms: it stays
+    assert least_valuable(waiting, 400, within_ms=100) == 8  # only 8 is young enough
+    assert least_valuable(waiting, 401, within_ms=100) is None  # none: the newcomer is refused
+    assert least_valuable(waiting, 350) == 7  # the default window is 250 ms
 
 
 def test_start_wait_counts_loads_ahead_over_the_threads() -> None:
