@@ -52,3 +52,31 @@ def test_native_floor_refuses_bad_arguments_with_usage(argv: list[str]) -> None:
         [sys.executable, str(BENCH.parent / "native_floor.py"), *argv], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_hot_tail_bound_prints_both_allocations_per_capacity() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "hot_tail_bound.py"), "--requests", "5000", "--models", "200"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    by = {(r[0], r[2]): r for r in rows[1:]}
+    for share in ("5%", "10%"):
+        popular, tail_first = by[(share, "popular first")], by[(share, "slow loads first")]
+        # Holding every slow-loading hot model first leaves none of their requests to a slow load.
+        assert tail_first[4] == "0.00%", proc.stdout
+        assert float(popular[4].rstrip("%")) >= 0.0 and 0 < float(popular[3]) <= 1, proc.stdout
+
+
+def test_hot_tail_bound_refuses_bad_arguments_with_usage() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "hot_tail_bound.py"), "--capacities", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
