@@ -85,6 +85,7 @@ class WeightedLRU:
         self.used_units = 0
         self.eviction = eviction
         self.inflation = 0.0  # GDSF's L: the priority of the last victim
+        self._loaded = 0  # entries in State.LOADED
         self._entries: dict[str, CacheEntry] = {}
         # Eviction order without a sort per admission: (order key, seq, id) pushed whenever an
         # entry's key changes; stale items (older keys, entries gone) are skipped when popped.
@@ -118,12 +119,28 @@ class WeightedLRU:
         can be recent: placement reads this as the instance's cache age, and an instance
         whose oldest entry GDSF keeps on purpose must not look like the best place forever.
         """
-        loaded = [e for e in self._entries.values() if e.state is State.LOADED]
-        if not loaded:
-            return now_ms
-        if self.eviction is Eviction.GDSF:
-            return min(loaded, key=lambda e: (e.priority, e.last_used_ms)).last_used_ms
-        return min(e.last_used_ms for e in loaded)
+        return self.loaded_summary(now_ms)[1]
+
+    def loaded_summary(self, now_ms: int) -> tuple[int, int]:
+        """(loaded copies, `lru_ms`) in one pass: an instance record needs both, each publish."""
+        if not self._loaded:
+            return 0, now_ms
+        # The first loaded entry in eviction order: the heap's top, past stale items (dropped
+        # here for good) and loads in progress (pushed back). No scan of every entry.
+        heap = self._heap
+        kept: list[tuple[tuple[float, ...], int, str]] = []
+        found: CacheEntry | None = None
+        while heap and found is None:
+            item = heapq.heappop(heap)
+            entry = self._entries.get(item[2])
+            if entry is None or entry.seq != item[1] or self._key(entry) != item[0]:
+                continue
+            kept.append(item)
+            if entry.state is State.LOADED:
+                found = entry
+        for item in kept:
+            heapq.heappush(heap, item)
+        return self._loaded, now_ms if found is None else found.last_used_ms
 
     # ---- decisions -----------------------------------------------------------------
     def touch(self, model_id: str, now_ms: int, uses: int = 1) -> None:
@@ -210,6 +227,7 @@ class WeightedLRU:
         entry = self._entries.get(model_id)
         if entry is None:
             return
+        self._loaded += (state is State.LOADED) - (entry.state is State.LOADED)
         entry.state = state
         entry.since_ms = now_ms
         if load_ms is not None and load_ms > 0:
@@ -236,6 +254,7 @@ class WeightedLRU:
         entry = self._entries.pop(model_id, None)
         if entry is not None:
             self.used_units -= entry.units
+            self._loaded -= entry.state is State.LOADED
         return entry
 
     def _plan_eviction(self, needed: int, exclude: str, newer_than: int | None) -> list[CacheEntry] | None:

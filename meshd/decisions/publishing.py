@@ -15,7 +15,7 @@ from enum import Enum
 
 from meshd import __version__
 from meshd.core.records import EMPTY_LRU_TIME, InstanceRecord
-from meshd.decisions.cache import State, WeightedLRU
+from meshd.decisions.cache import WeightedLRU
 
 PUBLISH_MIN_INTERVAL_MS = 2_000  # upstream: >= 2 s apart
 PUBLISH_MAX_INTERVAL_MS = 40_000  # upstream: every 40 s when changed
@@ -46,10 +46,10 @@ def instance_record(
     shutdown: bool,
     now_ms: int,
 ) -> InstanceRecord:
-    loaded = [e for e in cache.entries() if e.state is State.LOADED]
+    count, lru_ms = cache.loaded_summary(now_ms)
     return InstanceRecord(
-        lru_time=cache.lru_ms(now_ms) if loaded else EMPTY_LRU_TIME,  # upstream's value when empty
-        count=len(loaded),
+        lru_time=lru_ms if count else EMPTY_LRU_TIME,  # upstream's value when empty
+        count=count,
         capacity=cache.capacity_units,
         used=cache.used_units,
         loading_threads=loading_threads,

@@ -73,3 +73,15 @@ def test_heap_order_matches_a_full_sort(ops: list[tuple[str, int, int]], evictio
         elif op == "fail" and entry is not None:
             cache.set_state(mid, State.FAILED, now)
         assert cache.used_units == sum(e.units for e in cache.entries())
+        assert cache.loaded_summary(now) == scanned_summary(cache, now)
+
+
+def scanned_summary(cache: WeightedLRU, now: int) -> tuple[int, int]:
+    """The specification of `loaded_summary`: count the loaded entries, and the last use of
+    the first of them in eviction order (now when none)."""
+    loaded = [e for e in cache.entries() if e.state is State.LOADED]
+    if not loaded:
+        return 0, now
+    gdsf = cache.eviction is Eviction.GDSF
+    first = min(loaded, key=lambda e: ((e.priority, e.last_used_ms) if gdsf else (e.last_used_ms,), e.seq))
+    return len(loaded), first.last_used_ms

@@ -155,8 +155,9 @@ def soonest_start(candidates: Sequence[InstanceView]) -> list[InstanceView]:
     """The candidates where a load starts soonest (the shortest queue)."""
     if len(candidates) < 2:
         return list(candidates)
-    least = min(queue_backlog(c) for c in candidates)
-    return [c for c in candidates if queue_backlog(c) == least]
+    backlogs = [queue_backlog(c) for c in candidates]
+    least = min(backlogs)
+    return [c for c, b in zip(candidates, backlogs, strict=True) if b == least]
 
 
 def retry_after_s(wait_ms: float) -> int:

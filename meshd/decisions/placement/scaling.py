@@ -109,17 +109,12 @@ def _serving(view: ClusterView) -> tuple[InstanceView, ...]:
 
 def cluster_free_ratio(view: ClusterView) -> float:
     """Free units over capacity across live instances that are not shutting down (0 if none)."""
-    insts = _serving(view)
-    capacity = sum(max(0, i.capacity) for i in insts)
-    if capacity <= 0:
-        return 0.0
-    return sum(max(0, i.free) for i in insts) / capacity
+    return view.free_ratio  # computed once per view: the scaler asks once per copy
 
 
 def global_lru_ms(view: ClusterView) -> int:
     """Oldest LRU time across live instances (now when none reports one)."""
-    times = [i.lru_time for i in view.instances.values() if i.lru_time > 0]
-    return min(times) if times else view.now_ms
+    return view.oldest_lru_ms
 
 
 def cache_age_ms(view: ClusterView) -> int:
@@ -289,6 +284,8 @@ def should_drop_copy(
     holders by `placement_key` (upstream's 2 -> 1 rule, applied to any count: only one
     holder, the worst, drops per evaluation round, so holders do not all drop at once).
     """
+    if len(copies) <= max(1, policy.min_copies):  # live holders are fewer still (most copies: one)
+        return False
     me = view.get(view.self_id)
     if me is None or me.shutdown or view.self_id not in copies:
         return False
@@ -371,7 +368,11 @@ def decide_copies(
     """
     live = _serving(view)
     # Serving instances without a copy, counted over the (few) holders, not every instance.
-    candidates = len(live) - sum(1 for i in holders if (h := view.get(i)) is not None and not h.shutdown)
+    candidates = len(live)
+    for i in holders:
+        h = view.get(i)
+        if h is not None and not h.shutdown:
+            candidates -= 1
     copies = len(holders)
     if copies > policy.copy_limit(len(live)):
         holding = [h for i in holders if (h := view.get(i)) is not None]

@@ -90,6 +90,21 @@ class ClusterView:
         """Live instances that are not shutting down."""
         return tuple(i for i in self.instances.values() if not i.shutdown)
 
+    @functools.cached_property
+    def free_ratio(self) -> float:
+        """Free units over capacity across the serving instances (0 if none)."""
+        capacity = free = 0
+        for i in self.serving:
+            capacity += max(0, i.capacity)
+            free += max(0, i.free)
+        return free / capacity if capacity > 0 else 0.0
+
+    @functools.cached_property
+    def oldest_lru_ms(self) -> int:
+        """Oldest LRU time across live instances (now when none reports one)."""
+        times = [i.lru_time for i in self.instances.values() if i.lru_time > 0]
+        return min(times) if times else self.now_ms
+
     def live(self, instance_id: str) -> bool:
         return instance_id in self.instances
 
