@@ -781,20 +781,23 @@ class Simulation:
         if not self.policy.copy_scaling:
             return
         interval = self.fleet.rate_check_ms
+        configured = self.fleet.scaleup_rpm_threshold
+        index, loaded = self.index, State.LOADED
         for inst in self.insts:
             view = ClusterView(inst.instance_id, t, self.views)
             if view.get(inst.instance_id) is None:
                 continue
             checked: dict[str, int] = {}
             sums: dict[str, QueueSample] = {}
+            before = inst.checked
             for entry in inst.cache.entries():
-                if entry.state is not State.LOADED:
+                if entry.state is not loaded:
                     continue
                 mid = entry.model_id
                 checked[mid] = entry.served
-                rpm = copy_rpm(entry.served, inst.checked.get(mid, entry.served), interval)
-                m = self.index[mid]
-                threshold = self.fleet.scaleup_rpm_threshold
+                rpm = copy_rpm(entry.served, before.get(mid, entry.served), interval)
+                m = index[mid]
+                threshold = configured
                 gate = inst.gates.get(m)
                 if gate is not None:  # Scaler.check: the gate's figures since the last check
                     now = sums[mid] = gate.sums()

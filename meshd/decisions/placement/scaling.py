@@ -381,7 +381,7 @@ def decide_copies(
     add = extra_copies_for_load(rpm, copies, threshold_rpm, candidates, len(live), policy)
     if add:
         return CopyDecision(add=add, reason="load")
-    add = missing_copies(copies, policy, len(live))
+    add = missing_copies(copies, policy, len(live)) if copies < policy.min_copies else 0  # else none missing
     if add:
         return CopyDecision(add=add, reason="min copies")
     if want_second_copy(
