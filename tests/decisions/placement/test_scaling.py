@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshd.decisions.placement.scaling import (
@@ -346,3 +346,49 @@ def test_copy_rpm_is_the_last_intervals_requests_per_minute() -> None:
     assert copy_rpm(150, 50, 10_000) == 600  # 100 requests in 10 s
     assert copy_rpm(50, 50, 10_000) == 0
     assert copy_rpm(7, 0, 60_000) == 7
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    n_instances=st.integers(0, 6),
+    holder=st.sampled_from(["me", "i1", "gone"]),
+    self_shutdown=st.booleans(),
+    used=st.integers(0, 1000),
+    lru_age=st.integers(0, 10**9),
+    rpm=st.integers(0, 5000),
+    threshold=st.integers(-10, 5000),
+    idle_ms=st.integers(0, 10**8),
+    prior_ago=st.one_of(st.none(), st.integers(0, 10**8)),
+    min_copies=st.integers(0, 3),
+    max_copies=st.integers(0, 3),
+)
+def test_the_shortcut_for_an_idle_single_copy_agrees_with_every_rule(
+    n_instances: int,
+    holder: str,
+    self_shutdown: bool,
+    used: int,
+    lru_age: int,
+    rpm: int,
+    threshold: int,
+    idle_ms: int,
+    prior_ago: int | None,
+    min_copies: int,
+    max_copies: int,
+) -> None:
+    from meshd.decisions.placement.scaling import decide_copies, decide_copies_by_rules
+
+    if max_copies and min_copies > max_copies:
+        min_copies = max_copies  # a policy refuses that combination
+    me = inst("me", used=used, lru_time=NOW - lru_age, shutdown=self_shutdown)
+    others = [inst(f"i{k}", used=used, lru_time=NOW - lru_age) for k in range(1, n_instances)]
+    v = view(me, *others)
+    args: dict[str, Any] = {
+        "holders": {holder: NOW - 1},
+        "policy": ModelPolicy(min_copies=min_copies, max_copies=max_copies),
+        "rpm": rpm,
+        "threshold_rpm": threshold,
+        "last_used_ms": NOW - idle_ms,
+        "prior_use_ms": None if prior_ago is None else NOW - prior_ago,
+        "default_model_units": UNITS,
+    }
+    assert decide_copies(v, **args) == decide_copies_by_rules(v, **args)
