@@ -87,21 +87,9 @@ def test_a_load_that_cannot_start_within_the_limit_is_refused_at_once() -> None:
     assert r.hits == 1
 
 
-def test_a_hotter_miss_displaces_the_least_valuable_waiting_load() -> None:
-    sim = one_instance(True, load_wait_limit_ms=4_000)
-    inst = sim.insts[0]
-    inst.mean_load_ms = 1000.0
-    for m in (1, 2, 3):
-        sim._request(EPOCH_MS + m, m, inst)
-    assert list(inst.pending) == [2, 3]
-    for _ in range(5):
-        inst.popularity.count("m9")  # m9 has been asked for here before
-    sim._request(EPOCH_MS + 10, 9, inst)
-    assert list(inst.pending) == [2, 9]  # m3 (latest of the least valuable) gave way
-    assert sim.result.failed == 1
-
-
-def test_a_load_that_has_waited_is_not_displaced_the_newcomer_is_refused_fast() -> None:
+def _full_queue_and_a_hotter_miss_at(ms: int) -> Simulation:
+    """One 1 s load running, two waiting (the queue at its bound), then a miss for m9, which
+    has been asked for here before (worth more than the waiting ones), `ms` after the start."""
     sim = one_instance(True, load_wait_limit_ms=4_000)
     inst = sim.insts[0]
     inst.mean_load_ms = 1000.0
@@ -110,8 +98,19 @@ def test_a_load_that_has_waited_is_not_displaced_the_newcomer_is_refused_fast() 
     assert list(inst.pending) == [2, 3]
     for _ in range(5):
         inst.popularity.count("m9")
-    sim._request(EPOCH_MS + 300, 9, inst)  # m2 and m3 have waited about 300 ms: past the window
-    assert list(inst.pending) == [2, 3]
+    sim._request(EPOCH_MS + ms, 9, inst)
+    return sim
+
+
+def test_a_hotter_miss_displaces_the_least_valuable_waiting_load() -> None:
+    sim = _full_queue_and_a_hotter_miss_at(10)
+    assert list(sim.insts[0].pending) == [2, 9]  # m3 (latest of the least valuable) gave way
+    assert sim.result.failed == 1
+
+
+def test_a_load_that_has_waited_is_not_displaced_the_newcomer_is_refused_fast() -> None:
+    sim = _full_queue_and_a_hotter_miss_at(300)  # m2 and m3 have waited about 300 ms: past the window
+    assert list(sim.insts[0].pending) == [2, 3]
     r = sim.result
     assert r.failed == r.refused_fast == 1 and r.failed_slow == 0
 

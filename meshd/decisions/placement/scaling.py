@@ -346,6 +346,28 @@ class CopyDecision:
 KEEP = CopyDecision()
 
 
+def idle_single_copy(
+    view: ClusterView,
+    holders: Mapping[str, int],
+    policy: ModelPolicy,
+    rpm: int,
+    threshold_rpm: int,
+    last_used_ms: int,
+) -> bool:
+    """Whether no rule of `decide_copies` can act: the only copy, idle since the last check,
+    below the rate threshold, some instance serving (no max-copies drop from one copy while
+    an instance serves, no load or floor copies, no second copy without a use now, no idle
+    drop of the last copy). Most copies at most checks: evaluating each rule for them was
+    most of the simulator's check time. A property test holds the shortcut equal to the rules."""
+    return (
+        len(holders) == 1
+        and policy.min_copies <= 1
+        and rpm < threshold_rpm
+        and view.now_ms - last_used_ms > RATE_CHECK_INTERVAL_MS
+        and bool(_serving(view))
+    )
+
+
 def decide_copies(
     view: ClusterView,
     *,
@@ -366,45 +388,8 @@ def decide_copies(
     or for the policy floor (`missing_copies`); a second copy for regular use
     (`want_second_copy`); an idle extra copy in a nearly full cluster (`should_drop_copy`).
     """
-    if (
-        len(holders) == 1
-        and policy.min_copies <= 1
-        and rpm < threshold_rpm
-        and view.now_ms - last_used_ms > RATE_CHECK_INTERVAL_MS
-        and _serving(view)
-    ):
-        # Most copies at most checks: the only copy, idle since the last check, below the
-        # rate threshold, some instance serving. None of the rules can act (no max-copies drop
-        # from one copy while an instance serves, no load or floor copies, no second copy
-        # without a use now, no idle drop of the last copy), so they are not evaluated one by
-        # one (most of the simulator's check time; a property test holds the two equal).
+    if idle_single_copy(view, holders, policy, rpm, threshold_rpm, last_used_ms):
         return KEEP
-    return decide_copies_by_rules(
-        view,
-        holders=holders,
-        policy=policy,
-        rpm=rpm,
-        threshold_rpm=threshold_rpm,
-        last_used_ms=last_used_ms,
-        prior_use_ms=prior_use_ms,
-        default_model_units=default_model_units,
-        idle_ms=idle_ms,
-    )
-
-
-def decide_copies_by_rules(
-    view: ClusterView,
-    *,
-    holders: Mapping[str, int],
-    policy: ModelPolicy,
-    rpm: int,
-    threshold_rpm: int,
-    last_used_ms: int,
-    prior_use_ms: int | None,
-    default_model_units: int,
-    idle_ms: int | None = None,
-) -> CopyDecision:
-    """`decide_copies` with every rule evaluated in turn (no shortcut for idle single copies)."""
     live = _serving(view)
     # Serving instances without a copy, counted over the (few) holders, not every instance.
     candidates = len(live)

@@ -375,7 +375,7 @@ def test_the_shortcut_for_an_idle_single_copy_agrees_with_every_rule(
     min_copies: int,
     max_copies: int,
 ) -> None:
-    from meshd.decisions.placement.scaling import decide_copies, decide_copies_by_rules
+    from meshd.decisions.placement import scaling
 
     if max_copies and min_copies > max_copies:
         min_copies = max_copies  # a policy refuses that combination
@@ -391,4 +391,7 @@ def test_the_shortcut_for_an_idle_single_copy_agrees_with_every_rule(
         "prior_use_ms": None if prior_ago is None else NOW - prior_ago,
         "default_model_units": UNITS,
     }
-    assert decide_copies(v, **args) == decide_copies_by_rules(v, **args)
+    with_shortcut = scaling.decide_copies(v, **args)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scaling, "idle_single_copy", lambda *_: False)  # every rule, one by one
+        assert with_shortcut == scaling.decide_copies(v, **args)
