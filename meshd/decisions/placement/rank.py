@@ -324,6 +324,22 @@ def _every_candidate(candidates: list[InstanceView], req: LoadRequest) -> list[I
     return pool or candidates
 
 
+def newest_version_first(
+    candidates: list[InstanceView], now_ms: int, default_model_units: int, min_churn_age_ms: int
+) -> list[InstanceView]:
+    """Upstream's version rule for meshd's placement: during a rolling update, loads go to
+    instances of the newest version, unless every one of those is saturated (full, with an
+    LRU younger than 2 x the churn age), when the version does not count (PLACEMENT_ORDER).
+    Older pods are about to go: a copy loaded there is a copy to load again."""
+    newest = max((c.version for c in candidates), default=0)
+    if all(c.version == newest for c in candidates):
+        return candidates
+    newer = [c for c in candidates if c.version == newest]
+    if all(is_saturated(c, now_ms, default_model_units, min_churn_age_ms) for c in newer):
+        return candidates
+    return newer
+
+
 def shortlist(view: ClusterView, req: LoadRequest) -> list[InstanceView]:
     """Steps 1-3: the candidates the random pick chooses among (best first, but in no order with
     `start_soonest`); empty if none."""
@@ -335,7 +351,8 @@ def shortlist(view: ClusterView, req: LoadRequest) -> list[InstanceView]:
     if req.start_soonest:
         # No ranking: every candidate stays in, and the pick among those left is random.
         # (Sorting them was a fifth of the simulator's time, for the order of a random pick.)
-        return _every_candidate(candidates, req)
+        pool = _every_candidate(candidates, req)
+        return newest_version_first(pool, view.now_ms, default_units, req.min_churn_age_ms)
     ranked = rank(candidates, view.now_ms, default_model_units=default_units, min_churn_age_ms=req.min_churn_age_ms)
     return _shortlist(ranked, req, view.now_ms, default_units)
 

@@ -155,6 +155,16 @@ def test_meshd_prefers_itself_only_among_the_soonest_to_start() -> None:
     assert _picks(balanced, me_free, other) == {"me"}
 
 
+def test_meshd_loads_onto_the_newest_version_during_a_rolling_update() -> None:
+    """Upstream's PLACEMENT_ORDER prefers the newer version unless it is saturated; meshd's
+    placement (every candidate, the shortest queue) keeps that rule."""
+    old = [full(f"old{n}", lru_age_ms=3_600_000, version=1) for n in range(3)]
+    new = full("new", lru_age_ms=3_600_000, version=2, loading_threads=2, loading_in_progress=1)
+    assert _picks(MESHD, *old, new) == {"new"}  # even with a load under way there
+    saturated = full("new", lru_age_ms=1_000, version=2)  # full, its next victim used a second ago
+    assert _picks(MESHD, *old, saturated) == {"old0", "old1", "old2", "new"}
+
+
 def test_meshd_keeps_to_instances_with_a_preferred_label() -> None:
     labelled = full("gpu", lru_age_ms=60_000, labels={"gpu"})
     plain = [full(f"p{n}", lru_age_ms=3_600_000) for n in range(3)]
