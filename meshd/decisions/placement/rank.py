@@ -331,9 +331,10 @@ def newest_version_first(
     instances of the newest version, unless every one of those is saturated (full, with an
     LRU younger than 2 x the churn age), when the version does not count (PLACEMENT_ORDER).
     Older pods are about to go: a copy loaded there is a copy to load again."""
-    newest = max((c.version for c in candidates), default=0)
-    if all(c.version == newest for c in candidates):
+    versions = {c.version for c in candidates}
+    if len(versions) < 2:  # the usual case: one version
         return candidates
+    newest = max(versions)
     newer = [c for c in candidates if c.version == newest]
     if all(is_saturated(c, now_ms, default_model_units, min_churn_age_ms) for c in newer):
         return candidates
