@@ -79,7 +79,7 @@ def next_load(
 # A waiting load may be displaced only this soon after it was queued. Its requests are then
 # refused fast even after the router's retries elsewhere ((1 + MAX_BUSY_RETRIES) x 250 ms is
 # under the simulator's 1 s bar for a fast refusal). Measured (docs/policies.md): displacing
-# any waiting load made 5-15 % of overload failures slow ones; with this, none, at the same
+# any waiting load made 8-16 % of overload failures slow ones; with this, none, at the same
 # hit ratio and about as many failures.
 DISPLACE_WITHIN_MS = 250
 
