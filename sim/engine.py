@@ -63,7 +63,7 @@ from meshd.decisions.placement.loading import (
     DEFAULT_MEAN_LOAD_MS,
     accepts,
     colder_than_victims,
-    least_valuable,
+    displaced_by,
     load_value,
     next_load,
     start_wait_ms,
@@ -617,8 +617,8 @@ class Simulation:
             # The queue is at its bound: this load goes in only in place of a less valuable one.
             value = load_value(1, pop.of(mid), units)
             values = {p: load_value(len(inst.waiters[p]), pop.of(self.ids[p]), self.units[p]) for p in inst.pending}
-            coldest = least_valuable(((values[p], since, p) for p, since in inst.pending.items()), t)
-            if coldest is not None and values[coldest] < value:
+            coldest = displaced_by(value, ((values[p], since, p) for p, since in inst.pending.items()), t)
+            if coldest is not None:
                 del inst.pending[coldest]
                 self._refuse_load(inst, coldest, t, reroute=True)
             else:

@@ -37,8 +37,8 @@ from meshd.decisions.placement.loading import (
     accepts,
     admission_date,
     colder_than_victims,
+    displaced_by,
     exhausted_message,
-    least_valuable,
     load_value,
     start_wait_ms,
     under_pressure,
@@ -213,9 +213,9 @@ class LocalModels:
         if not accepts(wait, limit):
             value = load_value(1, self.popularity.of(model_id), units)
             waiting = q.waiting_models()
-            now_ms = int(time.monotonic() * 1000)
-            coldest = least_valuable(((self._value(m), since, i) for i, (m, since) in enumerate(waiting)), now_ms)
-            if coldest is None or self._value(waiting[coldest][0]) >= value:
+            values = [(self._value(m), since, i) for i, (m, since) in enumerate(waiting)]
+            coldest = displaced_by(value, values, int(time.monotonic() * 1000))  # the queue's clock
+            if coldest is None:
                 return exhausted_message(model_id, f"{q.waiting} loads wait for {threads} loading threads", wait)
             displaced = waiting[coldest][0]
             why = f"{model_id!r} is wanted more than it"

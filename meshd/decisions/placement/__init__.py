@@ -23,6 +23,6 @@ exactly this code. Public names, by module:
   (required, preferred)`, `parse_labels` (MM_LABELS).
 - `modelkey`: `policy_from_key(key) -> ModelPolicy` (the `"meshd"` object in ModelInfo.key).
 - `loading`: the load queue's rules (issue 24, docs/policies.md): `load_value`, `next_load`,
-  `least_valuable`, `start_wait_ms`, `accepts`, `under_pressure`, `colder_than_victims`,
+  `least_valuable`, `displaced_by`, `start_wait_ms`, `accepts`, `under_pressure`, `colder_than_victims`,
   `soonest_start`, `exhausted_message`.
 """

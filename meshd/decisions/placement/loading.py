@@ -17,7 +17,7 @@ congestion collapse"). The rules, in the order a miss meets them:
    counts) is refused fast instead of queued;
    so is one whose load could not start within half the wait limit (`start_wait_ms`,
    `accepts`), unless it is worth more than the least valuable load queued in the last
-   `DISPLACE_WITHIN_MS`, which it displaces. A load that has waited longer keeps its place:
+   `DISPLACE_WITHIN_MS`, which it displaces (`displaced_by`). A load that has waited longer keeps its place:
    its requests, refused now, would fail slowly, after waiting (`least_valuable`). The refusal
    is RESOURCE_EXHAUSTED, saying why and when to retry (`exhausted_message`).
 4. *Placement weighs each instance's queue* (`queue_backlog`): among the near-best
@@ -90,13 +90,28 @@ def least_valuable(
     """The waiting load a more valuable one displaces from a full queue, among
     `(value, queued_at_ms, model)` queued at most `within_ms` before `now_ms`: the lowest
     value, then the latest queued (None: nothing young enough to give way)."""
+    worst = _least_valuable(values, now_ms, within_ms)
+    return None if worst is None else worst[2]
+
+
+def displaced_by(value: float, values: Iterable[tuple[float, int, int]], now_ms: int) -> int | None:
+    """The waiting load a miss worth `value` takes the place of in a full queue (among
+    `(value, queued_at_ms, model)`): the least valuable one young enough to give way, if it
+    is worth less than the newcomer. None: the newcomer is refused instead."""
+    worst = _least_valuable(values, now_ms, DISPLACE_WITHIN_MS)
+    return worst[2] if worst is not None and worst[0] < value else None
+
+
+def _least_valuable(
+    values: Iterable[tuple[float, int, int]], now_ms: int, within_ms: int
+) -> tuple[float, int, int] | None:
     worst: tuple[float, int, int] | None = None
     for value, queued_at, model in values:
         if now_ms - queued_at > within_ms:
             continue
         if worst is None or value < worst[0] or (value == worst[0] and queued_at > worst[1]):
             worst = (value, queued_at, model)
-    return None if worst is None else worst[2]
+    return worst
 
 
 # A load whose last use is this recent when it is queued was asked for by requests (a

@@ -12,6 +12,7 @@ from meshd.decisions.placement.loading import (
     accepts,
     admission_date,
     colder_than_victims,
+    displaced_by,
     exhausted_message,
     least_valuable,
     load_value,
@@ -60,6 +61,15 @@ def test_only_a_load_queued_within_the_displacement_window_gives_way() -> None:
     assert least_valuable(waiting, 400, within_ms=100) == 8  # only 8 is young enough
     assert least_valuable(waiting, 401, within_ms=100) is None  # none: the newcomer is refused
     assert least_valuable(waiting, 350) == 7  # the default window is 250 ms
+
+
+def test_a_newcomer_displaces_only_a_young_load_worth_less_than_itself() -> None:
+    waiting = [(1.0, 100, 7), (5.0, 300, 8)]
+    assert displaced_by(2.0, waiting, 300) == 7  # 7 is the least valuable and young enough
+    assert displaced_by(1.0, waiting, 300) is None  # worth no more than 7: the newcomer is refused
+    assert displaced_by(9.0, waiting, 400) == 8  # 7 waited 300 ms: only 8 may give way
+    assert displaced_by(9.0, waiting, 600) is None  # none young enough
+    assert displaced_by(9.0, [], 0) is None
 
 
 def test_start_wait_counts_loads_ahead_over_the_threads() -> None:
