@@ -59,6 +59,8 @@ def main() -> None:
         p.error(f"--capacities: comma-separated numbers, got {args.capacities!r}")
     if args.requests < 1 or args.models < 10 or not all(0 < s <= 1 for s in shares):
         p.error("--requests >= 1, --models >= 10 and capacities in (0, 1] please")
+    if not 0 < args.alpha <= 10:  # as `python -m sim --alpha` (NaN fails this too)
+        p.error(f"--alpha must be in (0, 10], got {args.alpha}")
     cat = w.catalogue(args.models, random.Random(1), size_sigma=0.5)
     wl = w.zipf(cat, args.requests, args.alpha, 10.0, seed=1)
     counts = [0] * len(cat.ids)

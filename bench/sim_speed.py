@@ -18,6 +18,7 @@ rules tens of seconds); nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import time
@@ -39,8 +40,10 @@ def main() -> None:
     p.add_argument("--service", choices=["both", "on", "off"], default="both", help="simulate service time")
     p.add_argument("--max-concurrency", type=int, default=0, help="per copy (0: unlimited)")
     args = p.parse_args()
-    if min(args.requests, args.models, args.instances, args.loading_threads) < 1 or args.rate <= 0:
-        p.error("--requests, --models, --instances and --loading-threads must be at least 1, --rate above 0")
+    if min(args.requests, args.models, args.instances, args.loading_threads) < 1:
+        p.error("--requests, --models, --instances and --loading-threads must be at least 1")
+    if not (0 < args.rate < math.inf and 0 < args.capacity <= 1):  # NaN fails both
+        p.error(f"--rate must be a finite number above 0 and --capacity in (0, 1], got {args.rate}, {args.capacity}")
     started = time.perf_counter()
     cat = catalogue(args.models, random.Random(1), size_sigma=0.5)
     workload = zipf(cat, args.requests, 1.0, args.rate, seed=2)
