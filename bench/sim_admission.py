@@ -1,7 +1,8 @@
 """Which admission rule under load pressure (issue 24): the simulator on Zipf(0.9) traffic,
 meshd's value-ordered load queue with and without the pressure admission test, under GDSF
 (FaasCache's Greedy-Dual keep-alive is GDSF with the cold-start cost) and LRU eviction,
-beside the first-come queue (today's meshd and upstream's rules).
+beside the first-come queue (meshd before issue 24 and upstream's rules), and meshd's default
+(LRFU eviction) with both.
 
     python bench/sim_admission.py [--requests N] [--rates 10,80] [--capacities 0.05,0.1]
 
@@ -22,11 +23,12 @@ from sim.policies import MESHD, MESHD_FIFO, UPSTREAM, Policy
 
 RULES: list[tuple[str, Policy]] = [
     ("upstream (LRU, first-come queue)", UPSTREAM),
-    ("meshd-fifo (GDSF, first-come queue)", MESHD_FIFO),
+    ("meshd-fifo (GDSF, first-come queue)", replace(MESHD_FIFO, eviction=Eviction.GDSF)),
     ("value queue + wait limit, LRU", replace(MESHD, eviction=Eviction.LRU, pressure_admission=False)),
     ("value queue + wait limit + pressure admission, LRU", replace(MESHD, eviction=Eviction.LRU)),
-    ("value queue + wait limit, GDSF", replace(MESHD, pressure_admission=False)),
-    ("value queue + wait limit + pressure admission, GDSF (meshd)", MESHD),
+    ("value queue + wait limit, GDSF", replace(MESHD, eviction=Eviction.GDSF, pressure_admission=False)),
+    ("value queue + wait limit + pressure admission, GDSF", replace(MESHD, eviction=Eviction.GDSF)),
+    ("value queue + wait limit + pressure admission, LRFU (meshd)", MESHD),
 ]
 
 

@@ -156,8 +156,9 @@ SETTINGS: tuple[Setting, ...] = (
         "eviction",
         "MESHD_EVICTION",
         "--eviction",
-        "cache eviction order: gdsf (size-, load-time- and frequency-aware, see docs/simulator.md) or lru (upstream's)",
-        "gdsf",
+        "cache eviction order: lrfu (recent uses per unit of memory and second of reload, see docs/policies.md), "
+        "gdsf (uses per unit and second, no decay) or lru (upstream's)",
+        "lrfu",
     ),
     Setting(
         "load_queue",
@@ -373,7 +374,7 @@ class Config:
     max_inflight_per_copy: int = 0
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
-    eviction: Eviction = Eviction.GDSF
+    eviction: Eviction = Eviction.LRFU
     load_queue: bool = True  # MESHD_LOAD_QUEUE=value; False: fifo (upstream's)
     load_wait_limit_ms: int = 10_000
     data_plane: str = "python"  # resolved: "python" or "native" (MESHD_DATAPLANE=auto picks one)

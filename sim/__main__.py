@@ -117,7 +117,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=[*PRESETS, "all"], default="all", help="synthetic workload (default: all)")
     p.add_argument("--trace", type=Path, help="replay a CSV trace instead of a preset")
     p.add_argument(
-        "--policies", default="upstream,meshd,random", help="comma-separated: upstream, meshd, meshd-fifo, random"
+        "--policies",
+        default="upstream,meshd,random",
+        help="comma-separated: upstream, meshd, meshd-gdsf, meshd-fifo, random",
     )
     p.add_argument("--capacities", type=_floats, default=[0.1, 0.2, 0.3], help="fleet capacity, share of catalogue")
     p.add_argument("--instances", type=_positive_int, default=10)
@@ -276,11 +278,12 @@ def compare_single(wl: w.Workload, capacities: list[float], warmup: int) -> str:
     units = list(wl.catalogue.units)
     load_ms = list(wl.catalogue.load_ms)
     total = wl.catalogue.total_units
-    ratios: dict[str, list[float]] = {"meshd LRU": [], "meshd GDSF": [], "Belady (own)": []}
+    ratios: dict[str, list[float]] = {f"meshd {e.name}": [] for e in Eviction}
+    ratios["Belady (own)"] = []
     for share in capacities:
         cap = max(1, int(total * share))
-        ratios["meshd LRU"].append(single.meshd_hit_ratio(reqs, units, cap, Eviction.LRU, load_ms, warmup))
-        ratios["meshd GDSF"].append(single.meshd_hit_ratio(reqs, units, cap, Eviction.GDSF, load_ms, warmup))
+        for e in Eviction:
+            ratios[f"meshd {e.name}"].append(single.meshd_hit_ratio(reqs, units, cap, e, load_ms, warmup))
         ratios["Belady (own)"].append(single.belady_hit_ratio(reqs, units, cap, warmup))
         try:
             theirs = single.libcachesim_hit_ratios(reqs, units, cap, warmup=warmup)
@@ -289,7 +292,7 @@ def compare_single(wl: w.Workload, capacities: list[float], warmup: int) -> str:
         for name, value in theirs.items():
             ratios.setdefault(f"libCacheSim {name}", []).append(value)
     title = f"### {wl.name}: one cache, hit ratio by capacity (request hit ratio; sizes in 8 KiB units)"
-    missing = "" if len(ratios) > 3 else "\n(libcachesim is not installed: pip install libcachesim)"
+    missing = "" if len(ratios) > len(Eviction) + 1 else "\n(libcachesim is not installed: pip install libcachesim)"
     return title + "\n\n" + report.single_table(capacities, ratios) + missing
 
 

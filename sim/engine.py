@@ -9,7 +9,7 @@ reports. Every decision is meshd's own, called as the daemon calls it:
   the router keeps: per instance, the requests it forwarded to each peer and has not seen
   answered (waiting for the peer's load, queued at its gate, or running);
 - where a miss loads: `placement.rank.choose_load_target` with `RecentPlacements` (router);
-- what to admit and evict: `cache.WeightedLRU` (local), GDSF or LRU;
+- what to admit and evict: `cache.WeightedLRU` (local), LRFU, GDSF or LRU;
 - a copy's concurrency limit (`Fleet.max_concurrency`, the runtime's maxConcurrency):
   `gate.on_arrival` (run, queue first come first served, or refuse) with `gate.queue_bound`;
   a refused request reroutes as `Router._route` does, at most `MAX_BUSY_RETRIES` times,

@@ -2,10 +2,11 @@
 
 - `upstream`: ModelMesh's defaults: weighted LRU eviction, PLACEMENT_ORDER ranking with the
   near-best random pick (CacheMissForwardingLB), upstream's copy scaling.
-- `meshd`: meshd's own choices: GDSF eviction (size- and load-time-aware, `meshd.decisions.cache`),
+- `meshd`: meshd's own choices: LRFU eviction (recent uses per unit and second of reload, `meshd.decisions.cache`),
   and the placement spread of recent loads (`RecentPlacements`) on top of upstream's ranking.
   And the load queue of `meshd.decisions.placement.loading` (issue 24): room taken when a load
   starts, the most valuable load first, misses beyond load capacity refused at once.
+- `meshd-gdsf`: `meshd` with GDSF eviction (meshd's default before LRFU: counts that never decay).
 - `meshd-fifo`: `meshd` with upstream's first-come load queue (meshd before issue 24).
 - `random`: a load goes to a uniformly random instance that could hold it (LRU eviction):
   the floor any placement policy should beat.
@@ -30,11 +31,12 @@ class Policy:
 
 
 UPSTREAM = Policy("upstream")
-MESHD = Policy("meshd", eviction=Eviction.GDSF, spread_recent_loads=True, load_queue=True)
-MESHD_FIFO = Policy("meshd-fifo", eviction=Eviction.GDSF, spread_recent_loads=True)  # meshd before issue 24
+MESHD = Policy("meshd", eviction=Eviction.LRFU, spread_recent_loads=True, load_queue=True)
+MESHD_GDSF = Policy("meshd-gdsf", eviction=Eviction.GDSF, spread_recent_loads=True, load_queue=True)
+MESHD_FIFO = Policy("meshd-fifo", eviction=Eviction.LRFU, spread_recent_loads=True)
 RANDOM = Policy("random", random_placement=True)
 
-POLICIES = {p.name: p for p in (UPSTREAM, MESHD, MESHD_FIFO, RANDOM)}
+POLICIES = {p.name: p for p in (UPSTREAM, MESHD, MESHD_GDSF, MESHD_FIFO, RANDOM)}
 
 
 def as_configured(eviction: Eviction, load_queue: bool = True) -> Policy:

@@ -3,7 +3,7 @@
 Owns the single-cache runs that put meshd's eviction beside known results:
 - `che_hit_ratio`: Che's approximation of LRU's hit ratio under independent requests
   (the characteristic time T solves sum_i (1 - exp(-p_i T)) = C).
-- `meshd_hit_ratio`: `meshd.decisions.cache.WeightedLRU` (LRU or GDSF) over a request stream, as
+- `meshd_hit_ratio`: `meshd.decisions.cache.WeightedLRU` (LRU, GDSF or LRFU) over a request stream, as
   `LocalModels` drives it (a hit touches; a miss admits, evicting, and loads at once).
 - `belady_hit_ratio`: Belady's MIN (evict the object requested furthest in the future);
   the offline optimum for objects of one size, a strong heuristic bound otherwise.

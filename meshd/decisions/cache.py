@@ -4,23 +4,32 @@ Pure: no I/O, no asyncio; time comes in as arguments (ms). The mechanism that ow
 runtime (`meshd.serving.local`) asks it what to admit and what to evict, then does the loads and
 unloads. The simulator drives exactly this class.
 
-Two eviction orders (`Eviction`), one switch:
+Three eviction orders (`Eviction`), one switch:
 - `LRU` (upstream's): by each entry's last-used time, which may be set "in
   the past" (a model registered without a recent use must not push out models in active use).
-- `GDSF` (meshd's, the daemon's default): Greedy-Dual-Size-Frequency with the load time as the cost. An entry's
+- `LRFU` (meshd's, the daemon's default): each use counts, and each count halves every time
+  the cache has evicted twice its capacity (a clock that runs with the cache's turnover, not
+  with wall time, so the memory fits a busy instance and a quiet one alike); an entry's value is
+  its decayed uses x its load time per unit. It keeps what is used often *lately*, per unit of
+  memory and second of reload: frequency for steady popularity, decay for popularity that
+  moves (new models arriving hot, a ranking re-dealt). In the simulator it loads less than
+  GDSF on every preset and capacity (docs/simulator.md). Keys are stored as logs at a common
+  clock, so two entries keep their order while neither is used and a heap holds the order.
+- `GDSF`: Greedy-Dual-Size-Frequency with the load time as the cost. An entry's
   priority is L + uses x load_ms / units, where L (the "inflation") is the priority of the
-  last victim, so entries not used for a while age out. It keeps the copies whose reloads
-  would cost the most time per unit of memory they hold, and, unlike LRU, does not let a
-  model used once push out one used a hundred times (the scan resistance that S3-FIFO and
-  SIEVE get from quick demotion). Evicted models leave a ghost (id and use count, up to 4
-  per cached model), so a model that returns resumes its count. On independent Zipf(1.0)
-  requests at 5 % capacity this closes the gap from LRU to S3-FIFO/SIEVE (docs/simulator.md).
+  last victim, so entries not used for a while age out. Its counts never decay while a copy
+  is held, which costs it where popularity moves.
+Both counting orders keep the copies whose reloads would cost the most time per unit of
+memory they hold, and, unlike LRU, do not let a model used once push out one used a hundred
+times (the scan resistance that S3-FIFO and SIEVE get from quick demotion). Evicted models
+leave a ghost (id and count, up to 4 per cached model), so a model that returns resumes it.
 """
 
 from __future__ import annotations
 
 import enum
 import heapq
+import math
 from dataclasses import dataclass
 
 from meshd.decisions.gate import Gate
@@ -37,11 +46,17 @@ def to_units(nbytes: int) -> int:
 class Eviction(enum.Enum):
     LRU = "lru"
     GDSF = "gdsf"
+    LRFU = "lrfu"
 
 
 GHOSTS_MIN = 64  # GDSF remembers at least this many evicted models' uses
 GHOSTS_PER_ENTRY = 4  # ... and up to this many per cached model (the ghosts are small: an id and a count)
 DEFAULT_LOAD_MS_PER_UNIT = 1.0  # GDSF cost of a copy whose load time is not known: its size
+# LRFU: a use counts half once the cache has evicted this many times its capacity. Measured on
+# the simulator's five presets (docs/simulator.md): longer memories win on steady popularity and
+# lose badly where it moves (new models arriving hot); 2 loses least where either is wrong.
+LRFU_HALF_LIFE_TURNOVERS = 2.0
+_LRFU_REBASE = 1 << 20  # half-lives of clock after which every clock is rebased (float precision)
 
 
 class State(enum.Enum):
@@ -64,6 +79,8 @@ class CacheEntry:
     uses: int = 1  # GDSF: uses since admission (the load's own request counts)
     load_ms: float = 0.0  # GDSF: how long its load took (0: unknown)
     priority: float = 0.0  # GDSF: L at last use + uses x cost per unit
+    score: float = 1.0  # LRFU: uses, each halved per half-life of the cache's clock since
+    clock: float = 0.0  # LRFU: the cache's clock (units evicted) at the last use
     seq: int = 0  # admission order (ties in the eviction order go to the earlier admitted)
 
 
@@ -76,7 +93,7 @@ class Admission:
 
 
 class WeightedLRU:
-    """The cache; named for upstream's order, its default here (the daemon configures GDSF by default)."""
+    """The cache; named for upstream's order, its default here (the daemon configures LRFU by default)."""
 
     def __init__(self, capacity_units: int, eviction: Eviction = Eviction.LRU) -> None:
         if capacity_units < 1:
@@ -85,15 +102,18 @@ class WeightedLRU:
         self.used_units = 0
         self.eviction = eviction
         self.inflation = 0.0  # GDSF's L: the priority of the last victim
+        self.clock = 0.0  # LRFU's clock: units of loaded copies evicted (since the last rebase)
+        self._half_life = LRFU_HALF_LIFE_TURNOVERS * capacity_units
         self._loaded = 0  # entries in State.LOADED
         self._entries: dict[str, CacheEntry] = {}
         # Eviction order without a sort per admission: (order key, seq, id) pushed whenever an
         # entry's key changes; stale items (older keys, entries gone) are skipped when popped.
         self._heap: list[tuple[tuple[float, ...], int, str]] = []
         self._seq = 0
-        # GDSF: uses of recently evicted models (at most GHOSTS_MIN, or GHOSTS_PER_ENTRY per
-        # cached model), so a model that comes back resumes its count instead of starting as a stranger.
-        self._ghosts: dict[str, int] = {}
+        # GDSF and LRFU: uses of recently evicted models (at most GHOSTS_MIN, or GHOSTS_PER_ENTRY
+        # per cached model; LRFU's with the clock of their last use), so a model that comes back
+        # resumes its count instead of starting as a stranger.
+        self._ghosts: dict[str, tuple[float, float]] = {}
 
     # ---- reads ---------------------------------------------------------------------
     def get(self, model_id: str) -> CacheEntry | None:
@@ -149,15 +169,18 @@ class WeightedLRU:
         entry = self._entries.get(model_id)
         if entry is None:
             return
-        gdsf = self.eviction is Eviction.GDSF
-        if gdsf:
+        counted = self.eviction is not Eviction.LRU  # a use changes the key
+        if self.eviction is Eviction.GDSF:
             entry.uses += uses
             entry.priority = self.inflation + entry.uses * _cost_per_unit(entry)
+        elif counted:
+            entry.score = uses + self._decayed(entry.score, entry.clock)
+            entry.clock = self.clock
         if entry.last_used_ms < now_ms:
             if now_ms - entry.last_used_ms > USE_SPELL_GAP_MS:
                 entry.prior_use_ms = entry.last_used_ms  # a new spell of use begins
             entry.last_used_ms = now_ms
-        elif not gdsf:
+        elif not counted:
             return  # its key did not change
         self._push(entry)
 
@@ -188,8 +211,12 @@ class WeightedLRU:
             self._evict(victim)
         self._seq += 1
         entry = CacheEntry(model_id, units, last_used_ms, State.LOADING, now_ms, seq=self._seq)
-        entry.uses += self._ghosts.pop(model_id, 0)
+        ghost = self._ghosts.pop(model_id, None)
+        if ghost is not None:
+            entry.uses += int(ghost[0])
+            entry.score += self._decayed(*ghost)
         entry.priority = self.inflation + entry.uses * _cost_per_unit(entry)
+        entry.clock = self.clock
         self._entries[model_id] = entry
         self._push(entry)
         self.used_units += units
@@ -242,13 +269,33 @@ class WeightedLRU:
         return self._drop(model_id)
 
     def _evict(self, victim: CacheEntry) -> None:
-        if self.eviction is Eviction.GDSF and victim.state is State.LOADED:
-            self.inflation = max(self.inflation, victim.priority)
+        if self.eviction is not Eviction.LRU and victim.state is State.LOADED:
             ghosts = self._ghosts
-            ghosts[victim.model_id] = victim.uses
+            if self.eviction is Eviction.GDSF:
+                self.inflation = max(self.inflation, victim.priority)
+                ghosts[victim.model_id] = (victim.uses, 0.0)
+            else:
+                ghosts[victim.model_id] = (victim.score, victim.clock)
+                self.clock += victim.units
             while len(ghosts) > max(GHOSTS_MIN, GHOSTS_PER_ENTRY * len(self._entries)):
                 del ghosts[next(iter(ghosts))]  # the oldest ghost goes
         self._drop(victim.model_id)
+        if self.clock > _LRFU_REBASE * self._half_life:
+            self._rebase()
+
+    def _decayed(self, score: float, clock: float) -> float:
+        """LRFU: `score`, counted at `clock`, as it is worth now."""
+        return score * math.exp2((clock - self.clock) / self._half_life)
+
+    def _rebase(self) -> None:
+        """Restart LRFU's clock at 0 (keys stay in the same order: each moves by the same amount)."""
+        shift = self.clock
+        self.clock = 0.0
+        for e in self._entries.values():
+            e.clock -= shift
+        self._ghosts = {m: (score, clock - shift) for m, (score, clock) in self._ghosts.items()}
+        self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
+        heapq.heapify(self._heap)
 
     def _drop(self, model_id: str) -> CacheEntry | None:
         entry = self._entries.pop(model_id, None)
@@ -306,6 +353,10 @@ class WeightedLRU:
     def _key(self, entry: CacheEntry) -> tuple[float, ...]:
         if self.eviction is Eviction.GDSF:
             return (entry.priority, entry.last_used_ms)
+        if self.eviction is Eviction.LRFU:
+            # score x cost per unit, decayed to a common clock; in logs, so the order of two
+            # entries does not change while neither is used (both decay at the same rate).
+            return (math.log2(entry.score * _cost_per_unit(entry)) + entry.clock / self._half_life, entry.last_used_ms)
         return (entry.last_used_ms,)
 
     def _push(self, entry: CacheEntry) -> None:

@@ -153,7 +153,7 @@ class LocalModels:
             self._want(model_id, used)
             try:
                 loaded = await asyncio.shield(pending)
-                self.cache.touch(model_id, used)  # a use like any other: GDSF counts it
+                self.cache.touch(model_id, used)  # a use like any other: LRFU and GDSF count it
                 self.metrics.cache_miss((time.monotonic() - missed) * 1000, model_id)
                 return loaded
             except NoRoom:
@@ -404,7 +404,7 @@ class LocalModels:
             if self.info.limit_model_concurrency and loaded.max_concurrency > 0:
                 bound = queue_bound(loaded.max_concurrency, self.max_queue_per_copy)
                 entry.gate = CopyGate(model_id, loaded.max_concurrency, bound)
-            # GDSF's cost of a reload: the runtime's load time, not the wait for a slot (that
+            # LRFU's and GDSF's cost of a reload: the runtime's load time, not the wait for a slot (that
             # measures the moment's contention, not the model), on a monotonic clock.
             self.cache.set_state(model_id, State.LOADED, self.clock(), loaded.load_ms)
             self.counters.loads += 1

@@ -139,3 +139,79 @@ def test_popularity_counts_uses_and_halves_them_every_window() -> None:
     assert pop.of("a") == 3.0 and pop.of("b") == 0.0
     pop.count("b")  # the fourth use: everything halves
     assert pop.of("a") == 1.5 and pop.of("b") == 0.5
+
+
+def test_lrfu_keeps_a_frequent_model_until_its_uses_decay() -> None:
+    """Four uses outweigh one newcomer's use until the cache's clock has run two half-lives."""
+    from meshd.decisions.cache import LRFU_HALF_LIFE_TURNOVERS, Eviction
+
+    cache = WeightedLRU(4, Eviction.LRFU)  # a half-life of 2 x 4 = 8 units evicted
+    loaded(cache, "hot", 1, 100)
+    for t in range(101, 104):
+        cache.touch("hot", t)
+    for i, t in enumerate((200, 201, 202)):
+        loaded(cache, f"once{i}", 1, t)
+    evicted_at: int | None = None
+    for n in range(1, 40):
+        adm = cache.admit(f"new{n}", 1, 300 + n, 300 + n)
+        cache.set_state(f"new{n}", State.LOADED, 300 + n)
+        if "hot" in [e.model_id for e in adm.evicted]:
+            evicted_at = n
+            break
+    # LRU would have let it go at once; LRFU when the oldest of the three newcomers held was
+    # admitted after two half-lives of clock: 4 uses x 2^-2 = that newcomer's one use.
+    half_life = LRFU_HALF_LIFE_TURNOVERS * 4
+    assert evicted_at == 2 * half_life + 3
+
+
+def test_lrfu_lets_the_cheaper_reload_go_first() -> None:
+    from meshd.decisions.cache import Eviction
+
+    cache = WeightedLRU(3, Eviction.LRFU)
+    for mid, t, load_ms in (("slow", 100, 900.0), ("fast", 101, 100.0)):
+        assert cache.admit(mid, 1, t, t).admitted
+        cache.set_state(mid, State.LOADED, t, load_ms)
+    loaded(cache, "x", 1, 102)
+    adm = cache.admit("y", 2, 200, 200)
+    assert [e.model_id for e in adm.evicted][:1] == ["x"]  # unknown load time: cost 1 per unit
+    assert "fast" in [e.model_id for e in adm.evicted] and "slow" in cache
+
+
+def test_lrfu_a_model_that_returns_resumes_its_decayed_uses() -> None:
+    from meshd.decisions.cache import Eviction
+
+    cache = WeightedLRU(2, Eviction.LRFU)
+    loaded(cache, "a", 1, 100)
+    for t in range(101, 108):
+        cache.touch("a", t)  # 8 uses
+    loaded(cache, "b", 1, 110)
+    cache.remove("b")
+    loaded(cache, "c", 1, 120)
+    loaded(cache, "d", 1, 121)  # evicts c (1 use) before a
+    assert "a" in cache and "c" not in cache
+    loaded(cache, "c", 1, 130)  # c's ghost: 1 use, decayed by one unit of clock
+    entry = cache.get("c")
+    assert entry is not None and 1.0 < entry.score < 2.0
+
+
+def test_lrfu_restarting_the_clock_keeps_the_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    import meshd.decisions.cache as cache_module
+    from meshd.decisions.cache import Eviction
+
+    def victims(rebase_every: int) -> list[str]:
+        monkeypatch.setattr(cache_module, "_LRFU_REBASE", rebase_every)
+        cache = WeightedLRU(6, Eviction.LRFU)
+        out: list[str] = []
+        for n in range(60):
+            mid = f"m{n % 9}"
+            if mid in cache:
+                cache.touch(mid, n)
+                continue
+            adm = cache.admit(mid, 1 + n % 2, n, n)
+            assert adm.admitted
+            cache.set_state(mid, State.LOADED, n, 100.0 + 37 * (n % 5))
+            out += [e.model_id for e in adm.evicted]
+        assert cache.clock < 6 * 2 * rebase_every + 2  # the clock did restart (when it was due to)
+        return out
+
+    assert victims(1) == victims(1 << 20)

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd.decisions.cache import Eviction, State, WeightedLRU
+from meshd.decisions.cache import (
+    DEFAULT_LOAD_MS_PER_UNIT,
+    LRFU_HALF_LIFE_TURNOVERS,
+    CacheEntry,
+    Eviction,
+    State,
+    WeightedLRU,
+)
 
 ops = st.lists(
     st.tuples(
@@ -22,8 +31,7 @@ def sorted_plan(cache: WeightedLRU, needed: int, exclude: str, newer_than: int |
     if needed <= 0:
         return []
     cands = [e for e in cache.entries() if e.state is not State.LOADING and e.model_id != exclude]
-    gdsf = cache.eviction is Eviction.GDSF
-    cands.sort(key=lambda e: (e.inflight > 0, (e.priority, e.last_used_ms) if gdsf else (e.last_used_ms,), e.seq))
+    cands.sort(key=lambda e: (e.inflight > 0, spec_key(cache, e), e.seq))
     out: list[str] = []
     freed = 0
     for e in cands:
@@ -34,6 +42,17 @@ def sorted_plan(cache: WeightedLRU, needed: int, exclude: str, newer_than: int |
         out.append(e.model_id)
         freed += e.units
     return out if freed >= needed else None
+
+
+def spec_key(cache: WeightedLRU, e: CacheEntry) -> tuple[float, ...]:
+    """Each order's key as its docs define it (LRFU: log of the decayed uses x cost per unit)."""
+    if cache.eviction is Eviction.GDSF:
+        return (e.priority, e.last_used_ms)
+    if cache.eviction is Eviction.LRFU:
+        cost = e.load_ms / e.units if e.load_ms > 0 else DEFAULT_LOAD_MS_PER_UNIT
+        half_life = LRFU_HALF_LIFE_TURNOVERS * cache.capacity_units
+        return (math.log2(e.score * cost) + e.clock / half_life, e.last_used_ms)
+    return (e.last_used_ms,)
 
 
 @settings(max_examples=300, deadline=None)
@@ -82,6 +101,5 @@ def scanned_summary(cache: WeightedLRU, now: int) -> tuple[int, int]:
     loaded = [e for e in cache.entries() if e.state is State.LOADED]
     if not loaded:
         return 0, now
-    gdsf = cache.eviction is Eviction.GDSF
-    first = min(loaded, key=lambda e: ((e.priority, e.last_used_ms) if gdsf else (e.last_used_ms,), e.seq))
+    first = min(loaded, key=lambda e: (spec_key(cache, e), e.seq))
     return len(loaded), first.last_used_ms

@@ -54,7 +54,7 @@ def load(c: Client, model: GeneratedModel) -> None:
     assert c.register(model, loadNow=True, sync=True).status == mm.ModelStatusInfo.LOADED
 
 
-@pytest.mark.parametrize("eviction", ["lru", "gdsf"])
+@pytest.mark.parametrize("eviction", ["lru", "gdsf", "lrfu"])
 def test_warm_requests_are_carried_natively_and_their_uses_reach_the_lru(
     start_node: NodeFactory, models: list[GeneratedModel], eviction: str
 ) -> None:
@@ -69,7 +69,7 @@ def test_warm_requests_are_carried_natively_and_their_uses_reach_the_lru(
     assert carried(c) == 20  # every one of them natively: the copy was loaded before the first
     assert c.stats().requests >= 20  # and counted as served here, for the rates copy scaling reads
     # Only the counters say m0 was used after m1, and 21 times to the others' once. Under LRU
-    # the eviction for m3 must take m1, exactly. Under GDSF the victim also depends on each
+    # the eviction for m3 must take m1, exactly. Under GDSF and LRFU the victim also depends on each
     # copy's measured load time, so three evictions in a row (m3, m4, m5) must all spare m0:
     # with its load's single use it would be among the first to go.
     load(c, m2)

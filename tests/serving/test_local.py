@@ -219,9 +219,10 @@ async def test_a_loads_cost_is_the_runtimes_time_not_its_wait_for_a_loading_slot
     assert quick_loaded.load_ms < slow_loaded.load_ms  # its 300 ms in the queue are not counted
 
 
-async def test_requests_that_join_a_load_count_as_uses() -> None:
-    """GDSF ranks copies by uses: a burst that waited on one load must not look like one use."""
-    r = await make_rig(eviction=Eviction.GDSF)
+@pytest.mark.parametrize("eviction", [Eviction.GDSF, Eviction.LRFU])
+async def test_requests_that_join_a_load_count_as_uses(eviction: Eviction) -> None:
+    """GDSF and LRFU rank copies by uses: a burst that waited on one load must not look like one use."""
+    r = await make_rig(eviction=eviction)
     try:
         rec = await r.register("a")
         gate = r.runtime.hold("a")
@@ -232,6 +233,7 @@ async def test_requests_that_join_a_load_count_as_uses() -> None:
         gate.set()
         await asyncio.gather(first, *joined)
         entry = r.local.cache.get("a")
-        assert entry is not None and entry.uses == 4
+        assert entry is not None
+        assert (entry.uses if eviction is Eviction.GDSF else entry.score) == 4  # no eviction yet: no decay
     finally:
         await r.close()
