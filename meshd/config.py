@@ -156,7 +156,7 @@ SETTINGS: tuple[Setting, ...] = (
         "eviction",
         "MESHD_EVICTION",
         "--eviction",
-        "cache eviction order: lrfu (recent uses per unit of memory and second of reload, see docs/policies.md), "
+        "cache eviction order: lrfu (recent uses per unit of memory and second of reload, see docs/simulator.md), "
         "gdsf (uses per unit and second, no decay) or lru (upstream's)",
         "lrfu",
     ),
