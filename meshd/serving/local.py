@@ -42,6 +42,7 @@ from meshd.decisions.placement.loading import (
     load_value,
     start_wait_ms,
     under_pressure,
+    within_deadline,
 )
 from meshd.decisions.placement.modelkey import policy_from_key
 from meshd.decisions.placement.view import ClusterView
@@ -137,8 +138,11 @@ class LocalModels:
         self._demand: dict[str, tuple[int, int]] = {}  # loads waiting for a thread -> (requests, units)
 
     # ---- the request path ------------------------------------------------------------
-    async def ensure(self, model_id: str, record: ModelRecord, last_used_ms: int | None = None) -> CacheEntry:
-        """The loaded local copy, loading it first on a miss. Raises LoadFailed/Unavailable."""
+    async def ensure(
+        self, model_id: str, record: ModelRecord, last_used_ms: int | None = None, deadline: float | None = None
+    ) -> CacheEntry:
+        """The loaded local copy, loading it first on a miss. Raises LoadFailed/Unavailable.
+        `deadline`: when the request gives up (time.monotonic() seconds; None: never)."""
         now = self.clock()
         used = now if last_used_ms is None else last_used_ms
         entry = self.cache.get(model_id)
@@ -163,12 +167,15 @@ class LocalModels:
                     raise
         elif entry is not None and not failure_expired(entry.since_ms, now, self.failure_expiry_ms):
             raise LoadFailed(self._failure_message(model_id, record))
-        loaded = await asyncio.shield(self.start_load(model_id, record, used))
+        loaded = await asyncio.shield(self.start_load(model_id, record, used, deadline))
         self.metrics.cache_miss((time.monotonic() - missed) * 1000, model_id)
         return loaded
 
-    def start_load(self, model_id: str, record: ModelRecord, last_used_ms: int) -> asyncio.Future[CacheEntry]:
-        """Begin loading here (or join the load under way); never waits."""
+    def start_load(
+        self, model_id: str, record: ModelRecord, last_used_ms: int, deadline: float | None = None
+    ) -> asyncio.Future[CacheEntry]:
+        """Begin loading here (or join the load under way); never waits. `deadline`: the
+        requester's (time.monotonic() seconds); a load that would end after it is refused."""
         pending = self._loading.get(model_id)
         if pending is not None:
             self._want(model_id, last_used_ms)
@@ -187,7 +194,8 @@ class LocalModels:
             fut.set_exception(LoadFailed(self._failure_message(model_id, record)))
             return fut
         if self.load_queue:
-            refusal = self._refusal(model_id, record, last_used_ms)
+            budget_ms = None if deadline is None else (deadline - time.monotonic()) * 1000
+            refusal = self._refusal(model_id, record, last_used_ms, budget_ms)
             if refusal is not None:
                 self.metrics.load_refused()
                 fut.set_exception(ResourceExhausted(refusal))
@@ -203,13 +211,19 @@ class LocalModels:
         requests, units = self._demand.get(model_id, (1, 1))
         return load_value(requests, self.popularity.of(model_id), units)
 
-    def _refusal(self, model_id: str, record: ModelRecord, last_used_ms: int) -> str | None:
+    def _refusal(
+        self, model_id: str, record: ModelRecord, last_used_ms: int, budget_ms: float | None = None
+    ) -> str | None:
         """Why a new load must be refused now (None: it may queue). A more valuable load may
         take the place of the least valuable waiting one, which is refused instead."""
         q = self.queue
         threads, mean, limit = q.threads, q.mean_load_ms, self.load_wait_limit_ms
         wait = start_wait_ms(q.waiting, q.busy, threads, mean)
         units = self.initial_units(record)
+        if not within_deadline(wait, mean, budget_ms):
+            left, end = max(0.0, budget_ms or 0.0) / 1000, (wait + mean) / 1000
+            why = f"the request's deadline is {left:.1f} s away, and a load here would end in about {end:.1f} s"
+            return exhausted_message(model_id, why, wait)
         if not accepts(wait, limit):
             value = load_value(1, self.popularity.of(model_id), units)
             waiting = q.waiting_models()

@@ -300,6 +300,7 @@ class Router:
                 self.noticed(model_id)
         known: dict[str, int] = {}  # holders learnt from a load refused at max copies
         exhausted = 0  # loads refused for load capacity (the load queue's limits)
+        exhausted_why = ""  # the last such refusal's reason
         refused_load: set[str] = set()  # peers excluded only for refusing a load at max copies
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
@@ -366,8 +367,9 @@ class Router:
                         refused_load.add(target)
                 if e.busy and EXHAUSTED_PREFIX in str(e):  # no loading thread in time there
                     exhausted += 1
+                    exhausted_why = _exhausted_reason(str(e))
                     if exhausted > MAX_BUSY_RETRIES:
-                        raise ResourceExhausted(f"model {model_id!r}: {_exhausted_reason(str(e))}") from None
+                        raise ResourceExhausted(f"model {model_id!r}: {exhausted_why}") from None
                 elif e.busy:
                     busy += 1
                     if busy > MAX_BUSY_RETRIES:
@@ -379,6 +381,10 @@ class Router:
             # Every instance tried failed to load it: a load failure (upstream: INTERNAL with
             # the runtime's message), not churn worth retrying.
             raise ModelLoadError(self._given_up(model_id, record, recent))
+        if exhausted:
+            # Fewer instances than attempts (a lone one, say), and one could not load it in
+            # time: that is load capacity, worth a retry later, not an unavailable model.
+            raise ResourceExhausted(f"model {model_id!r}: {exhausted_why}")
         raise Unavailable(
             f"model {model_id!r}: no instance could serve it after {len(tried)} attempts: "
             + ("; ".join(tried) or "no live instance")
@@ -427,13 +433,14 @@ class Router:
         return f"{first} (model {model_id!r} failed to load on {len(recent)} instances recently: {where})"
 
     # ---- serving here ----------------------------------------------------------------
-    async def ensure_here(self, model_id: str, record: ModelRecord) -> CacheEntry:
+    async def ensure_here(self, model_id: str, record: ModelRecord, deadline: float | None = None) -> CacheEntry:
         """The local copy, loaded first if need be; a copy that cannot load here is Refused.
+        `deadline`: when the request gives up (time.monotonic() seconds), for the load queue.
 
         The entry serves even if a concurrent load evicts it meanwhile: requests count as
         in flight, and the unload waits for them."""
         try:
-            return await self._ensure(model_id, record)
+            return await self._ensure(model_id, record, deadline)
         except CopiesFull as e:  # not loaded here: the holders serve it
             raise Refused(e.message, exclude=False, holders=e.holders) from None
         except (LoadFailed, Unavailable) as e:  # incl. NoRoom, and a runtime down for now
@@ -443,13 +450,13 @@ class Router:
         except ResourceExhausted as e:  # the load queue could not take it: try elsewhere
             raise Refused(e.message, busy=True) from None
 
-    async def _ensure(self, model_id: str, record: ModelRecord) -> CacheEntry:
+    async def _ensure(self, model_id: str, record: ModelRecord, deadline: float | None = None) -> CacheEntry:
         """`local.ensure`, in a `meshd.load` span when tracing and the copy is not loaded yet."""
         entry = self.local.cache.get(model_id)
         if self.tracing is None or (entry is not None and entry.state is State.LOADED):
-            return await self.local.ensure(model_id, record)
+            return await self.local.ensure(model_id, record, deadline=deadline)
         with self.tracing.span("meshd.load", {"meshd.model_id": model_id}):
-            return await self.local.ensure(model_id, record)
+            return await self.local.ensure(model_id, record, deadline=deadline)
 
     async def _enter(self, entry: CacheEntry) -> float:
         """Take a slot on the copy (its concurrency limit, if any): the start time, for service time.
@@ -566,8 +573,9 @@ class Router:
         return ResponseStream(call, relay, lambda: self._leave(entry, started, timed=False), on_error)
 
     # ---- calls forwarded by peers ------------------------------------------------------
-    async def forwarded_entry(self, model_id: str, mode: str) -> CacheEntry:
-        """The copy a peer's call is served from (loading it first in "load" mode).
+    async def forwarded_entry(self, model_id: str, mode: str, remaining_s: float | None = None) -> CacheEntry:
+        """The copy a peer's call is served from (loading it first in "load" mode; `remaining_s`:
+        the deadline the call carries, for the load queue).
 
         Refusals carry `meshd-reason` in the trailing metadata so the peer reroutes."""
         self.local.counters.requests += 1
@@ -576,7 +584,8 @@ class Router:
         if mode == "load":
             record = await self.record(model_id)
             try:
-                return await self._ensure(model_id, record)  # served even if evicted since
+                deadline = None if remaining_s is None else time.monotonic() + remaining_s
+                return await self._ensure(model_id, record, deadline)  # served even if evicted since
             except LoadFailed as e:
                 raise PeerRefusal(LOAD_FAILED, e.message) from None
             except CopiesFull as e:
@@ -606,7 +615,7 @@ class Router:
         self, spec: MethodSpec, request: bytes, model_id: str, mode: str, metadata: Metadata, remaining_s: float | None
     ) -> bytes:
         """A peer's unary call: serve from the local copy (loading first in "load" mode)."""
-        entry = await self.forwarded_entry(model_id, mode)
+        entry = await self.forwarded_entry(model_id, mode, remaining_s)
         try:
             return await self._serve_entry(entry, spec, request, model_id, metadata, remaining_s)
         except Refused as e:
@@ -622,7 +631,7 @@ class Router:
         remaining_s: float | None,
     ) -> ResponseStream:
         """A peer's stream, on the local copy; the caller accepts it, relays and closes it."""
-        entry = await self.forwarded_entry(model_id, mode)
+        entry = await self.forwarded_entry(model_id, mode, remaining_s)
         try:
             return await self.open_entry_stream(entry, spec, None, requests, model_id, metadata, remaining_s)
         except Refused as e:
@@ -632,7 +641,7 @@ class Router:
 class _Unary:
     """One unary request's attempts: the local copy, here (loading first), or a peer."""
 
-    __slots__ = ("forward", "metadata", "model_id", "remaining_s", "request", "router", "spec")
+    __slots__ = ("deadline", "forward", "metadata", "model_id", "remaining_s", "request", "router", "spec")
 
     def __init__(
         self,
@@ -650,6 +659,7 @@ class _Unary:
         self.forward = forward
         self.metadata = runtime_metadata(forward, model_id)
         self.remaining_s = remaining_s
+        self.deadline = None if remaining_s is None else time.monotonic() + remaining_s
 
     def retarget(self, model_id: str) -> _Unary:
         return _Unary(self.router, self.spec, self.request, model_id, self.forward, self.remaining_s)
@@ -660,7 +670,7 @@ class _Unary:
         )
 
     async def here(self, record: ModelRecord) -> bytes:
-        return await self.local(await self.router.ensure_here(self.model_id, record))
+        return await self.local(await self.router.ensure_here(self.model_id, record, self.deadline))
 
     async def peer(self, target: str, mode: str) -> bytes:
         forward = self.router.forwarder.unary
@@ -670,7 +680,7 @@ class _Unary:
 class _Stream:
     """One stream's attempts at opening: the local copy, here (loading first), or a peer."""
 
-    __slots__ = ("first", "forward", "metadata", "model_id", "remaining_s", "requests", "router", "spec")
+    __slots__ = ("deadline", "first", "forward", "metadata", "model_id", "remaining_s", "requests", "router", "spec")
 
     def __init__(
         self,
@@ -690,6 +700,7 @@ class _Stream:
         self.forward = forward
         self.metadata = runtime_metadata(forward, model_id)
         self.remaining_s = remaining_s
+        self.deadline = None if remaining_s is None else time.monotonic() + remaining_s
 
     def retarget(self, model_id: str) -> _Stream:
         return _Stream(self.router, self.spec, self.first, self.requests, model_id, self.forward, self.remaining_s)
@@ -700,7 +711,7 @@ class _Stream:
         )
 
     async def here(self, record: ModelRecord) -> ResponseStream:
-        return await self.local(await self.router.ensure_here(self.model_id, record))
+        return await self.local(await self.router.ensure_here(self.model_id, record, self.deadline))
 
     async def peer(self, target: str, mode: str) -> ResponseStream:
         r = self.router

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from meshd.runtimes.models import generate_models
+from meshd.runtimes.models import decode_infer_response, generate_models, make_infer_request
+from meshd.testing.procs import wait_until
 
 from .conftest import MODEL_SIZE, NodeFactory, close_enough, expected
 
@@ -81,3 +82,33 @@ def test_the_hot_model_keeps_answering_and_cold_misses_are_refused_cleanly(
         assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) > 0
     else:  # upstream's queue: no fast refusal; cold misses wait their turn (or run out of room)
         assert grpc.StatusCode.RESOURCE_EXHAUSTED not in codes
+
+
+def test_a_miss_that_could_not_load_before_the_clients_deadline_is_refused_not_timed_out(
+    start_node: NodeFactory, tmp_path: object
+) -> None:
+    """One loading thread busy with a 1.5 s load: a miss whose client allows 1 s gets
+    RESOURCE_EXHAUSTED naming the deadline (the client may retry), not DEADLINE_EXCEEDED after
+    waiting; one that allows 30 s waits its turn and is served."""
+    runtime_args = ["--load-delay-ms", str(LOAD_DELAY_MS), "--max-loading-concurrency", "1"]
+    c = start_node("inst-a", 4, runtime_args, {"load_wait_limit_ms": 20_000})
+    models = generate_models(tmp_path / "models", 3, size_bytes=MODEL_SIZE)  # type: ignore[operator]
+    for m in models:
+        c.register(m)
+    first, short, patient = models
+
+    def infer(model_id: str, timeout: float) -> object:
+        req = make_infer_request(model_id, ROWS)
+        return c.v2.ModelInfer(req, metadata=(("mm-model-id", model_id),), timeout=timeout)
+
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(infer, first.id, 30)  # takes the loading thread for 1.5 s
+        wait_until(lambda: c.stats().misses >= 1, 10, "the first load to start")
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(short.id, 1.0)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+        assert "deadline" in (refused.value.details() or "")
+        waited = pool.submit(infer, patient.id, 30)
+        assert close_enough(decode_infer_response(running.result()), expected(first, ROWS))
+        assert close_enough(decode_infer_response(waited.result()), expected(patient, ROWS))
+    assert short.id not in c.runtime_loaded()

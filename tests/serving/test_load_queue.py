@@ -212,3 +212,37 @@ async def test_a_load_that_has_waited_keeps_its_place_and_the_newcomer_is_refuse
         gate.set()
     await asyncio.wait_for(asyncio.gather(running, cold), timeout=5)
     assert "cold" in lm.cache and "hot" not in lm.cache
+
+
+async def test_a_miss_whose_deadline_comes_before_its_load_could_end_is_refused_at_once(
+    local: tuple[LocalModels, FakeRuntime, Registry],
+) -> None:
+    """A load that would only end after its request gave up is refused (RESOURCE_EXHAUSTED,
+    saying so) instead of holding a place in the queue; with time enough it queues."""
+    lm, runtime, registry = local
+    recs = {m: await registry.register(m, ModelInfo("demo", f"/{m}"), 1) for m in ("c1", "short", "long")}
+    gate = runtime.hold("c1")
+    c1 = asyncio.create_task(lm.ensure("c1", recs["c1"], 200))  # holds the one loading thread
+    await settle()
+    soon = asyncio.get_running_loop().time() + 0.5  # the loop's clock is time.monotonic()
+    with pytest.raises(ResourceExhausted, match=r"deadline is 0\.5 s away") as refused:
+        await asyncio.wait_for(lm.ensure("short", recs["short"], 300, deadline=soon), timeout=5)
+    assert "load capacity exhausted" in refused.value.message
+    assert "short" not in lm.cache and lm.queue.waiting == 0
+    later = asyncio.create_task(lm.ensure("long", recs["long"], 300, deadline=soon + 60))
+    await settle()
+    assert lm.queue.waiting == 1  # room for its wait and its load before its deadline
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(c1, later), timeout=5)
+    assert "long" in lm.cache
+
+
+async def test_a_load_that_starts_at_once_is_not_refused_for_a_short_deadline(
+    local: tuple[LocalModels, FakeRuntime, Registry],
+) -> None:
+    """Nothing waits: the load starts whatever the deadline (the copy serves the next requests)."""
+    lm, _runtime, registry = local
+    rec = await registry.register("m", ModelInfo("demo", "/m"), 1)
+    soon = asyncio.get_running_loop().time() + 0.001
+    loaded = await asyncio.wait_for(lm.ensure("m", rec, 300, deadline=soon), timeout=5)
+    assert loaded.state is State.LOADED

@@ -147,6 +147,14 @@ def accepts(wait_ms: float, wait_limit_ms: float) -> bool:
     return wait_ms <= wait_limit_ms * ACCEPT_SHARE_OF_LIMIT
 
 
+def within_deadline(wait_ms: float, mean_load_ms: float, budget_ms: float | None) -> bool:
+    """Whether a load that must wait `wait_ms` for a thread, then take about `mean_load_ms`,
+    ends within the `budget_ms` its request has left (None: no deadline). A load that starts at
+    once always may: its request may time out, but the copy serves the next ones; a load that
+    would only queue behind others to end after its caller left holds a place others need."""
+    return budget_ms is None or wait_ms <= 0 or wait_ms + mean_load_ms <= budget_ms
+
+
 def under_pressure(queued: int, threads: int, mean_load_ms: float, wait_limit_ms: float) -> bool:
     """Whether `queued` waiting loads (the new one included) cannot all start within
     `PRESSURE_SHARE_OF_LIMIT` of `wait_limit_ms`."""

@@ -192,3 +192,11 @@ def test_a_load_requests_asked_for_is_admitted_as_used_when_it_starts() -> None:
     assert admission_date(9_995, 10_000, 12_000) == 12_000  # a request's clock, read just before
     assert admission_date(9_000, 10_000, 12_000) == 12_000  # a peer's, a hop earlier
     assert admission_date(5_000, 10_000, 12_000) == 5_000  # a background load keeps its date
+
+
+def test_a_load_must_end_within_its_requests_deadline_only_when_it_would_wait() -> None:
+    assert loading.within_deadline(0.0, 5_000, 100)  # starts at once: always (the copy serves the next)
+    assert loading.within_deadline(1_000, 1_000, None)  # no deadline
+    assert loading.within_deadline(1_000, 1_000, 2_000)
+    assert not loading.within_deadline(1_000, 1_000, 1_999)
+    assert not loading.within_deadline(1, 0, 0)  # a deadline already passed
