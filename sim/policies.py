@@ -7,7 +7,7 @@
   And the load queue of `meshd.decisions.placement.loading` (issue 24): room taken when a load
   starts, the most valuable load first, misses beyond load capacity refused at once.
 - `meshd-gdsf`: `meshd` with GDSF eviction (meshd's default before LRFU: counts that never decay).
-- `meshd-fifo`: `meshd` with upstream's first-come load queue (meshd before issue 24).
+- `meshd-fifo`: meshd before issue 24: GDSF eviction and upstream's first-come load queue.
 - `random`: a load goes to a uniformly random instance that could hold it (LRU eviction):
   the floor any placement policy should beat.
 """
@@ -33,7 +33,7 @@ class Policy:
 UPSTREAM = Policy("upstream")
 MESHD = Policy("meshd", eviction=Eviction.LRFU, spread_recent_loads=True, load_queue=True)
 MESHD_GDSF = Policy("meshd-gdsf", eviction=Eviction.GDSF, spread_recent_loads=True, load_queue=True)
-MESHD_FIFO = Policy("meshd-fifo", eviction=Eviction.LRFU, spread_recent_loads=True)
+MESHD_FIFO = Policy("meshd-fifo", eviction=Eviction.GDSF, spread_recent_loads=True)  # meshd before issue 24
 RANDOM = Policy("random", random_placement=True)
 
 POLICIES = {p.name: p for p in (UPSTREAM, MESHD, MESHD_GDSF, MESHD_FIFO, RANDOM)}

@@ -13,9 +13,11 @@ Three eviction orders (`Eviction`), one switch:
   its decayed uses x its load time per unit. It keeps what is used often *lately*, per unit of
   memory and second of reload: frequency for steady popularity, decay for popularity that
   moves (new models arriving hot, a ranking re-dealt). In the simulator's fleet (10-30 % capacity) it
-  loads less than GDSF on every preset; with instances holding ~10 models of a steady Zipf
-  it trails GDSF by up to 1.5 points of hit ratio (docs/simulator.md). Keys are stored as logs at a common
-  clock, so two entries keep their order while neither is used and a heap holds the order.
+  loads less than GDSF on every preset; with small caches of steady popularity it trails
+  GDSF (0.4-1.5 points of hit ratio in the simulator at ~10 models per instance, 1-3 on one
+  cache of 1-5 % of 10,000 equal models, 0.5-3.5 on a real mesh at 4) (docs/simulator.md).
+  Keys are stored as logs at a common clock, so two entries keep their order while neither
+  is used and a heap holds the order.
 - `GDSF`: Greedy-Dual-Size-Frequency with the load time as the cost. An entry's
   priority is L + uses x load_ms / units, where L (the "inflation") is the priority of the
   last victim, so entries not used for a while age out. Its counts never decay while a copy
@@ -50,7 +52,7 @@ class Eviction(enum.Enum):
     LRFU = "lrfu"
 
 
-GHOSTS_MIN = 64  # GDSF remembers at least this many evicted models' uses
+GHOSTS_MIN = 64  # GDSF and LRFU remember at least this many evicted models' uses
 GHOSTS_PER_ENTRY = 4  # ... and up to this many per cached model (the ghosts are small: an id and a count)
 DEFAULT_LOAD_MS_PER_UNIT = 1.0  # GDSF cost of a copy whose load time is not known: its size
 # LRFU: a use counts half once the cache has evicted this many times its capacity. Measured on
@@ -213,8 +215,9 @@ class WeightedLRU:
         self._seq += 1
         entry = CacheEntry(model_id, units, last_used_ms, State.LOADING, now_ms, seq=self._seq)
         ghost = self._ghosts.pop(model_id, None)
-        if ghost is not None:
+        if ghost is not None and self.eviction is Eviction.GDSF:
             entry.uses += int(ghost[0])
+        elif ghost is not None:
             entry.score += self._decayed(*ghost)
         entry.priority = self.inflation + entry.uses * _cost_per_unit(entry)
         entry.clock = self.clock

@@ -40,6 +40,7 @@ from meshd.decisions.placement.loading import (
     displaced_by,
     exhausted_message,
     load_value,
+    soonest_end_ms,
     start_wait_ms,
     under_pressure,
     within_deadline,
@@ -221,8 +222,10 @@ class LocalModels:
         wait = start_wait_ms(q.waiting, q.busy, threads, mean)
         units = self.initial_units(record)
         if not within_deadline(wait, mean, budget_ms):
-            left, end = max(0.0, budget_ms or 0.0) / 1000, (wait + mean) / 1000
-            why = f"the request's deadline is {left:.1f} s away, and a load here would end in about {end:.1f} s"
+            left, end = max(0.0, budget_ms or 0.0) / 1000, soonest_end_ms(wait, mean) / 1000
+            why = (
+                f"the request's deadline is {left:.1f} s away, and a load here could end in {end:.1f} s at the soonest"
+            )
             return exhausted_message(model_id, why, wait)
         if not accepts(wait, limit):
             value = load_value(1, self.popularity.of(model_id), units)

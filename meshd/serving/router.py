@@ -381,9 +381,10 @@ class Router:
             # Every instance tried failed to load it: a load failure (upstream: INTERNAL with
             # the runtime's message), not churn worth retrying.
             raise ModelLoadError(self._given_up(model_id, record, recent))
-        if exhausted:
-            # Fewer instances than attempts (a lone one, say), and one could not load it in
-            # time: that is load capacity, worth a retry later, not an unavailable model.
+        if exhausted and exhausted == len(tried):
+            # Fewer instances than attempts (a lone one, say), each refused for load capacity:
+            # worth a retry later, not an unavailable model. Any other failure among them
+            # (unreachable, runtime down) keeps UNAVAILABLE with every attempt's reason.
             raise ResourceExhausted(f"model {model_id!r}: {exhausted_why}")
         raise Unavailable(
             f"model {model_id!r}: no instance could serve it after {len(tried)} attempts: "
@@ -578,13 +579,13 @@ class Router:
         the deadline the call carries, for the load queue).
 
         Refusals carry `meshd-reason` in the trailing metadata so the peer reroutes."""
+        deadline = None if remaining_s is None else time.monotonic() + remaining_s
         self.local.counters.requests += 1
         if self.tracing is not None:
             self.tracing.note_model(model_id, None)
         if mode == "load":
             record = await self.record(model_id)
             try:
-                deadline = None if remaining_s is None else time.monotonic() + remaining_s
                 return await self._ensure(model_id, record, deadline)  # served even if evicted since
             except LoadFailed as e:
                 raise PeerRefusal(LOAD_FAILED, e.message) from None
@@ -662,11 +663,13 @@ class _Unary:
         self.deadline = None if remaining_s is None else time.monotonic() + remaining_s
 
     def retarget(self, model_id: str) -> _Unary:
-        return _Unary(self.router, self.spec, self.request, model_id, self.forward, self.remaining_s)
+        other = _Unary(self.router, self.spec, self.request, model_id, self.forward, self.remaining_s)
+        other.deadline = self.deadline
+        return other
 
     async def local(self, entry: CacheEntry) -> bytes:
         return await self.router._serve_entry(
-            entry, self.spec, self.request, self.model_id, self.metadata, self.remaining_s
+            entry, self.spec, self.request, self.model_id, self.metadata, _left(self.deadline)
         )
 
     async def here(self, record: ModelRecord) -> bytes:
@@ -674,7 +677,7 @@ class _Unary:
 
     async def peer(self, target: str, mode: str) -> bytes:
         forward = self.router.forwarder.unary
-        return await forward(target, self.spec, self.request, self.model_id, self.metadata, self.remaining_s, mode)
+        return await forward(target, self.spec, self.request, self.model_id, self.metadata, _left(self.deadline), mode)
 
 
 class _Stream:
@@ -703,11 +706,13 @@ class _Stream:
         self.deadline = None if remaining_s is None else time.monotonic() + remaining_s
 
     def retarget(self, model_id: str) -> _Stream:
-        return _Stream(self.router, self.spec, self.first, self.requests, model_id, self.forward, self.remaining_s)
+        other = _Stream(self.router, self.spec, self.first, self.requests, model_id, self.forward, self.remaining_s)
+        other.deadline = self.deadline
+        return other
 
     async def local(self, entry: CacheEntry) -> ResponseStream:
         return await self.router.open_entry_stream(
-            entry, self.spec, self.first, self.requests, self.model_id, self.metadata, self.remaining_s
+            entry, self.spec, self.first, self.requests, self.model_id, self.metadata, _left(self.deadline)
         )
 
     async def here(self, record: ModelRecord) -> ResponseStream:
@@ -716,8 +721,13 @@ class _Stream:
     async def peer(self, target: str, mode: str) -> ResponseStream:
         r = self.router
         return await r.forwarder.stream(
-            target, self.spec, self.first, self.requests, self.model_id, self.metadata, self.remaining_s, mode
+            target, self.spec, self.first, self.requests, self.model_id, self.metadata, _left(self.deadline), mode
         )
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until `deadline` (time.monotonic()), for the next hop's timeout; None: none."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _exhausted_reason(refusal: str) -> str:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import meshd.decisions.cache as cache_module
 from meshd.decisions.cache import (
     DEFAULT_LOAD_MS_PER_UNIT,
     LRFU_HALF_LIFE_TURNOVERS,
@@ -56,8 +58,17 @@ def spec_key(cache: WeightedLRU, e: CacheEntry) -> tuple[float, ...]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops=ops, eviction=st.sampled_from(list(Eviction)), capacity=st.integers(4, 16))
-def test_heap_order_matches_a_full_sort(ops: list[tuple[str, int, int]], eviction: Eviction, capacity: int) -> None:
+@given(ops=ops, eviction=st.sampled_from(list(Eviction)), capacity=st.integers(4, 16), rebase_often=st.booleans())
+def test_heap_order_matches_a_full_sort(
+    ops: list[tuple[str, int, int]], eviction: Eviction, capacity: int, rebase_often: bool
+) -> None:
+    """`rebase_often`: LRFU restarts its clock after every half-life (rebuilding the heap)."""
+    limit = 1 if rebase_often else cache_module._LRFU_REBASE
+    with mock.patch.object(cache_module, "_LRFU_REBASE", limit):
+        run_ops(ops, eviction, capacity)
+
+
+def run_ops(ops: list[tuple[str, int, int]], eviction: Eviction, capacity: int) -> None:
     cache = WeightedLRU(capacity, eviction)
     now = 1000
     for op, m, n in ops:

@@ -147,12 +147,19 @@ def accepts(wait_ms: float, wait_limit_ms: float) -> bool:
     return wait_ms <= wait_limit_ms * ACCEPT_SHARE_OF_LIMIT
 
 
+def soonest_end_ms(wait_ms: float, mean_load_ms: float) -> float:
+    """The soonest a load expected to start in `wait_ms` can end: the loads under way may be
+    nearly done (so one load's time less to wait), then it takes about `mean_load_ms` itself.
+    Optimistic on purpose: `start_wait_ms` counts each running load as just started."""
+    return max(wait_ms, mean_load_ms)
+
+
 def within_deadline(wait_ms: float, mean_load_ms: float, budget_ms: float | None) -> bool:
-    """Whether a load that must wait `wait_ms` for a thread, then take about `mean_load_ms`,
-    ends within the `budget_ms` its request has left (None: no deadline). A load that starts at
-    once always may: its request may time out, but the copy serves the next ones; a load that
-    would only queue behind others to end after its caller left holds a place others need."""
-    return budget_ms is None or wait_ms <= 0 or wait_ms + mean_load_ms <= budget_ms
+    """Whether a load that must wait `wait_ms` for a thread could end within the `budget_ms`
+    its request has left (None: no deadline), at the soonest (`soonest_end_ms`). A load that
+    starts at once always may: its request may time out, but the copy serves the next ones; a
+    load that would only queue behind others to end after its caller left holds a place others need."""
+    return budget_ms is None or wait_ms <= 0 or soonest_end_ms(wait_ms, mean_load_ms) <= budget_ms
 
 
 def under_pressure(queued: int, threads: int, mean_load_ms: float, wait_limit_ms: float) -> bool:

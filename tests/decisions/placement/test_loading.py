@@ -197,6 +197,13 @@ def test_a_load_requests_asked_for_is_admitted_as_used_when_it_starts() -> None:
 def test_a_load_must_end_within_its_requests_deadline_only_when_it_would_wait() -> None:
     assert loading.within_deadline(0.0, 5_000, 100)  # starts at once: always (the copy serves the next)
     assert loading.within_deadline(1_000, 1_000, None)  # no deadline
-    assert loading.within_deadline(1_000, 1_000, 2_000)
-    assert not loading.within_deadline(1_000, 1_000, 1_999)
+    # One 10 s load under way (counted as just started: a 10 s wait); it may be nearly done,
+    # so a request with 15 s left may queue, one with 9 s may not.
+    assert loading.within_deadline(10_000, 10_000, 15_000)
+    assert not loading.within_deadline(10_000, 10_000, 9_000)
+    # Three rounds of loads ahead: 30 s at the soonest less one load, past a 15 s deadline.
+    assert loading.soonest_end_ms(30_000, 10_000) == 30_000
+    assert not loading.within_deadline(30_000, 10_000, 15_000)
+    # A fraction of a round ahead (more threads than loads), then the load itself.
+    assert loading.soonest_end_ms(500, 2_000) == 2_000
     assert not loading.within_deadline(1, 0, 0)  # a deadline already passed
