@@ -20,6 +20,8 @@ import random
 from collections.abc import Iterable, Sequence
 
 from sim import workloads as w
+from sim.args import bounded, int_from, positive_int
+from sim.args import shares as shares_of_catalogue
 
 SLOW_LOAD_MS = 1_000.0  # the issue's bar for the hot models' added p99
 HOT_SHARE = 0.1  # the hottest tenth of the models, by requests in the trace
@@ -48,19 +50,11 @@ def measure(held: set[int], counts: Sequence[int], hot: set[int], load_ms: Seque
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=100_000)
-    p.add_argument("--capacities", default="0.05,0.1")
-    p.add_argument("--alpha", type=float, default=0.9)
-    p.add_argument("--models", type=int, default=2000)
+    p.add_argument("--requests", type=positive_int, default=100_000)
+    p.add_argument("--capacities", type=shares_of_catalogue, default=[0.05, 0.1])
+    p.add_argument("--alpha", type=bounded(0.0, 10.0, "--alpha"), default=0.9)  # as `python -m sim --alpha`
+    p.add_argument("--models", type=int_from(10), default=2000)
     args = p.parse_args()
-    try:
-        shares = [float(x) for x in args.capacities.split(",")]
-    except ValueError:
-        p.error(f"--capacities: comma-separated numbers, got {args.capacities!r}")
-    if args.requests < 1 or args.models < 10 or not all(0 < s <= 1 for s in shares):
-        p.error("--requests >= 1, --models >= 10 and capacities in (0, 1] please")
-    if not 0 < args.alpha <= 10:  # as `python -m sim --alpha` (NaN fails this too)
-        p.error(f"--alpha must be in (0, 10], got {args.alpha}")
     cat = w.catalogue(args.models, random.Random(1), size_sigma=0.5)
     wl = w.zipf(cat, args.requests, args.alpha, 10.0, seed=1)
     counts = [0] * len(cat.ids)
@@ -78,7 +72,7 @@ def main() -> None:
     print("| capacity | hot set / fleet memory | allocation | hit ratio | hot requests loading > 1 s |")
     print("| ---: | ---: | --- | ---: | ---: |")
     density = sorted(range(len(counts)), key=lambda m: -counts[m] / cat.units[m])
-    for share in shares:
+    for share in args.capacities:
         capacity = int(cat.total_units * share)
         allocations = {
             "popular first": fill(density, cat.units, capacity),

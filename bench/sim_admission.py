@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from meshd.decisions.cache import Eviction
 from sim import workloads as w
+from sim.args import int_from, positive_floats, shares
 from sim.engine import Fleet, simulate
 from sim.policies import MESHD, MESHD_FIFO, UPSTREAM, Policy
 
@@ -34,16 +35,16 @@ RULES: list[tuple[str, Policy]] = [
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=20_000)
-    p.add_argument("--rates", default="10,80")
-    p.add_argument("--capacities", default="0.05,0.1")
+    p.add_argument("--requests", type=int_from(5), default=20_000)  # a fifth of them warm the caches
+    p.add_argument("--rates", type=positive_floats, default=[10.0, 80.0])
+    p.add_argument("--capacities", type=shares, default=[0.05, 0.1])
     args = p.parse_args()
     cat = w.catalogue(2000, random.Random(1), size_sigma=0.5)
     print("| rule | capacity | rate | hit ratio | hot p99 ms | added p99 ms | failed (after waiting) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for share in (float(x) for x in args.capacities.split(",")):
+    for share in args.capacities:
         fleet = Fleet(10, max(1, int(cat.total_units * share / 10)), loading_threads=2, seed=1)
-        for rate in (float(x) for x in args.rates.split(",")):
+        for rate in args.rates:
             wl = w.zipf(cat, args.requests, 0.9, rate, seed=1)
             for name, policy in RULES:
                 r = simulate(wl, fleet, policy, args.requests // 5)

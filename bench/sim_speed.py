@@ -18,11 +18,11 @@ rules tens of seconds); nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
 import time
 
+from sim.args import bounded, non_negative_int, positive_float, positive_int
 from sim.engine import Fleet, simulate
 from sim.policies import POLICIES
 from sim.workloads import catalogue, zipf
@@ -30,20 +30,21 @@ from sim.workloads import catalogue, zipf
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=1_000_000)
-    p.add_argument("--models", type=int, default=10_000)
-    p.add_argument("--instances", type=int, default=20)
-    p.add_argument("--capacity", type=float, default=0.2, help="fleet capacity as a share of the catalogue")
-    p.add_argument("--rate", type=float, default=100.0, help="requests per second (virtual)")
+    p.add_argument("--requests", type=positive_int, default=1_000_000)
+    p.add_argument("--models", type=positive_int, default=10_000)
+    p.add_argument("--instances", type=positive_int, default=20)
+    p.add_argument(
+        "--capacity",
+        type=bounded(0.0, 1.0, "--capacity"),
+        default=0.2,
+        help="fleet capacity as a share of the catalogue",
+    )
+    p.add_argument("--rate", type=positive_float, default=100.0, help="requests per second (virtual)")
     p.add_argument("--policy", choices=sorted(POLICIES), default="meshd")
-    p.add_argument("--loading-threads", type=int, default=4, help="per instance")
+    p.add_argument("--loading-threads", type=positive_int, default=4, help="per instance")
     p.add_argument("--service", choices=["both", "on", "off"], default="both", help="simulate service time")
-    p.add_argument("--max-concurrency", type=int, default=0, help="per copy (0: unlimited)")
+    p.add_argument("--max-concurrency", type=non_negative_int, default=0, help="per copy (0: unlimited)")
     args = p.parse_args()
-    if min(args.requests, args.models, args.instances, args.loading_threads) < 1:
-        p.error("--requests, --models, --instances and --loading-threads must be at least 1")
-    if not (0 < args.rate < math.inf and 0 < args.capacity <= 1):  # NaN fails both
-        p.error(f"--rate must be a finite number above 0 and --capacity in (0, 1], got {args.rate}, {args.capacity}")
     started = time.perf_counter()
     cat = catalogue(args.models, random.Random(1), size_sigma=0.5)
     workload = zipf(cat, args.requests, 1.0, args.rate, seed=2)

@@ -14,7 +14,6 @@ Prints markdown tables and writes them, with PNG plots (when matplotlib is insta
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import sys
 import time
@@ -24,6 +23,16 @@ from pathlib import Path
 from meshd.decisions.cache import Eviction
 from sim import report, single
 from sim import workloads as w
+from sim.args import (
+    bounded,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_floats,
+    positive_int,
+    shares,
+    whole,
+)
 from sim.engine import Fleet, Result, simulate
 from sim.policies import Policy, parse_policies
 
@@ -34,80 +43,6 @@ PRESETS: dict[str, Callable[[w.Catalogue, int, float, float, int], w.Workload]] 
     "daily": lambda c, n, a, r, s: w.daily(c, n, a, r, seed=s),
     "new-models": lambda c, n, a, r, s: w.new_models(c, n, a, r, seed=s),
 }
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not 0 < v <= 1 for v in values):
-        raise argparse.ArgumentTypeError(f"capacities are shares of the catalogue in (0, 1], got {text!r}")
-    return values
-
-
-def _positive_floats(text: str) -> list[float]:
-    values = [_positive_float(x) for x in text.split(",") if x.strip()]
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
-    return values
-
-
-def _int_from(low: int | None) -> Callable[[str], int]:
-    """A whole number, at least `low` (None: any)."""
-
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if low is not None and n < low:
-            bound = "0 or more" if low == 0 else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {n}")
-        return n
-
-    return parse
-
-
-_positive_int = _int_from(1)
-_non_negative_int = _int_from(0)
-_whole = _int_from(None)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return x
-
-
-def _bounded(low: float, high: float, flag: str, include_low: bool = False) -> Callable[[str], float]:
-    """A number in (low, high] (or [low, high]): beyond, sizes or popularity overflow into nonsense."""
-
-    def parse(text: str) -> float:
-        try:
-            x = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (math.isfinite(x) and (low <= x if include_low else low < x) and x <= high):
-            opening = "[" if include_low else "("
-            raise argparse.ArgumentTypeError(f"{flag} must be in {opening}{low:g}, {high:g}], got {text!r}")
-        return x
-
-    return parse
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= x < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return x
 
 
 def parser() -> argparse.ArgumentParser:
@@ -121,47 +56,47 @@ def parser() -> argparse.ArgumentParser:
         default="upstream,meshd,random",
         help="comma-separated: upstream, meshd, meshd-gdsf, meshd-fifo, random",
     )
-    p.add_argument("--capacities", type=_floats, default=[0.1, 0.2, 0.3], help="fleet capacity, share of catalogue")
-    p.add_argument("--instances", type=_positive_int, default=10)
-    p.add_argument("--loading-threads", type=_positive_int, default=2)
-    p.add_argument("--models", type=_positive_int, default=2000)
-    p.add_argument("--requests", type=_positive_int, default=50_000)
-    p.add_argument("--rate", type=_positive_float, default=10.0, help="requests per second (virtual)")
+    p.add_argument("--capacities", type=shares, default=[0.1, 0.2, 0.3], help="fleet capacity, share of catalogue")
+    p.add_argument("--instances", type=positive_int, default=10)
+    p.add_argument("--loading-threads", type=positive_int, default=2)
+    p.add_argument("--models", type=positive_int, default=2000)
+    p.add_argument("--requests", type=positive_int, default=50_000)
+    p.add_argument("--rate", type=positive_float, default=10.0, help="requests per second (virtual)")
     p.add_argument(
         "--rates",
-        type=_positive_floats,
+        type=positive_floats,
         help="a rate sweep: hit ratio, added p99 of the hottest 10 %% of models and failures at each rate",
     )
     p.add_argument(
         "--load-mib-per-s",
-        type=_positive_float,
+        type=positive_float,
         default=1000.0 / w.LOAD_MS_PER_MIB,
         help="presets: load speed after the fixed 500 ms start-up (default 200 MiB/s)",
     )
     p.add_argument(
-        "--alpha", type=_bounded(0.0, 10.0, "--alpha"), default=1.0, help="Zipf exponent of popularity (0, 10]"
+        "--alpha", type=bounded(0.0, 10.0, "--alpha"), default=1.0, help="Zipf exponent of popularity (0, 10]"
     )
     p.add_argument(
         "--size-sigma",
-        type=_bounded(0.0, 3.0, "--size-sigma", include_low=True),
+        type=bounded(0.0, 3.0, "--size-sigma", include_low=True),
         default=0.5,
         help="log-normal sigma of model sizes, 0-3 (0: equal)",
     )
     p.add_argument(
         "--service-ms",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=w.DEFAULT_SERVICE_MS,
         help="presets: median of the models' mean service times (traces: their latency_ms column)",
     )
     p.add_argument(
-        "--service-jitter", type=_non_negative_float, default=0.5, help="log-normal sigma per request (0: the mean)"
+        "--service-jitter", type=non_negative_float, default=0.5, help="log-normal sigma per request (0: the mean)"
     )
     p.add_argument("--no-service-time", action="store_true", help="requests take no time on the runtime")
     p.add_argument(
-        "--max-concurrency", type=_non_negative_int, default=0, help="requests a copy serves at once (0: unlimited)"
+        "--max-concurrency", type=non_negative_int, default=0, help="requests a copy serves at once (0: unlimited)"
     )
     p.add_argument(
-        "--max-queue", type=_whole, default=0, help="requests that may wait per limited copy (0: auto, <0: unbounded)"
+        "--max-queue", type=whole, default=0, help="requests that may wait per limited copy (0: auto, <0: unbounded)"
     )
     p.add_argument("--warmup", type=float, default=0.2, help="share of requests not counted (cache filling)")
     p.add_argument("--seed", type=int, default=1)

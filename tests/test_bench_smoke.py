@@ -82,6 +82,12 @@ def test_hot_tail_bound_prints_both_allocations_per_capacity() -> None:
         ("sim_speed.py", ["--capacity", "nan"]),
         ("sim_speed.py", ["--rate", "nan"]),
         ("sim_speed.py", ["--loading-threads", "0"]),
+        ("sim_speed.py", ["--rate", "inf"]),
+        ("sim_admission.py", ["--rates", "abc"]),
+        ("sim_admission.py", ["--capacities", "0"]),
+        ("sim_admission.py", ["--requests", "-5"]),
+        ("sim_eviction.py", ["--models", "0"]),
+        ("sim_eviction.py", ["--alpha", "-1"]),
     ],
 )
 def test_simulator_benches_refuse_bad_arguments_with_usage(script: str, argv: list[str]) -> None:
