@@ -219,11 +219,12 @@ class Router:
         self, spec: MethodSpec, request: bytes, ids: RequestIds, forward: Metadata, remaining_s: float | None
     ) -> bytes:
         """Serve one external unary call; `remaining_s` is the client's deadline (None: none)."""
+        deadline = _deadline_after(remaining_s)
         self.local.counters.requests += 1
         model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
         if self.tracing is not None:
             self.tracing.note_model(model_id, ids.vmodel_id)
-        return await self._serve_ids(ids, _Unary(self, spec, request, model_id, forward, remaining_s))
+        return await self._serve_ids(ids, _Unary(self, spec, request, model_id, forward, deadline))
 
     async def open_stream(
         self,
@@ -240,11 +241,12 @@ class Router:
         message is sent, so refusals reroute); the stream then stays on that copy.
         `first`: a request message already read (for id extraction), sent first.
         """
+        deadline = _deadline_after(remaining_s)
         self.local.counters.requests += 1
         model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
         if self.tracing is not None:
             self.tracing.note_model(model_id, ids.vmodel_id)
-        return await self._serve_ids(ids, _Stream(self, spec, first, requests, model_id, forward, remaining_s))
+        return await self._serve_ids(ids, _Stream(self, spec, first, requests, model_id, forward, deadline))
 
     async def _serve_ids(self, ids: RequestIds, attempt: Attempt[T]) -> T:
         if ids.vmodel_id is None:
@@ -574,12 +576,11 @@ class Router:
         return ResponseStream(call, relay, lambda: self._leave(entry, started, timed=False), on_error)
 
     # ---- calls forwarded by peers ------------------------------------------------------
-    async def forwarded_entry(self, model_id: str, mode: str, remaining_s: float | None = None) -> CacheEntry:
-        """The copy a peer's call is served from (loading it first in "load" mode; `remaining_s`:
-        the deadline the call carries, for the load queue).
+    async def forwarded_entry(self, model_id: str, mode: str, deadline: float | None = None) -> CacheEntry:
+        """The copy a peer's call is served from (loading it first in "load" mode; `deadline`:
+        when the call gives up, time.monotonic() seconds, for the load queue).
 
         Refusals carry `meshd-reason` in the trailing metadata so the peer reroutes."""
-        deadline = None if remaining_s is None else time.monotonic() + remaining_s
         self.local.counters.requests += 1
         if self.tracing is not None:
             self.tracing.note_model(model_id, None)
@@ -616,9 +617,10 @@ class Router:
         self, spec: MethodSpec, request: bytes, model_id: str, mode: str, metadata: Metadata, remaining_s: float | None
     ) -> bytes:
         """A peer's unary call: serve from the local copy (loading first in "load" mode)."""
-        entry = await self.forwarded_entry(model_id, mode, remaining_s)
+        deadline = _deadline_after(remaining_s)
+        entry = await self.forwarded_entry(model_id, mode, deadline)
         try:
-            return await self._serve_entry(entry, spec, request, model_id, metadata, remaining_s)
+            return await self._serve_entry(entry, spec, request, model_id, metadata, _left(deadline))
         except Refused as e:
             raise PeerRefusal(BUSY if e.busy else NOT_HERE, str(e)) from None
 
@@ -632,9 +634,10 @@ class Router:
         remaining_s: float | None,
     ) -> ResponseStream:
         """A peer's stream, on the local copy; the caller accepts it, relays and closes it."""
-        entry = await self.forwarded_entry(model_id, mode, remaining_s)
+        deadline = _deadline_after(remaining_s)
+        entry = await self.forwarded_entry(model_id, mode, deadline)
         try:
-            return await self.open_entry_stream(entry, spec, None, requests, model_id, metadata, remaining_s)
+            return await self.open_entry_stream(entry, spec, None, requests, model_id, metadata, _left(deadline))
         except Refused as e:
             raise PeerRefusal(BUSY if e.busy else NOT_HERE, str(e)) from None
 
@@ -642,7 +645,7 @@ class Router:
 class _Unary:
     """One unary request's attempts: the local copy, here (loading first), or a peer."""
 
-    __slots__ = ("deadline", "forward", "metadata", "model_id", "remaining_s", "request", "router", "spec")
+    __slots__ = ("deadline", "forward", "metadata", "model_id", "request", "router", "spec")
 
     def __init__(
         self,
@@ -651,7 +654,7 @@ class _Unary:
         request: bytes,
         model_id: str,
         forward: Metadata,
-        remaining_s: float | None,
+        deadline: float | None,
     ) -> None:
         self.router = router
         self.spec = spec
@@ -659,13 +662,10 @@ class _Unary:
         self.model_id = model_id
         self.forward = forward
         self.metadata = runtime_metadata(forward, model_id)
-        self.remaining_s = remaining_s
-        self.deadline = None if remaining_s is None else time.monotonic() + remaining_s
+        self.deadline = deadline  # time.monotonic() seconds (None: none), taken on arrival
 
     def retarget(self, model_id: str) -> _Unary:
-        other = _Unary(self.router, self.spec, self.request, model_id, self.forward, self.remaining_s)
-        other.deadline = self.deadline
-        return other
+        return _Unary(self.router, self.spec, self.request, model_id, self.forward, self.deadline)
 
     async def local(self, entry: CacheEntry) -> bytes:
         return await self.router._serve_entry(
@@ -683,7 +683,7 @@ class _Unary:
 class _Stream:
     """One stream's attempts at opening: the local copy, here (loading first), or a peer."""
 
-    __slots__ = ("deadline", "first", "forward", "metadata", "model_id", "remaining_s", "requests", "router", "spec")
+    __slots__ = ("deadline", "first", "forward", "metadata", "model_id", "requests", "router", "spec")
 
     def __init__(
         self,
@@ -693,7 +693,7 @@ class _Stream:
         requests: AsyncIterator[bytes],
         model_id: str,
         forward: Metadata,
-        remaining_s: float | None,
+        deadline: float | None,
     ) -> None:
         self.router = router
         self.spec = spec
@@ -702,13 +702,10 @@ class _Stream:
         self.model_id = model_id
         self.forward = forward
         self.metadata = runtime_metadata(forward, model_id)
-        self.remaining_s = remaining_s
-        self.deadline = None if remaining_s is None else time.monotonic() + remaining_s
+        self.deadline = deadline  # time.monotonic() seconds (None: none), taken on arrival
 
     def retarget(self, model_id: str) -> _Stream:
-        other = _Stream(self.router, self.spec, self.first, self.requests, model_id, self.forward, self.remaining_s)
-        other.deadline = self.deadline
-        return other
+        return _Stream(self.router, self.spec, self.first, self.requests, model_id, self.forward, self.deadline)
 
     async def local(self, entry: CacheEntry) -> ResponseStream:
         return await self.router.open_entry_stream(
@@ -723,6 +720,11 @@ class _Stream:
         return await r.forwarder.stream(
             target, self.spec, self.first, self.requests, self.model_id, self.metadata, _left(self.deadline), mode
         )
+
+
+def _deadline_after(remaining_s: float | None) -> float | None:
+    """The time.monotonic() at which a call with `remaining_s` left gives up (None: never)."""
+    return None if remaining_s is None else time.monotonic() + remaining_s
 
 
 def _left(deadline: float | None) -> float | None:
