@@ -208,27 +208,45 @@ def run_workload(wl: w.Workload, args: argparse.Namespace, policies: list[Policy
 
 
 def compare_single(wl: w.Workload, capacities: list[float], warmup: int) -> str:
-    """One cache holding `capacities` of the catalogue, over the same request stream."""
+    """One cache holding `capacities` of the catalogue, over the same request stream: hit ratio
+    and load-seconds spent on misses, beside the anchors (`sim.single`)."""
     reqs = list(wl.models)
     units = list(wl.catalogue.units)
     load_ms = list(wl.catalogue.load_ms)
     total = wl.catalogue.total_units
-    ratios: dict[str, list[float]] = {f"meshd {e.name}": [] for e in Eviction}
-    ratios["Belady (own)"] = []
+    ratios: dict[str, list[float]] = {}
+    load_s: dict[str, list[float]] = {}
+
+    def add(name: str, hits: bytearray, to: tuple[dict[str, list[float]], ...] = (ratios, load_s)) -> None:
+        outcome = single.Outcome.of(hits, reqs, load_ms, warmup)
+        for table in to:
+            table.setdefault(name, []).append(outcome.hit_ratio if table is ratios else outcome.miss_load_s)
+
+    missing = ""
     for share in capacities:
         cap = max(1, int(total * share))
         for e in Eviction:
-            ratios[f"meshd {e.name}"].append(single.meshd_hit_ratio(reqs, units, cap, e, load_ms, warmup))
-        ratios["Belady (own)"].append(single.belady_hit_ratio(reqs, units, cap, warmup))
+            add(f"meshd {e.name}", single.meshd_hits(reqs, units, cap, e, load_ms))
+        add("LFU, perfect memory (anchor)", single.lfu_hits(reqs, units, cap, load_ms))
+        if wl.popularity:  # the oracle ranks by what each table measures
+            add("popularity oracle (anchor)", single.oracle_hits(reqs, units, cap, wl.popularity), (ratios,))
+            add("popularity oracle (anchor)", single.oracle_hits(reqs, units, cap, wl.popularity, load_ms), (load_s,))
+        add("Belady (own)", single.belady_hits(reqs, units, cap))
         try:
-            theirs = single.libcachesim_hit_ratios(reqs, units, cap, warmup=warmup)
+            theirs = single.libcachesim_hits(reqs, units, cap)
         except ImportError:
+            missing = "\n(libcachesim is not installed: pip install libcachesim)"
             continue
-        for name, value in theirs.items():
-            ratios.setdefault(f"libCacheSim {name}", []).append(value)
-    title = f"### {wl.name}: one cache, hit ratio by capacity (request hit ratio; sizes in 8 KiB units)"
-    missing = "" if len(ratios) > len(Eviction) + 1 else "\n(libcachesim is not installed: pip install libcachesim)"
-    return title + "\n\n" + report.single_table(capacities, ratios) + missing
+        for name, hits in theirs.items():
+            add(f"libCacheSim {name}", hits)
+    return "\n\n".join(
+        (
+            f"### {wl.name}: one cache, hit ratio by capacity (request hit ratio; sizes in 8 KiB units)",
+            report.single_table(capacities, ratios),
+            f"### {wl.name}: one cache, load-seconds spent on misses per 1,000 requests (fewer is better)",
+            report.single_table(capacities, load_s, "{:.1f}") + missing,
+        )
+    )
 
 
 if __name__ == "__main__":

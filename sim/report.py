@@ -43,12 +43,12 @@ def sweep_table(workload: str, rows: Sequence[tuple[float, float, Result]]) -> s
     return "\n".join(lines)
 
 
-def single_table(capacities: Sequence[float], ratios: dict[str, list[float]]) -> str:
-    """A markdown table of single-cache hit ratios: one row per algorithm, one column per capacity."""
+def single_table(capacities: Sequence[float], values: dict[str, list[float]], fmt: str = "{:.3f}") -> str:
+    """A markdown table of single-cache figures: one row per algorithm, one column per capacity."""
     head = "| algorithm | " + " | ".join(f"{c:.0%}" for c in capacities) + " |"
     lines = [head, "| --- |" + " ---: |" * len(capacities)]
-    for name, values in ratios.items():
-        lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
+    for name, row in values.items():
+        lines.append(f"| {name} | " + " | ".join(fmt.format(v) for v in row) + " |")
     return "\n".join(lines)
 
 

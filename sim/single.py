@@ -8,7 +8,14 @@ Owns the single-cache runs that put meshd's eviction beside known results:
 - `belady_hit_ratio`: Belady's MIN (evict the object requested furthest in the future);
   the offline optimum for objects of one size, a strong heuristic bound otherwise.
 - `libcachesim_hit_ratios`: the same stream through libCacheSim's algorithms (PyPI
-  `libcachesim`, optional): LRU, S3-FIFO, SIEVE, GDSF, ARC, Belady.
+  `libcachesim`, optional): LRU, S3-FIFO, SIEVE, GDSF, ARC, LHD, Belady.
+- `oracle_hits`: the best policy that knows every model's request probability at each moment
+  (from the generator) but not the future: it holds the most probable models per unit and
+  loads a missed model only when it ranks among them (issue 20's yardstick).
+- `lfu_hits`: LFU with a perfect memory (every past request counted, none forgotten): the
+  best a policy that learns popularity from the requests can do while popularity holds still.
+Each `*_hits` gives a flag per request (1: a hit); `Outcome` turns flags into the hit ratio
+and the load-seconds spent on misses.
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from meshd.decisions.cache import Eviction, State, WeightedLRU
+from sim.workloads import Epoch
 
 # LFUDA is left out: libcachesim 0.3.5's LFUDA did not finish at 1 % capacity here.
-LIBCACHESIM_ALGORITHMS = ("LRU", "S3FIFO", "Sieve", "GDSF", "ARC", "Belady")
+LIBCACHESIM_ALGORITHMS = ("LRU", "S3FIFO", "Sieve", "GDSF", "ARC", "LHD", "Belady")
 _NEVER = 1 << 62
 _INT64_MAX = (1 << 63) - 1
 
@@ -48,6 +57,50 @@ def che_hit_ratio(popularity: Sequence[float], capacity: int) -> float:
     return sum(x * (1.0 - math.exp(-x * t)) for x in p)
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one cache did over the counted requests."""
+
+    hit_ratio: float
+    miss_load_s: float  # load-seconds spent on misses, per 1,000 counted requests
+
+    @classmethod
+    def of(cls, hits: bytearray, requests: Sequence[int], load_ms: Sequence[float], warmup: int = 0) -> Outcome:
+        counted = len(requests) - warmup
+        if counted <= 0:
+            return cls(0.0, 0.0)
+        missed_ms = sum(load_ms[m] for m, hit in zip(requests[warmup:], hits[warmup:], strict=True) if not hit)
+        return cls(sum(hits[warmup:]) / counted, missed_ms / counted)  # ms per request = s per 1,000
+
+
+def _ratio(hits: bytearray, warmup: int) -> float:
+    counted = len(hits) - warmup
+    return sum(hits[warmup:]) / counted if counted > 0 else 0.0
+
+
+def meshd_hits(
+    requests: Sequence[int],
+    units: Sequence[int],
+    capacity_units: int,
+    eviction: Eviction = Eviction.LRU,
+    load_ms: Sequence[float] | None = None,
+) -> bytearray:
+    """meshd's cache over `requests` (model indexes), one request per ms: a hit touches, a
+    miss admits (evicting) and loads at once, as `LocalModels` drives it."""
+    cache = WeightedLRU(capacity_units, eviction)
+    names = [str(i) for i in range(len(units))]
+    hits = bytearray(len(requests))
+    for t, m in enumerate(requests, 1):
+        mid = names[m]
+        entry = cache.get(mid)
+        if entry is not None and entry.state is State.LOADED:
+            hits[t - 1] = 1
+            cache.touch(mid, t)
+        elif entry is None and cache.admit(mid, units[m], t, t).admitted:
+            cache.set_state(mid, State.LOADED, t, load_ms[m] if load_ms is not None else None)
+    return hits
+
+
 def meshd_hit_ratio(
     requests: Sequence[int],
     units: Sequence[int],
@@ -56,22 +109,85 @@ def meshd_hit_ratio(
     load_ms: Sequence[float] | None = None,
     warmup: int = 0,
 ) -> float:
-    """Hit ratio of meshd's cache over `requests` (model indexes), one request per ms."""
-    cache = WeightedLRU(capacity_units, eviction)
-    names = [str(i) for i in range(len(units))]
-    hits = counted = 0
-    for t, m in enumerate(requests, 1):
-        mid = names[m]
-        entry = cache.get(mid)
-        hit = entry is not None and entry.state is State.LOADED
-        if hit:
-            cache.touch(mid, t)
-        elif entry is None and cache.admit(mid, units[m], t, t).admitted:
-            cache.set_state(mid, State.LOADED, t, load_ms[m] if load_ms is not None else None)
-        if t > warmup:
-            counted += 1
-            hits += hit
-    return hits / counted if counted else 0.0
+    """Hit ratio of meshd's cache over `requests` after the first `warmup`."""
+    return _ratio(meshd_hits(requests, units, capacity_units, eviction, load_ms), warmup)
+
+
+def lfu_hits(
+    requests: Sequence[int], units: Sequence[int], capacity_units: int, load_ms: Sequence[float] | None = None
+) -> bytearray:
+    """LFU with a perfect memory: every miss loads (evicting), and the victims are those with the
+    fewest requests so far per unit (x load time per unit, with `load_ms`: meshd's value)."""
+    counts = [0] * len(units)
+    cost = [(load_ms[m] if load_ms is not None else 1.0) / units[m] for m in range(len(units))]
+    cached: set[int] = set()
+    heap: list[tuple[float, int, int]] = []  # (value, object, its count then), lazily invalidated
+    used = 0
+    hits = bytearray(len(requests))
+    for i, m in enumerate(requests):
+        counts[m] += 1
+        if m in cached:
+            hits[i] = 1
+        elif units[m] <= capacity_units:
+            while used + units[m] > capacity_units:
+                _, victim, seen = heapq.heappop(heap)
+                if victim in cached and counts[victim] == seen:
+                    cached.discard(victim)
+                    used -= units[victim]
+            cached.add(m)
+            used += units[m]
+        else:
+            continue
+        heapq.heappush(heap, (counts[m] * cost[m], m, counts[m]))
+    return hits
+
+
+def oracle_hits(
+    requests: Sequence[int],
+    units: Sequence[int],
+    capacity_units: int,
+    popularity: Sequence[Epoch],
+    load_ms: Sequence[float] | None = None,
+) -> bytearray:
+    """The popularity oracle: knows each model's request probability now (`popularity`, the
+    generator's epochs), not the future. It holds the models with the highest probability
+    per unit (x load time per unit, with `load_ms`) that fit, and loads a missed model only
+    when it ranks above what it would evict; a new epoch re-ranks what is held."""
+    cost = [(load_ms[m] if load_ms is not None else 1.0) / units[m] for m in range(len(units))]
+    cached: set[int] = set()
+    heap: list[tuple[float, int]] = []  # (value, object): the least valuable held model on top
+    used = 0
+    hits = bytearray(len(requests))
+    starts = [start for start, _ in popularity] + [len(requests)]
+    for (start, probs), end in zip(popularity, starts[1:], strict=True):
+        heap = [(probs[m] * cost[m], m) for m in cached]
+        heapq.heapify(heap)
+        for i in range(start, end):
+            m = requests[i]
+            if m in cached:
+                hits[i] = 1
+                continue
+            value = probs[m] * cost[m]
+            if units[m] > capacity_units:
+                continue
+            # Victims in value order until it fits; keep them if any is worth more than it.
+            victims: list[tuple[float, int]] = []
+            freed = capacity_units - used
+            while freed < units[m] and heap and heap[0][0] < value:
+                victim = heapq.heappop(heap)
+                victims.append(victim)
+                freed += units[victim[1]]
+            if freed < units[m]:
+                for victim in victims:
+                    heapq.heappush(heap, victim)
+                continue
+            for _, v in victims:
+                cached.discard(v)
+                used -= units[v]
+            cached.add(m)
+            used += units[m]
+            heapq.heappush(heap, (value, m))
+    return hits
 
 
 def next_uses(requests: Sequence[int]) -> list[int]:
@@ -85,15 +201,21 @@ def next_uses(requests: Sequence[int]) -> list[int]:
 
 
 def belady_hit_ratio(requests: Sequence[int], units: Sequence[int], capacity_units: int, warmup: int = 0) -> float:
+    """Belady's MIN's hit ratio after the first `warmup` requests."""
+    return _ratio(belady_hits(requests, units, capacity_units), warmup)
+
+
+def belady_hits(requests: Sequence[int], units: Sequence[int], capacity_units: int) -> bytearray:
     """Belady's MIN over `requests`: on a miss, evict the cached objects needed furthest ahead
     until the newcomer fits (objects bigger than the cache are never cached)."""
     nxt = next_uses(requests)
     cached: dict[int, int] = {}  # object -> its next use
     heap: list[tuple[int, int]] = []  # (-next use, object), lazily invalidated
-    used = hits = counted = 0
+    used = 0
+    hits = bytearray(len(requests))
     for i, m in enumerate(requests):
-        hit = m in cached
-        if hit:
+        if m in cached:
+            hits[i] = 1
             cached[m] = nxt[i]
             heapq.heappush(heap, (-nxt[i], m))
         elif units[m] <= capacity_units and nxt[i] != _NEVER:  # never-again objects are not worth a slot
@@ -105,10 +227,7 @@ def belady_hit_ratio(requests: Sequence[int], units: Sequence[int], capacity_uni
             cached[m] = nxt[i]
             used += units[m]
             heapq.heappush(heap, (-nxt[i], m))
-        if i >= warmup:
-            counted += 1
-            hits += hit
-    return hits / counted if counted else 0.0
+    return hits
 
 
 def libcachesim_hit_ratios(
@@ -118,22 +237,29 @@ def libcachesim_hit_ratios(
     algorithms: Sequence[str] = LIBCACHESIM_ALGORITHMS,
     warmup: int = 0,
 ) -> dict[str, float]:
-    """Hit ratios of libCacheSim's algorithms over the same stream (sizes in units).
+    """Hit ratios of libCacheSim's algorithms after the first `warmup` requests."""
+    return {k: _ratio(v, warmup) for k, v in libcachesim_hits(requests, units, capacity_units, algorithms).items()}
+
+
+def libcachesim_hits(
+    requests: Sequence[int],
+    units: Sequence[int],
+    capacity_units: int,
+    algorithms: Sequence[str] = LIBCACHESIM_ALGORITHMS,
+) -> dict[str, bytearray]:
+    """libCacheSim's algorithms over the same stream (sizes in units): hit flags by name.
 
     Raises ImportError when `libcachesim` is not installed (`pip install libcachesim`)."""
     import libcachesim  # optional: a dev/benchmark dependency
 
     nxt = next_uses(requests)
-    out: dict[str, float] = {}
+    out: dict[str, bytearray] = {}
     for name in algorithms:
         cache = getattr(libcachesim, name)(capacity_units)
-        hits = counted = 0
+        hits = bytearray(len(requests))
         for i, m in enumerate(requests):
             nv = nxt[i] if nxt[i] != _NEVER else _INT64_MAX  # libCacheSim's "never again"
             req = libcachesim.Request(obj_size=units[m], obj_id=m + 1, clock_time=i, next_access_vtime=nv)
-            hit = bool(cache.get(req))
-            if i >= warmup:
-                counted += 1
-                hits += hit
-        out[name] = hits / counted if counted else 0.0
+            hits[i] = bool(cache.get(req))
+        out[name] = hits
     return out

@@ -70,12 +70,18 @@ class Catalogue:
         return sum(self.units)
 
 
+# What the generator knew: from request index `start` on, each model's request probability
+# (catalogue order), until the next epoch. The popularity oracle reads it (sim.single).
+Epoch = tuple[int, "array[float]"]
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     name: str
     catalogue: Catalogue
     times_ms: array[int]  # request times, non-decreasing, from 0
     models: array[int]  # catalogue index per request
+    popularity: tuple[Epoch, ...] = ()  # () when unknown (a trace, new-models)
 
     def __len__(self) -> int:
         return len(self.models)
@@ -136,9 +142,9 @@ def _poisson_times(n: int, rate_rps: float, rng: random.Random) -> array[int]:
 def zipf(cat: Catalogue, n_requests: int, alpha: float, rate_rps: float, seed: int = 0, name: str = "zipf") -> Workload:
     """Independent requests: each names model i with probability ~ 1/(i+1)^alpha."""
     rng = random.Random(seed)
-    cum = _cumulative(zipf_weights(len(cat), alpha))
-    models = array("q", rng.choices(range(len(cat)), cum_weights=cum, k=n_requests))
-    return Workload(name, cat, _poisson_times(n_requests, rate_rps, rng), models)
+    weights = zipf_weights(len(cat), alpha)
+    models = array("q", rng.choices(range(len(cat)), cum_weights=_cumulative(weights), k=n_requests))
+    return Workload(name, cat, _poisson_times(n_requests, rate_rps, rng), models, ((0, array("d", weights)),))
 
 
 def shifting(
@@ -153,22 +159,33 @@ def shifting(
     """Zipf whose ranking changes: every `period_s`, `fraction` of the ranks are re-dealt."""
     rng = random.Random(seed)
     n = len(cat)
-    cum = _cumulative(zipf_weights(n, alpha))
+    weights = zipf_weights(n, alpha)
+    cum = _cumulative(weights)
     rank_to_model = list(range(n))
     rng.shuffle(rank_to_model)
     times = _poisson_times(n_requests, rate_rps, rng)
     models = array("q")
+    epochs = [(0, _by_model(weights, rank_to_model))]
     next_shift = period_s * 1000
     for t in times:
-        while t >= next_shift:
-            picked = rng.sample(range(n), max(2, int(n * fraction)))
-            moved = [rank_to_model[r] for r in picked]
-            rng.shuffle(moved)
-            for r, m in zip(picked, moved, strict=True):
-                rank_to_model[r] = m
-            next_shift += period_s * 1000
+        if t >= next_shift:
+            while t >= next_shift:
+                picked = rng.sample(range(n), max(2, int(n * fraction)))
+                moved = [rank_to_model[r] for r in picked]
+                rng.shuffle(moved)
+                for r, m in zip(picked, moved, strict=True):
+                    rank_to_model[r] = m
+                next_shift += period_s * 1000
+            epochs.append((len(models), _by_model(weights, rank_to_model)))
         models.append(rank_to_model[bisect.bisect_left(cum, rng.random() * cum[-1])])
-    return Workload("shifting", cat, times, models)
+    return Workload("shifting", cat, times, models, tuple(epochs))
+
+
+def _by_model(rank_weights: Sequence[float], rank_to_model: Sequence[int]) -> array[float]:
+    out = array("d", bytes(8 * len(rank_weights)))
+    for r, m in enumerate(rank_to_model):
+        out[m] = rank_weights[r]
+    return out
 
 
 def bursts(
@@ -185,18 +202,33 @@ def bursts(
     requests for `length_s` (a batch job or a newly launched feature)."""
     rng = random.Random(seed)
     n = len(cat)
-    cum = _cumulative(zipf_weights(n, alpha))
+    weights = zipf_weights(n, alpha)
+    cum = _cumulative(weights)
     times = _poisson_times(n_requests, rate_rps, rng)
     models = array("q")
     tail = range(n // 2, n)
+    background = array("d", weights)
+    epochs: list[Epoch] = [(0, background)]
+    current, hot = -1, -1  # the burst the last epoch describes (-1: none), and its model
     for t in times:
         k = int(t // (every_s * 1000))
         in_burst = t - k * every_s * 1000 < length_s * 1000 and k > 0
+        burst = k if in_burst else -1
+        if burst != current:
+            current = burst
+            hot = tail[random.Random(seed * 7919 + k).randrange(len(tail))] if in_burst else -1
+            epochs.append((len(models), _with_burst(background, hot, share) if in_burst else background))
         if in_burst and rng.random() < share:
-            models.append(tail[random.Random(seed * 7919 + k).randrange(len(tail))])
+            models.append(hot)
         else:
             models.append(bisect.bisect_left(cum, rng.random() * cum[-1]))
-    return Workload("bursts", cat, times, models)
+    return Workload("bursts", cat, times, models, tuple(epochs))
+
+
+def _with_burst(background: array[float], hot: int, share: float) -> array[float]:
+    out = array("d", (x * (1 - share) for x in background))
+    out[hot] += share
+    return out
 
 
 def daily(
@@ -222,7 +254,7 @@ def daily(
         if rng.random() < level:
             times.append(int(t))
     models = array("q", rng.choices(range(len(cat)), cum_weights=cum, k=n_requests))
-    return Workload("daily", cat, times, models)
+    return Workload("daily", cat, times, models, ((0, array("d", zipf_weights(len(cat), alpha))),))
 
 
 def new_models(

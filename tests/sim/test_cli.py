@@ -19,6 +19,8 @@ def test_tiny_run_writes_table_and_replays_a_trace(tmp_path: Path, capsys: pytes
     assert "| bursts | 20% | upstream |" in text and "| bursts | 40% | meshd |" in text
     assert "total p99 ms" in text
     assert "meshd GDSF" in text and "Belady (own)" in text  # --compare-libcachesim
+    assert text.count("| popularity oracle (anchor) |") == 2  # hit ratio and load-seconds tables
+    assert "load-seconds spent on misses" in text and "| LFU, perfect memory (anchor) |" in text
     assert main([*args, "--max-concurrency", "1", "--service-ms", "50", "--out", str(out), "--no-plots"]) == 0
     gated = [row.split("|") for row in (out / "bursts.md").read_text().splitlines() if row.startswith("| bursts |")]
     assert gated and any(int(cells[9]) > 0 for cells in gated)  # one slot per copy: some requests queued
