@@ -158,16 +158,17 @@ def oracle_hits(
     heap: list[tuple[float, int]] = []  # (value, object): the least valuable held model on top
     used = 0
     hits = bytearray(len(requests))
-    starts = [start for start, _ in popularity] + [len(requests)]
-    for (start, probs), end in zip(popularity, starts[1:], strict=True):
-        heap = [(probs[m] * cost[m], m) for m in cached]
+    ends = [epoch.start for epoch in popularity[1:]] + [len(requests)]
+    for epoch, end in zip(popularity, ends, strict=True):
+        p = epoch.p
+        heap = [(p(m) * cost[m], m) for m in cached]
         heapq.heapify(heap)
-        for i in range(start, end):
+        for i in range(epoch.start, end):
             m = requests[i]
             if m in cached:
                 hits[i] = 1
                 continue
-            value = probs[m] * cost[m]
+            value = p(m) * cost[m]
             if units[m] > capacity_units:
                 continue
             # Victims in value order until it fits; keep them if any is worth more than it.

@@ -33,6 +33,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from meshd.decisions.cache import UNIT_BYTES, to_units
 
@@ -70,9 +71,20 @@ class Catalogue:
         return sum(self.units)
 
 
-# What the generator knew: from request index `start` on, each model's request probability
-# (catalogue order), until the next epoch. The popularity oracle reads it (sim.single).
-Epoch = tuple[int, "array[float]"]
+class Epoch(NamedTuple):
+    """What the generator knew from request `start` on, until the next epoch: each model's
+    request probability (catalogue order), with `hot` (when >= 0) taking `share` of the
+    requests on top of `probs` x (1 - share). The popularity oracle reads it (sim.single).
+    Epochs share their `probs` where they can (a burst adds its model, not a copy)."""
+
+    start: int
+    probs: array[float]
+    hot: int = -1
+    share: float = 0.0
+
+    def p(self, m: int) -> float:
+        base = self.probs[m] * (1.0 - self.share)
+        return base + self.share if m == self.hot else base
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +156,7 @@ def zipf(cat: Catalogue, n_requests: int, alpha: float, rate_rps: float, seed: i
     rng = random.Random(seed)
     weights = zipf_weights(len(cat), alpha)
     models = array("q", rng.choices(range(len(cat)), cum_weights=_cumulative(weights), k=n_requests))
-    return Workload(name, cat, _poisson_times(n_requests, rate_rps, rng), models, ((0, array("d", weights)),))
+    return Workload(name, cat, _poisson_times(n_requests, rate_rps, rng), models, (Epoch(0, array("d", weights)),))
 
 
 def shifting(
@@ -165,7 +177,7 @@ def shifting(
     rng.shuffle(rank_to_model)
     times = _poisson_times(n_requests, rate_rps, rng)
     models = array("q")
-    epochs = [(0, _by_model(weights, rank_to_model))]
+    epochs = [Epoch(0, _by_model(weights, rank_to_model))]
     next_shift = period_s * 1000
     for t in times:
         if t >= next_shift:
@@ -176,7 +188,7 @@ def shifting(
                 for r, m in zip(picked, moved, strict=True):
                     rank_to_model[r] = m
                 next_shift += period_s * 1000
-            epochs.append((len(models), _by_model(weights, rank_to_model)))
+            epochs.append(Epoch(len(models), _by_model(weights, rank_to_model)))
         models.append(rank_to_model[bisect.bisect_left(cum, rng.random() * cum[-1])])
     return Workload("shifting", cat, times, models, tuple(epochs))
 
@@ -208,7 +220,7 @@ def bursts(
     models = array("q")
     tail = range(n // 2, n)
     background = array("d", weights)
-    epochs: list[Epoch] = [(0, background)]
+    epochs = [Epoch(0, background)]
     current, hot = -1, -1  # the burst the last epoch describes (-1: none), and its model
     for t in times:
         k = int(t // (every_s * 1000))
@@ -217,18 +229,12 @@ def bursts(
         if burst != current:
             current = burst
             hot = tail[random.Random(seed * 7919 + k).randrange(len(tail))] if in_burst else -1
-            epochs.append((len(models), _with_burst(background, hot, share) if in_burst else background))
+            epochs.append(Epoch(len(models), background, hot, share if in_burst else 0.0))
         if in_burst and rng.random() < share:
             models.append(hot)
         else:
             models.append(bisect.bisect_left(cum, rng.random() * cum[-1]))
     return Workload("bursts", cat, times, models, tuple(epochs))
-
-
-def _with_burst(background: array[float], hot: int, share: float) -> array[float]:
-    out = array("d", (x * (1 - share) for x in background))
-    out[hot] += share
-    return out
 
 
 def daily(
@@ -254,7 +260,7 @@ def daily(
         if rng.random() < level:
             times.append(int(t))
     models = array("q", rng.choices(range(len(cat)), cum_weights=cum, k=n_requests))
-    return Workload("daily", cat, times, models, ((0, array("d", zipf_weights(len(cat), alpha))),))
+    return Workload("daily", cat, times, models, (Epoch(0, array("d", zipf_weights(len(cat), alpha))),))
 
 
 def new_models(

@@ -17,7 +17,7 @@ from sim.single import (
     meshd_hits,
     oracle_hits,
 )
-from sim.workloads import zipf_weights
+from sim.workloads import Epoch, zipf_weights
 
 N_MODELS = 1000
 REQUESTS = 30_000
@@ -55,14 +55,14 @@ def test_the_popularity_oracle_holds_the_most_probable_and_follows_a_new_epoch()
     probs = array("d", [0.5, 0.3, 0.2])
     swapped = array("d", [0.2, 0.3, 0.5])
     reqs = [0, 1, 2, 0, 2, 1, 2, 2, 0]
-    hits = oracle_hits(reqs, [1, 1, 1], 2, ((0, probs), (5, swapped)))
+    hits = oracle_hits(reqs, [1, 1, 1], 2, (Epoch(0, probs), Epoch(5, swapped)))
     # 0 and 1 fill the cache; 2 is never worth a place until it is the most probable (from 5
     # on), when it replaces the least probable of those held (0), which then misses.
     assert list(hits) == [0, 0, 0, 1, 0, 1, 0, 1, 0]
     # Per unit: a big model ranks below a small one of the same probability.
-    assert list(oracle_hits([0, 1, 0, 1], [2, 1], 2, ((0, array("d", [0.5, 0.5])),))) == [0, 0, 0, 1]
+    assert list(oracle_hits([0, 1, 0, 1], [2, 1], 2, (Epoch(0, array("d", [0.5, 0.5])),))) == [0, 0, 0, 1]
     # Weighted by load time per unit (load-seconds): the slow big model ranks first.
-    weighted = oracle_hits([0, 1, 0, 1], [2, 1], 2, ((0, array("d", [0.5, 0.5])),), load_ms=[10_000.0, 1000.0])
+    weighted = oracle_hits([0, 1, 0, 1], [2, 1], 2, (Epoch(0, array("d", [0.5, 0.5])),), load_ms=[10_000.0, 1000.0])
     assert list(weighted) == [0, 0, 1, 0]
 
 
@@ -82,7 +82,7 @@ def test_the_anchors_rank_as_they_should_on_independent_zipf() -> None:
         "lru": meshd_hit_ratio(reqs, units, 50, Eviction.LRU, warmup=warm),
         "lrfu": meshd_hit_ratio(reqs, units, 50, Eviction.LRFU, warmup=warm),
         "lfu": Outcome.of(lfu_hits(reqs, units, 50), reqs, [1.0] * N_MODELS, warm).hit_ratio,
-        "oracle": Outcome.of(oracle_hits(reqs, units, 50, ((0, probs),)), reqs, [1.0] * N_MODELS, warm).hit_ratio,
+        "oracle": Outcome.of(oracle_hits(reqs, units, 50, (Epoch(0, probs),)), reqs, [1.0] * N_MODELS, warm).hit_ratio,
         "belady": belady_hit_ratio(reqs, units, 50, warm),
     }
     assert ratio["lru"] < ratio["lrfu"] < ratio["lfu"] < ratio["oracle"] < ratio["belady"], ratio

@@ -80,19 +80,23 @@ def test_generators_say_what_popularity_each_request_was_drawn_from() -> None:
     cat = w.catalogue(200, random.Random(3))
     for gen in (w.zipf, w.shifting, w.bursts, w.daily):
         wl = gen(cat, 30_000, 1.0, 5.0, seed=2)
-        starts = [start for start, _ in wl.popularity]
+        starts = [epoch.start for epoch in wl.popularity]
         assert starts[0] == 0 and starts == sorted(set(starts)), gen.__name__
-        for _, probs in wl.popularity:
-            assert len(probs) == len(cat) and sum(probs) == pytest.approx(1.0), gen.__name__
-        # Each epoch's requests follow its probabilities: the most probable model is the most requested.
-        for (start, probs), end in zip(wl.popularity, [*starts[1:], len(wl)], strict=True):
-            if end - start < 2000:
+        for epoch, end in zip(wl.popularity, [*starts[1:], len(wl)], strict=True):
+            probs = [epoch.p(m) for m in range(len(cat))]
+            assert sum(probs) == pytest.approx(1.0), gen.__name__
+            if end - epoch.start < 2000:
                 continue
-            counts = collections.Counter(wl.models[start:end])
+            # The epoch's requests follow its probabilities: the most probable model is the most requested.
+            counts = collections.Counter(wl.models[epoch.start : end])
             assert counts.most_common(1)[0][0] == max(range(len(probs)), key=probs.__getitem__), gen.__name__
     shifting = w.shifting(cat, 30_000, 1.0, 5.0, seed=2)
     assert len(shifting.popularity) == 1 + int(shifting.times_ms[-1] // 600_000)  # one epoch per re-deal
     bursts = w.bursts(cat, 30_000, 1.0, 5.0, seed=2)
-    in_burst = [probs for _, probs in bursts.popularity if max(probs) > 0.3]
-    assert in_burst and len(in_burst) == (len(bursts.popularity) - 1) // 2  # burst, background, burst, ...
+    hot = [epoch for epoch in bursts.popularity if epoch.hot >= 0]
+    assert hot and len(hot) == (len(bursts.popularity) - 1) // 2  # background, burst, background, ...
+    assert all(epoch.p(epoch.hot) > 0.3 and epoch.probs is bursts.popularity[0].probs for epoch in hot)
+    for epoch, after in zip(bursts.popularity, bursts.popularity[1:], strict=False):
+        if epoch.hot >= 0:  # a burst's model is its most requested
+            assert collections.Counter(bursts.models[epoch.start : after.start]).most_common(1)[0][0] == epoch.hot
     assert w.new_models(cat, 1000, 1.0, 5.0).popularity == ()  # it changes at every arrival: not kept
