@@ -17,7 +17,7 @@ import argparse
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from meshd.decisions.cache import Eviction
@@ -197,7 +197,7 @@ def run_workload(wl: w.Workload, args: argparse.Namespace, policies: list[Policy
     print(header, text, "", sep="\n")
     body = [header, "", text, ""]
     if args.compare_libcachesim:
-        single_text = compare_single(wl, args.capacities, warmup)
+        single_text = compare_single(wl, args.capacities, warmup, [(share, r) for _, share, r in rows])
         print(single_text, "", sep="\n")
         body += [single_text, ""]
     (args.out / f"{wl.name}.md").write_text("\n".join(body))
@@ -207,20 +207,27 @@ def run_workload(wl: w.Workload, args: argparse.Namespace, policies: list[Policy
             print("(no plots: matplotlib is not installed)", file=sys.stderr)
 
 
-def compare_single(wl: w.Workload, capacities: list[float], warmup: int) -> str:
+def compare_single(
+    wl: w.Workload, capacities: list[float], warmup: int, fleet: Sequence[tuple[float, Result]] = ()
+) -> str:
     """One cache holding `capacities` of the catalogue, over the same request stream: hit ratio
-    and load-seconds spent on misses, beside the anchors (`sim.single`)."""
+    and load-seconds spent on misses, beside the anchors (`sim.single`). With `fleet` (the
+    fleet's results at the same capacities, upstream's among them): the fleet's loads beside
+    the misses of one cache of its size (issue 20's goal 1 against the anchors)."""
     reqs = list(wl.models)
     units = list(wl.catalogue.units)
     load_ms = list(wl.catalogue.load_ms)
     total = wl.catalogue.total_units
     ratios: dict[str, list[float]] = {}
     load_s: dict[str, list[float]] = {}
+    misses: dict[str, list[int]] = {}
 
     def add(name: str, hits: bytearray, to: tuple[dict[str, list[float]], ...] = (ratios, load_s)) -> None:
         outcome = single.Outcome.of(hits, reqs, load_ms, warmup)
         for table in to:
             table.setdefault(name, []).append(outcome.hit_ratio if table is ratios else outcome.miss_load_s)
+        if ratios in to:
+            misses.setdefault(name, []).append(len(reqs) - warmup - sum(hits[warmup:]))
 
     missing = ""
     for share in capacities:
@@ -239,14 +246,22 @@ def compare_single(wl: w.Workload, capacities: list[float], warmup: int) -> str:
             continue
         for name, hits in theirs.items():
             add(f"libCacheSim {name}", hits)
-    return "\n\n".join(
-        (
-            f"### {wl.name}: one cache, hit ratio by capacity (request hit ratio; sizes in 8 KiB units)",
-            report.single_table(capacities, ratios),
-            f"### {wl.name}: one cache, load-seconds spent on misses per 1,000 requests (fewer is better)",
-            report.single_table(capacities, load_s, "{:.1f}") + missing,
-        )
-    )
+    parts = [
+        f"### {wl.name}: one cache, hit ratio by capacity (request hit ratio; sizes in 8 KiB units)",
+        report.single_table(capacities, ratios),
+        f"### {wl.name}: one cache, load-seconds spent on misses per 1,000 requests (fewer is better)",
+        report.single_table(capacities, load_s, "{:.1f}") + missing,
+    ]
+    anchors = {k: v for k, v in misses.items() if k in ONE_CACHE_ANCHORS}
+    against = report.against_upstream(capacities, fleet, anchors)
+    if against:
+        title = f"### {wl.name}: the fleet's loads beside one cache of its size (misses), against upstream's fleet"
+        parts += [title, against]
+    return "\n\n".join(parts)
+
+
+# One cache of the fleet's size, beside the fleet's loads: meshd's default order and the anchors.
+ONE_CACHE_ANCHORS = ("meshd LRFU", "LFU, perfect memory (anchor)", "popularity oracle (anchor)")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,29 @@ def single_table(capacities: Sequence[float], values: dict[str, list[float]], fm
     return "\n".join(lines)
 
 
+def against_upstream(
+    capacities: Sequence[float], fleet: Sequence[tuple[float, Result]], one_cache: dict[str, list[int]]
+) -> str:
+    """Issue 20's goal 1 beside its anchors: at each capacity, every fleet policy's loads and
+    one cache's misses (`one_cache`: name -> misses per capacity), each against upstream's
+    fleet. Empty without an upstream run at every capacity."""
+    runs = {(share, r.policy): r for share, r in fleet}
+    if any((c, "upstream") not in runs for c in capacities):
+        return ""
+    policies = [p for p in dict.fromkeys(r.policy for _, r in fleet) if p != "upstream"]
+    names = [*(f"{p} (fleet)" for p in policies), *(f"one cache: {n}" for n in one_cache)]
+    lines = ["| capacity | upstream (fleet) | " + " | ".join(names) + " |", "| --- |" + " ---: |" * (len(names) + 1)]
+    for i, c in enumerate(capacities):
+        base = runs[(c, "upstream")].loads
+        counts = [runs[(c, p)].loads for p in policies] + [v[i] for v in one_cache.values()]
+        lines.append(f"| {c:.0%} | {base} | " + " | ".join(f"{n} ({_change(n, base)})" for n in counts) + " |")
+    return "\n".join(lines)
+
+
+def _change(n: int, base: int) -> str:
+    return f"{100 * (n / base - 1):+.1f} %" if base else "n/a"
+
+
 def plots(name: str, rows: Sequence[tuple[str, float, Result]], out: Path) -> list[Path]:
     """PNGs: hit ratio vs capacity and added-latency p99 vs capacity per policy, and loads per
     minute over time per policy (at the middle capacity). Empty if matplotlib is missing."""

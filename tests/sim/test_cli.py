@@ -21,6 +21,11 @@ def test_tiny_run_writes_table_and_replays_a_trace(tmp_path: Path, capsys: pytes
     assert "meshd GDSF" in text and "Belady (own)" in text  # --compare-libcachesim
     assert text.count("| popularity oracle (anchor) |") == 2  # hit ratio and load-seconds tables
     assert "load-seconds spent on misses" in text and "| LFU, perfect memory (anchor) |" in text
+    # Goal 1 beside its anchors: each fleet policy and one cache's misses, each against upstream.
+    head = next(row for row in text.splitlines() if row.startswith("| capacity | upstream (fleet) |"))
+    assert "| one cache: popularity oracle (anchor) |" in head
+    against = [row for row in text.splitlines() if row.startswith(("| 20% | ", "| 40% | "))]
+    assert len(against) == 2 and all(row.count(" %)") == head.count("|") - 3 for row in against)
     assert main([*args, "--max-concurrency", "1", "--service-ms", "50", "--out", str(out), "--no-plots"]) == 0
     gated = [row.split("|") for row in (out / "bursts.md").read_text().splitlines() if row.startswith("| bursts |")]
     assert gated and any(int(cells[9]) > 0 for cells in gated)  # one slot per copy: some requests queued
