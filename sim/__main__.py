@@ -207,6 +207,10 @@ def run_workload(wl: w.Workload, args: argparse.Namespace, policies: list[Policy
             print("(no plots: matplotlib is not installed)", file=sys.stderr)
 
 
+# One cache of the fleet's size, beside the fleet's loads: meshd's default order and the anchors.
+ONE_CACHE_ANCHORS = ("meshd LRFU", "LFU, perfect memory (anchor)", "popularity oracle (anchor)")
+
+
 def compare_single(
     wl: w.Workload, capacities: list[float], warmup: int, fleet: Sequence[tuple[float, Result]] = ()
 ) -> str:
@@ -222,22 +226,28 @@ def compare_single(
     load_s: dict[str, list[float]] = {}
     misses: dict[str, list[int]] = {}
 
-    def add(name: str, hits: bytearray, to: tuple[dict[str, list[float]], ...] = (ratios, load_s)) -> None:
+    def add(name: str, hits: bytearray, *, ratio: bool = True, load: bool = True) -> None:
+        """Record a run in the hit-ratio table (and its misses), the load-seconds table, or both."""
         outcome = single.Outcome.of(hits, reqs, load_ms, warmup)
-        for table in to:
-            table.setdefault(name, []).append(outcome.hit_ratio if table is ratios else outcome.miss_load_s)
-        if ratios in to:
-            misses.setdefault(name, []).append(len(reqs) - warmup - sum(hits[warmup:]))
+        if ratio:
+            ratios.setdefault(name, []).append(outcome.hit_ratio)
+            misses.setdefault(name, []).append(outcome.misses)
+        if load:
+            load_s.setdefault(name, []).append(outcome.miss_load_s)
 
     missing = ""
     for share in capacities:
         cap = max(1, int(total * share))
         for e in Eviction:
             add(f"meshd {e.name}", single.meshd_hits(reqs, units, cap, e, load_ms))
-        add("LFU, perfect memory (anchor)", single.lfu_hits(reqs, units, cap, load_ms))
-        if wl.popularity:  # the oracle ranks by what each table measures
-            add("popularity oracle (anchor)", single.oracle_hits(reqs, units, cap, wl.popularity), (ratios,))
-            add("popularity oracle (anchor)", single.oracle_hits(reqs, units, cap, wl.popularity, load_ms), (load_s,))
+        # The anchors rank by what each table counts: requests per unit, or x load time per unit.
+        lfu = "LFU, perfect memory (anchor)"
+        add(lfu, single.lfu_hits(reqs, units, cap), load=False)
+        add(lfu, single.lfu_hits(reqs, units, cap, load_ms), ratio=False)
+        if wl.popularity:
+            oracle = "popularity oracle (anchor)"
+            add(oracle, single.oracle_hits(reqs, units, cap, wl.popularity), load=False)
+            add(oracle, single.oracle_hits(reqs, units, cap, wl.popularity, load_ms), ratio=False)
         add("Belady (own)", single.belady_hits(reqs, units, cap))
         try:
             theirs = single.libcachesim_hits(reqs, units, cap)
@@ -258,10 +268,6 @@ def compare_single(
         title = f"### {wl.name}: the fleet's loads beside one cache of its size (misses), against upstream's fleet"
         parts += [title, against]
     return "\n\n".join(parts)
-
-
-# One cache of the fleet's size, beside the fleet's loads: meshd's default order and the anchors.
-ONE_CACHE_ANCHORS = ("meshd LRFU", "LFU, perfect memory (anchor)", "popularity oracle (anchor)")
 
 
 if __name__ == "__main__":

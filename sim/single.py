@@ -9,9 +9,10 @@ Owns the single-cache runs that put meshd's eviction beside known results:
   the offline optimum for objects of one size, a strong heuristic bound otherwise.
 - `libcachesim_hit_ratios`: the same stream through libCacheSim's algorithms (PyPI
   `libcachesim`, optional): LRU, S3-FIFO, SIEVE, GDSF, ARC, LHD, Belady.
-- `oracle_hits`: the best policy that knows every model's request probability at each moment
-  (from the generator) but not the future: it holds the most probable models per unit and
-  loads a missed model only when it ranks among them (issue 20's yardstick).
+- `oracle_hits`: a policy that knows every model's request probability at each moment (from
+  the generator) but not the future: it holds the most probable models per unit that fit
+  and loads a missed model only when it is among them or there is free room (issue 20's
+  yardstick).
 - `lfu_hits`: LFU with a perfect memory (every past request counted, none forgotten): the
   best a policy that learns popularity from the requests can do while popularity holds still.
 Each `*_hits` gives a flag per request (1: a hit); `Outcome` turns flags into the hit ratio
@@ -63,14 +64,16 @@ class Outcome:
 
     hit_ratio: float
     miss_load_s: float  # load-seconds spent on misses, per 1,000 counted requests
+    misses: int
 
     @classmethod
     def of(cls, hits: bytearray, requests: Sequence[int], load_ms: Sequence[float], warmup: int = 0) -> Outcome:
         counted = len(requests) - warmup
         if counted <= 0:
-            return cls(0.0, 0.0)
-        missed_ms = sum(load_ms[m] for m, hit in zip(requests[warmup:], hits[warmup:], strict=True) if not hit)
-        return cls(sum(hits[warmup:]) / counted, missed_ms / counted)  # ms per request = s per 1,000
+            return cls(0.0, 0.0, 0)
+        hit = sum(hits[warmup:])
+        missed_ms = sum(load_ms[m] for m, h in zip(requests[warmup:], hits[warmup:], strict=True) if not h)
+        return cls(hit / counted, missed_ms / counted, counted - hit)  # ms per request = s per 1,000
 
 
 def _ratio(hits: bytearray, warmup: int) -> float:
@@ -150,45 +153,60 @@ def oracle_hits(
     load_ms: Sequence[float] | None = None,
 ) -> bytearray:
     """The popularity oracle: knows each model's request probability now (`popularity`, the
-    generator's epochs), not the future. It holds the models with the highest probability
-    per unit (x load time per unit, with `load_ms`) that fit, and loads a missed model only
-    when it ranks above what it would evict; a new epoch re-ranks what is held."""
-    cost = [(load_ms[m] if load_ms is not None else 1.0) / units[m] for m in range(len(units))]
+    generator's epochs), not the future. In each epoch it aims at the set a greedy knapsack
+    picks: the most probable models per unit (x load time per unit, with `load_ms`) that fit,
+    or the single most valuable model when that is worth more (the classic fix for a model as
+    big as the cache). A miss in that set loads, evicting what is outside it (least valuable
+    first); a miss outside it loads only into free room, and is the first to go."""
+    if not popularity:
+        raise ValueError("the popularity oracle needs the probabilities a synthetic workload was drawn from")
+    n = len(units)
+    cost = [(load_ms[m] if load_ms is not None else 1.0) / units[m] for m in range(n)]
     cached: set[int] = set()
-    heap: list[tuple[float, int]] = []  # (value, object): the least valuable held model on top
     used = 0
     hits = bytearray(len(requests))
     ends = [epoch.start for epoch in popularity[1:]] + [len(requests)]
     for epoch, end in zip(popularity, ends, strict=True):
-        p = epoch.p
-        heap = [(p(m) * cost[m], m) for m in cached]
-        heapq.heapify(heap)
+        density = [epoch.p(m) * cost[m] for m in range(n)]
+        target = _knapsack(density, units, capacity_units)
+        outside = [(density[m], m) for m in cached if m not in target]  # evicted first
+        heapq.heapify(outside)
         for i in range(epoch.start, end):
             m = requests[i]
             if m in cached:
                 hits[i] = 1
                 continue
-            value = p(m) * cost[m]
-            if units[m] > capacity_units:
+            if m in target:
+                while used + units[m] > capacity_units:
+                    victim = heapq.heappop(outside)[1]  # the target fits: what is outside makes room
+                    cached.discard(victim)
+                    used -= units[victim]
+            elif used + units[m] <= capacity_units:
+                heapq.heappush(outside, (density[m], m))
+            else:
                 continue
-            # Victims in value order until it fits; keep them if any is worth more than it.
-            victims: list[tuple[float, int]] = []
-            freed = capacity_units - used
-            while freed < units[m] and heap and heap[0][0] < value:
-                victim = heapq.heappop(heap)
-                victims.append(victim)
-                freed += units[victim[1]]
-            if freed < units[m]:
-                for victim in victims:
-                    heapq.heappush(heap, victim)
-                continue
-            for _, v in victims:
-                cached.discard(v)
-                used -= units[v]
             cached.add(m)
             used += units[m]
-            heapq.heappush(heap, (value, m))
     return hits
+
+
+def _knapsack(density: Sequence[float], units: Sequence[int], capacity_units: int) -> set[int]:
+    """Greedy by value per unit (skipping what no longer fits), or the single most valuable
+    model when it is worth more than that set."""
+    chosen: set[int] = set()
+    room, worth = capacity_units, 0.0
+    for m in sorted(range(len(units)), key=lambda x: -density[x]):
+        if density[m] <= 0:
+            break
+        if units[m] <= room:
+            chosen.add(m)
+            room -= units[m]
+            worth += density[m] * units[m]
+    fits = [m for m in range(len(units)) if units[m] <= capacity_units]
+    best = max(fits, key=lambda x: density[x] * units[x], default=None)
+    if best is not None and density[best] * units[best] > worth:
+        return {best}
+    return chosen
 
 
 def next_uses(requests: Sequence[int]) -> list[int]:

@@ -73,18 +73,34 @@ class Catalogue:
 
 class Epoch(NamedTuple):
     """What the generator knew from request `start` on, until the next epoch: each model's
-    request probability (catalogue order), with `hot` (when >= 0) taking `share` of the
-    requests on top of `probs` x (1 - share). The popularity oracle reads it (sim.single).
-    Epochs share their `probs` where they can (a burst adds its model, not a copy)."""
+    request probability (`p`). The popularity oracle reads it (sim.single). Epochs share their
+    `probs` where they can, so a long trace does not hold a catalogue-sized array per epoch:
+    - `probs` by model (catalogue order), with `hot` (when >= 0) taking `share` of the requests
+      on top of `probs` x (1 - share) (a burst);
+    - with `newest` >= 0 (new-models), `probs` by rank: models 0..`newest` are present, model m
+      at rank `newest` - m, each rank's weight times `scale`; later models are not there yet."""
 
     start: int
     probs: array[float]
     hot: int = -1
     share: float = 0.0
+    newest: int = -1
+    scale: float = 1.0
 
     def p(self, m: int) -> float:
+        if self.newest >= 0:
+            return self.probs[self.newest - m] * self.scale if m <= self.newest else 0.0
         base = self.probs[m] * (1.0 - self.share)
         return base + self.share if m == self.hot else base
+
+
+def _next_epoch(epochs: list[Epoch], epoch: Epoch) -> None:
+    """Append `epoch`, or replace the last one when it starts at the same request (a change
+    before any request was drawn from the last one)."""
+    if epochs and epochs[-1].start == epoch.start:
+        epochs[-1] = epoch
+    else:
+        epochs.append(epoch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +109,7 @@ class Workload:
     catalogue: Catalogue
     times_ms: array[int]  # request times, non-decreasing, from 0
     models: array[int]  # catalogue index per request
-    popularity: tuple[Epoch, ...] = ()  # () when unknown (a trace, new-models)
+    popularity: tuple[Epoch, ...] = ()  # () when unknown (a trace)
 
     def __len__(self) -> int:
         return len(self.models)
@@ -180,21 +196,22 @@ def shifting(
     epochs = [Epoch(0, _by_model(weights, rank_to_model))]
     next_shift = period_s * 1000
     for t in times:
-        if t >= next_shift:
-            while t >= next_shift:
-                picked = rng.sample(range(n), max(2, int(n * fraction)))
-                moved = [rank_to_model[r] for r in picked]
-                rng.shuffle(moved)
-                for r, m in zip(picked, moved, strict=True):
-                    rank_to_model[r] = m
-                next_shift += period_s * 1000
-            epochs.append(Epoch(len(models), _by_model(weights, rank_to_model)))
+        shifted = t >= next_shift
+        while t >= next_shift:
+            picked = rng.sample(range(n), max(2, int(n * fraction)))
+            moved = [rank_to_model[r] for r in picked]
+            rng.shuffle(moved)
+            for r, m in zip(picked, moved, strict=True):
+                rank_to_model[r] = m
+            next_shift += period_s * 1000
+        if shifted:
+            _next_epoch(epochs, Epoch(len(models), _by_model(weights, rank_to_model)))
         models.append(rank_to_model[bisect.bisect_left(cum, rng.random() * cum[-1])])
     return Workload("shifting", cat, times, models, tuple(epochs))
 
 
 def _by_model(rank_weights: Sequence[float], rank_to_model: Sequence[int]) -> array[float]:
-    out = array("d", bytes(8 * len(rank_weights)))
+    out = array("d", [0.0]) * len(rank_weights)
     for r, m in enumerate(rank_to_model):
         out[m] = rank_weights[r]
     return out
@@ -229,7 +246,7 @@ def bursts(
         if burst != current:
             current = burst
             hot = tail[random.Random(seed * 7919 + k).randrange(len(tail))] if in_burst else -1
-            epochs.append(Epoch(len(models), background, hot, share if in_burst else 0.0))
+            _next_epoch(epochs, Epoch(len(models), background, hot, share if in_burst else 0.0))
         if in_burst and rng.random() < share:
             models.append(hot)
         else:
@@ -249,7 +266,8 @@ def daily(
     """Zipf requests whose rate follows a day: peak `rate_rps` at midday, `trough` x it at night
     (thinned Poisson; one day lasts `day_s` seconds of simulated time)."""
     rng = random.Random(seed)
-    cum = _cumulative(zipf_weights(len(cat), alpha))
+    weights = zipf_weights(len(cat), alpha)
+    cum = _cumulative(weights)
     times = array("q")
     t = 0.0
     mean_gap_ms = 1000.0 / rate_rps
@@ -260,7 +278,7 @@ def daily(
         if rng.random() < level:
             times.append(int(t))
     models = array("q", rng.choices(range(len(cat)), cum_weights=cum, k=n_requests))
-    return Workload("daily", cat, times, models, (Epoch(0, array("d", zipf_weights(len(cat), alpha))),))
+    return Workload("daily", cat, times, models, (Epoch(0, array("d", weights)),))
 
 
 def new_models(
@@ -283,13 +301,21 @@ def new_models(
     every = max(1, n_requests // (arrivals + 1))
     present = start
     cum = _cumulative(zipf_weights(present, alpha))
+    by_rank = array("d", zipf_weights(n, alpha))
+    below = _cumulative(by_rank)  # below[k - 1]: the weight of the top k ranks
+
+    def epoch(at: int) -> Epoch:
+        return Epoch(at, by_rank, newest=present - 1, scale=1.0 / below[present - 1])
+
+    epochs = [epoch(0)]
     for i in range(n_requests):
         if arrivals and i and i % every == 0 and present < n:
             present += 1
             cum = _cumulative(zipf_weights(present, alpha))
+            epochs.append(epoch(i))
         rank = bisect.bisect_left(cum, rng.random() * cum[-1])
         models.append(present - 1 - rank)  # the newest model holds rank 0
-    return Workload("new-models", cat, times, models)
+    return Workload("new-models", cat, times, models, tuple(epochs))
 
 
 def read_csv(path: Path, default_size_bytes: int = DEFAULT_SIZE_BYTES) -> Workload:

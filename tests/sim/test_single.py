@@ -8,6 +8,8 @@ from array import array
 import pytest
 
 from meshd.decisions.cache import Eviction
+from sim.engine import Result
+from sim.report import against_upstream
 from sim.single import (
     Outcome,
     belady_hit_ratio,
@@ -66,6 +68,30 @@ def test_the_popularity_oracle_holds_the_most_probable_and_follows_a_new_epoch()
     assert list(weighted) == [0, 0, 1, 0]
 
 
+def test_the_oracle_fills_free_room_but_loads_into_a_full_cache_only_what_it_aims_to_hold() -> None:
+    one = (Epoch(0, array("d", [0.4, 0.3, 0.3])),)
+    # Two small models (0.6 together) beat the big one (0.4): the big one only borrows free room.
+    assert list(oracle_hits([0, 1, 2, 1, 2, 0], [2, 1, 1], 2, one)) == [0, 0, 0, 1, 1, 0]
+    # A model as big as the cache, worth more than the small one per request though not per
+    # unit, is kept: the small one is not loaded over it.
+    whole = (Epoch(0, array("d", [0.9, 0.1])),)
+    assert list(oracle_hits([0, 1, *[0] * 8, 1], [10, 1], 10, whole)) == [0, 0, *[1] * 8, 0]
+    # Bigger than the cache: never loaded.
+    assert list(oracle_hits([0, 0], [5], 4, (Epoch(0, array("d", [1.0])),))) == [0, 0]
+    with pytest.raises(ValueError, match="probabilities a synthetic workload"):
+        oracle_hits([0], [1], 1, ())
+
+
+def test_perfect_memory_lfu_weighs_counts_by_load_time_per_unit_when_given() -> None:
+    reqs = [0, 1, 0, 1, 2, 0, 1]  # 0 and 1 twice each, then 2 needs a place
+    # Counts alone tie; the lower id goes first: 0 is evicted, misses, and pushes 2 out.
+    assert list(lfu_hits(reqs, [1, 1, 1], 2)) == [0, 0, 1, 1, 0, 0, 1]
+    # Model 0 reloads ten times slower: 1 goes instead.
+    assert list(lfu_hits(reqs, [1, 1, 1], 2, load_ms=[10.0, 1.0, 1.0])) == [0, 0, 1, 1, 0, 1, 0]
+    # Per unit: model 0 (two units) is worth less than 1 for the same count.
+    assert list(lfu_hits([0, 1, 0, 1, 2, 1, 0], [2, 1, 1], 3)) == [0, 0, 1, 1, 0, 1, 0]
+
+
 def test_perfect_memory_lfu_keeps_a_model_for_its_old_uses_where_lrfu_forgets_them() -> None:
     old = [0] * 200  # model 0, very popular once
     churn = [1 + i % 40 for i in range(40 * 100)]  # then 40 models taking turns, 100 rounds
@@ -88,3 +114,16 @@ def test_the_anchors_rank_as_they_should_on_independent_zipf() -> None:
     assert ratio["lru"] < ratio["lrfu"] < ratio["lfu"] < ratio["oracle"] < ratio["belady"], ratio
     # The static top 50's expected hit ratio, from the probabilities alone.
     assert ratio["oracle"] == pytest.approx(sum(sorted(probs, reverse=True)[:50]), abs=0.01)
+
+
+def test_the_fleet_against_upstream_table_gives_each_count_as_a_change_from_upstreams_loads() -> None:
+    def run(policy: str, loads: int) -> Result:
+        return Result(policy=policy, workload="t", instances=2, capacity_units=10, loads=loads)
+
+    fleet = [(0.1, run("upstream", 200)), (0.1, run("meshd", 150)), (0.2, run("upstream", 0)), (0.2, run("meshd", 5))]
+    text = against_upstream([0.1, 0.2], fleet, {"x": [100, 3]})
+    rows = text.splitlines()
+    assert rows[0] == "| capacity | upstream (fleet) | meshd (fleet) | one cache: x |"
+    assert rows[2] == "| 10% | 200 | 150 (-25.0 %) | 100 (-50.0 %) |"
+    assert rows[3] == "| 20% | 0 | 5 (n/a) | 3 (n/a) |"  # no loads upstream: no ratio
+    assert against_upstream([0.1, 0.2], fleet[:2], {}) == ""  # upstream missing at 20 %: no table

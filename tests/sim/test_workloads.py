@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 from pathlib import Path
 
@@ -78,25 +79,47 @@ def test_bad_trace_lines_are_named(tmp_path: Path, text: str | bytes, message: s
 
 def test_generators_say_what_popularity_each_request_was_drawn_from() -> None:
     cat = w.catalogue(200, random.Random(3))
-    for gen in (w.zipf, w.shifting, w.bursts, w.daily):
+    for gen in (w.zipf, w.shifting, w.bursts, w.daily, w.new_models):
         wl = gen(cat, 30_000, 1.0, 5.0, seed=2)
         starts = [epoch.start for epoch in wl.popularity]
         assert starts[0] == 0 and starts == sorted(set(starts)), gen.__name__
         for epoch, end in zip(wl.popularity, [*starts[1:], len(wl)], strict=True):
             probs = [epoch.p(m) for m in range(len(cat))]
             assert sum(probs) == pytest.approx(1.0), gen.__name__
-            if end - epoch.start < 2000:
-                continue
-            # The epoch's requests follow its probabilities: the most probable model is the most requested.
-            counts = collections.Counter(wl.models[epoch.start : end])
-            assert counts.most_common(1)[0][0] == max(range(len(probs)), key=probs.__getitem__), gen.__name__
+            assert all(probs[m] > 0 for m in wl.models[epoch.start : end]), gen.__name__  # drawn from it
+            if end - epoch.start >= 2000:  # the most probable model is the most requested
+                counts = collections.Counter(wl.models[epoch.start : end])
+                assert counts.most_common(1)[0][0] == max(range(len(probs)), key=probs.__getitem__), gen.__name__
+
+
+def test_epochs_start_at_the_first_request_after_each_change() -> None:
+    cat = w.catalogue(200, random.Random(3))
     shifting = w.shifting(cat, 30_000, 1.0, 5.0, seed=2)
-    assert len(shifting.popularity) == 1 + int(shifting.times_ms[-1] // 600_000)  # one epoch per re-deal
+    times = shifting.times_ms
+    assert len(shifting.popularity) == 1 + int(times[-1] // 600_000)  # one epoch per re-deal
+    for epoch in shifting.popularity[1:]:
+        assert times[epoch.start] // 600_000 == times[epoch.start - 1] // 600_000 + 1
     bursts = w.bursts(cat, 30_000, 1.0, 5.0, seed=2)
-    hot = [epoch for epoch in bursts.popularity if epoch.hot >= 0]
-    assert hot and len(hot) == (len(bursts.popularity) - 1) // 2  # background, burst, background, ...
-    assert all(epoch.p(epoch.hot) > 0.3 and epoch.probs is bursts.popularity[0].probs for epoch in hot)
-    for epoch, after in zip(bursts.popularity, bursts.popularity[1:], strict=False):
-        if epoch.hot >= 0:  # a burst's model is its most requested
+    times = bursts.times_ms
+
+    def burst_at(i: int) -> int:  # the burst a request falls in, -1 for none (as the generator says)
+        k, into = divmod(times[i], 120_000)
+        return k if k > 0 and into < 20_000 else -1
+
+    for epoch, after in itertools.pairwise(bursts.popularity):
+        assert (epoch.hot >= 0) != (after.hot >= 0)  # background and bursts alternate
+        assert burst_at(after.start) != burst_at(after.start - 1) == burst_at(epoch.start)
+        if epoch.hot >= 0:  # a burst's model is its most requested, with a share over 0.3
             assert collections.Counter(bursts.models[epoch.start : after.start]).most_common(1)[0][0] == epoch.hot
-    assert w.new_models(cat, 1000, 1.0, 5.0).popularity == ()  # it changes at every arrival: not kept
+            assert epoch.p(epoch.hot) > 0.3 and epoch.probs is bursts.popularity[0].probs  # shared, not copied
+    arriving = w.new_models(cat, 30_000, 1.0, 5.0, seed=2)
+    newest = [epoch.newest for epoch in arriving.popularity]
+    assert newest == list(range(99, 200))  # half the catalogue at first, then one arrival per epoch
+    for epoch in arriving.popularity:
+        assert epoch.p(epoch.newest) == max(epoch.p(m) for m in range(200))  # the newest is the hottest
+        assert all(epoch.p(m) == 0 for m in range(epoch.newest + 1, 200))  # not there yet
+    # Changes between two requests give one epoch, not two at the same request.
+    sparse = [w.shifting(cat, 50, 1.0, 0.01, seed=1), w.bursts(cat, 50, 1.0, 0.01, seed=1)]
+    for wl in sparse:
+        starts = [epoch.start for epoch in wl.popularity]
+        assert len(starts) > 5 and starts == sorted(set(starts))
