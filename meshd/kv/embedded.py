@@ -75,6 +75,8 @@ class EmbeddedEtcd:
         self.unsafe_no_fsync = unsafe_no_fsync
         self._client_port = client_port if client_port is not None else free_port()
         self._peer_port = free_port()
+        while self._peer_port == self._client_port:  # nothing held the first: it can come back
+            self._peer_port = free_port()
         self._binary = find_etcd_binary()
         self._proc: subprocess.Popen[bytes] | None = None
         self._name = f"etcd-{self._client_port}"

@@ -8,36 +8,50 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
+# Ports this process handed out lately. Nothing holds a port between the moment it is found
+# free and the moment its user binds it, so the kernel may offer it again: a test that takes
+# one port for a setting and then starts a node (which takes five more) once got the same port
+# twice, and the node refused to start. Never handing out a port twice in a while closes that.
+_HANDED_OUT: dict[int, None] = {}  # insertion order: the oldest first
+_HANDED_OUT_MAX = 4096  # of ~28,000 ephemeral ports: long gone by the time one comes back
+_LOCK = threading.Lock()
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago and that this process has not
+    handed out lately."""
+    return free_ports(1)[0]
 
 
 def free_ports(n: int, avoid: Iterable[int] = ()) -> list[int]:
-    """`n` distinct TCP ports on 127.0.0.1 that were free a moment ago, none in `avoid`
-    (separate `free_port` calls may hand out the same port twice: nothing holds it)."""
+    """`n` distinct TCP ports on 127.0.0.1 that were free a moment ago, none in `avoid` and
+    none handed out by this process lately (see `_HANDED_OUT`)."""
     held: list[socket.socket] = []
-    taken = set(avoid)
-    try:
-        while len(held) < n:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            if s.getsockname()[1] in taken:
+    with _LOCK:
+        taken = set(avoid) | _HANDED_OUT.keys()
+        try:
+            while len(held) < n:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind(("127.0.0.1", 0))
+                if s.getsockname()[1] in taken:
+                    s.close()
+                    continue
+                taken.add(s.getsockname()[1])
+                held.append(s)
+            ports = [int(s.getsockname()[1]) for s in held]
+        finally:
+            for s in held:
                 s.close()
-                continue
-            taken.add(s.getsockname()[1])
-            held.append(s)
-        return [int(s.getsockname()[1]) for s in held]
-    finally:
-        for s in held:
-            s.close()
+        for port in ports:
+            _HANDED_OUT[port] = None
+        while len(_HANDED_OUT) > _HANDED_OUT_MAX:
+            del _HANDED_OUT[next(iter(_HANDED_OUT))]
+    return ports
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
