@@ -69,7 +69,20 @@ def until_carried(c: Client, send: Callable[[], None], timeout_s: float = 15.0) 
         send()
         sent += 1
         time.sleep(0.05)
+    settled(c)
     return sent
+
+
+def settled(c: Client, quiet_s: float = 2.0) -> int:
+    """The native count once it stops moving (no new request: the last ones sent may show a
+    counters poll later than the first), for tests that count exactly from there."""
+    last = carried(c)
+    while True:
+        time.sleep(quiet_s)  # longer than a poll of the counters (1 s)
+        now = carried(c)
+        if now == last:
+            return now
+        last = now
 
 
 @pytest.mark.parametrize("eviction", ["lru", "gdsf", "lrfu"])
@@ -137,9 +150,12 @@ def test_vmodel_requests_are_carried_as_their_active_model(
     # The vmodel moves: the next requests (after a sync) reach the new target.
     req = mm.SetVModelRequest(vModelId="v", targetModelId=m1.id, sync=True)
     assert c.mm.setVModel(req, timeout=30).status == mm.VModelStatusInfo.DEFINED
-    time.sleep(0.6)
-    for _ in range(5):
-        check(c, m1, header="mm-vmodel-id", model_id="v")
+
+    def answers_as(model: GeneratedModel) -> bool:
+        return close_enough(c.infer("v", ROWS, header="mm-vmodel-id"), expected(model, ROWS))
+
+    wait_until(lambda: answers_as(m1), 10, "the vmodel's new target")  # the map changes at a sync
+    assert all(answers_as(m1) for _ in range(5))  # and stays changed
 
 
 def test_a_peers_copy_is_reached_on_its_native_port(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
@@ -164,7 +180,8 @@ def test_an_eviction_waits_for_the_native_requests_in_flight(
     c = start_node(runtime_args=["--infer-delay-ms", "1500"])
     m = models[0]
     load(c, m)
-    time.sleep(0.6)  # the route is in
+    until_carried(c, lambda: check(c, m))  # the route is in
+    before = carried(c)
     results: list[str] = []
 
     def call() -> None:
@@ -184,7 +201,8 @@ def test_an_eviction_waits_for_the_native_requests_in_flight(
         t.join(30)
     assert results == ["ok"] * 4
     wait_until(lambda: c.runtime_loaded() == [], 10, "the unload, after the requests")
-    assert carried(c) == 4
+    wait_until(lambda: carried(c) >= before + 4, 10, "the counters")
+    assert carried(c) == before + 4
 
 
 def test_limited_copies_and_ids_in_the_body_stay_on_the_python_path(
@@ -244,7 +262,7 @@ def test_a_runtime_wanting_the_id_in_the_body_gets_it_natively_only_when_the_bod
     for _ in range(10):
         check(c, m)  # the body's model_name is the model id, as KServe clients send it
     wait_until(lambda: carried(c) >= start + 10, 10, "native requests")
-    before = carried(c)
+    before = settled(c)
     other = make_infer_request("some-other-name", ROWS)  # the Python path splices the id in
     for _ in range(10):
         resp = c.v2.ModelInfer(other, metadata=(("mm-model-id", m.id),), timeout=30)
@@ -253,7 +271,8 @@ def test_a_runtime_wanting_the_id_in_the_body_gets_it_natively_only_when_the_bod
     big_req = make_infer_request(m.id, big)
     resp = c.v2.ModelInfer(big_req, metadata=(("mm-model-id", m.id),), timeout=30)
     assert close_enough(decode_infer_response(resp)[:1], expected(m, big[:1]))
-    time.sleep(1.5)
+    wait_until(lambda: carried(c) > before, 10, "the large request, carried natively")
+    time.sleep(1.5)  # a poll more: none of the others shows up late
     assert carried(c) == before + 1
 
 
@@ -291,7 +310,13 @@ def test_many_large_requests_at_once_all_complete(start_node: NodeFactory, tmp_p
     info = mm.ModelInfo(type="demo", path=str(echo))
     req = mm.RegisterModelRequest(modelId="echo", modelInfo=info, loadNow=True, sync=True)
     assert c.mm.registerModel(req, timeout=30).status == mm.ModelStatusInfo.LOADED
-    time.sleep(0.6)  # the route is in
+    small = make_echo_request("echo", 16)
+
+    def echo_small() -> None:
+        c.v2.ModelInfer(small, metadata=(("mm-model-id", "echo"),), timeout=30)
+
+    until_carried(c, echo_small)  # the route is in
+    before = carried(c)
     request = make_echo_request("echo", 1 << 20)
     options = [("grpc.max_send_message_length", 8 << 20), ("grpc.max_receive_message_length", 8 << 20)]
     with grpc.insecure_channel(c.node.target, options=options) as channel:
@@ -303,4 +328,4 @@ def test_many_large_requests_at_once_all_complete(start_node: NodeFactory, tmp_p
         futures = [infer.future(request, metadata=(("mm-model-id", "echo"),), timeout=60) for _ in range(64)]
         sizes = [len(f.result()) for f in futures]
     assert all(size > 1 << 20 for size in sizes)
-    wait_until(lambda: carried(c) >= 64, 10, "the counters")
+    wait_until(lambda: carried(c) >= before + 64, 10, "the counters")

@@ -29,13 +29,17 @@ class HAProxyError(Exception):
 
 
 PR_SET_PDEATHSIG = 1
+# Resolved here, in the parent: the child of a threaded process (gRPC's threads) must not load
+# a library between fork and exec. It did (ctypes.CDLL in the child), and a child that forked
+# while another thread held the loader's lock hung before exec, and meshd with it, in Popen,
+# waiting for that exec. (meshd.adapter.supervisor resolves its own the same way.)
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
 
 
 def _die_with_parent() -> None:
     """In the child before exec: SIGKILL when meshd dies, however it dies (kill -9 included),
     so no HAProxy outlives its control plane holding the external port."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def find_haproxy(setting: str) -> str | None:
