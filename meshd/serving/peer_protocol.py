@@ -42,10 +42,12 @@ class Refused(Exception):
         busy: bool = False,
         holders: dict[str, int] | None = None,
         unreachable: bool = False,
+        load_failed: bool = False,
     ) -> None:
         super().__init__(message)
         self.exclude = exclude
         self.unreachable = unreachable
+        self.load_failed = load_failed  # the load failed there (its record says so once etcd's watch catches up)
         self.busy = busy  # the copy is saturated (its queue is full)
         # Not None: the load was refused at the model's max copies; these hold it (empty:
         # not known, read the record from etcd). The mirror may not show them yet.
@@ -68,7 +70,9 @@ def peer_failure(code: grpc.StatusCode, details: str | None, trailers: Any, mode
     for key, value in trailers or ():
         if key == REASON:
             reason = value if isinstance(value, str) else value.decode()
-    if reason in (NOT_HERE, LOAD_FAILED, UNKNOWN_PEER):
+    if reason == LOAD_FAILED:
+        return Refused(f"{reason}: {details}", load_failed=True)
+    if reason in (NOT_HERE, UNKNOWN_PEER):
         return Refused(f"{reason}: {details}")
     if reason == BUSY:
         return Refused(f"busy: {details}", busy=True)

@@ -304,6 +304,7 @@ class Router:
         exhausted = 0  # loads refused for load capacity (the load queue's limits)
         exhausted_why = ""  # the last such refusal's reason
         refused_load: set[str] = set()  # peers excluded only for refusing a load at max copies
+        failed_now: dict[str, str] = {}  # instances whose load failed for this request: why
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
             view = self.cluster.view()
@@ -345,6 +346,8 @@ class Router:
             except Refused as e:
                 log.info("rerouting %s away from %s: %s", model_id, target, e)
                 tried.append(f"{target} ({mode}): {e}")
+                if e.load_failed:
+                    failed_now[target] = str(e).removeprefix(f"{LOAD_FAILED}: ").removeprefix("meshd: ")
                 if e.exclude:
                     excluded.add(target)
                 if e.unreachable:
@@ -383,6 +386,11 @@ class Router:
             # Every instance tried failed to load it: a load failure (upstream: INTERNAL with
             # the runtime's message), not churn worth retrying.
             raise ModelLoadError(self._given_up(model_id, record, recent))
+        if failed_now and excluded and excluded <= set(recent) | set(failed_now):
+            # The same, told by the peers before their record writes reached this mirror.
+            where = "; ".join(f"{i}: {why}" for i, why in failed_now.items())
+            first = next(iter(failed_now.values()))
+            raise ModelLoadError(f"{first} (model {model_id!r} failed to load on {len(failed_now)} instances: {where})")
         if exhausted and exhausted == len(tried):
             # Fewer instances than attempts (a lone one, say), each refused for load capacity:
             # worth a retry later, not an unavailable model. Any other failure among them
@@ -446,7 +454,9 @@ class Router:
             return await self._ensure(model_id, record, deadline)
         except CopiesFull as e:  # not loaded here: the holders serve it
             raise Refused(e.message, exclude=False, holders=e.holders) from None
-        except (LoadFailed, Unavailable) as e:  # incl. NoRoom, and a runtime down for now
+        except LoadFailed as e:
+            raise Refused(e.message, load_failed=True) from None
+        except Unavailable as e:  # incl. NoRoom, and a runtime down for now
             raise Refused(e.message) from None
         except LoadWaitExpired:  # waited the load queue's limit here: answered, not rerouted
             raise
