@@ -70,3 +70,12 @@ def test_what_the_runtimes_answer_means(code: grpc.StatusCode, details: str, mea
     assert type(failure) is meaning
     if isinstance(failure, RuntimeStatusError):  # passed on as it is
         assert failure.code == code and failure.message == (details or code.name)
+
+
+def test_only_a_peers_load_failure_is_marked_as_one() -> None:
+    failed = peer_failure(grpc.StatusCode.UNAVAILABLE, "injected", ((REASON, "load-failed"),), "m")
+    assert isinstance(failed, Refused) and failed.load_failed and failed.exclude
+    here = peer_failure(grpc.StatusCode.UNAVAILABLE, "no copy", ((REASON, "not-here"),), "m")
+    gone = peer_failure(grpc.StatusCode.UNAVAILABLE, "connection refused", (), "m")
+    assert isinstance(here, Refused) and isinstance(gone, Refused)
+    assert not here.load_failed and not gone.load_failed
