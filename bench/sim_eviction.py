@@ -1,4 +1,4 @@
-"""One cache: meshd's eviction (LRU, GDSF, LRFU) beside Belady and libCacheSim's algorithms.
+"""One cache: meshd's eviction (LRU, GDSF, LRFU, RATE) beside Belady and libCacheSim's algorithms.
 
     python bench/sim_eviction.py [--models N] [--requests R] [--alpha A]
 

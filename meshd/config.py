@@ -157,6 +157,7 @@ SETTINGS: tuple[Setting, ...] = (
         "MESHD_EVICTION",
         "--eviction",
         "cache eviction order: lrfu (recent uses per unit of memory and second of reload, see docs/simulator.md), "
+        "rate (request rate from the last 8 uses, per unit and second of reload; best on one cache), "
         "gdsf (uses per unit and second, no decay) or lru (upstream's)",
         "lrfu",
     ),

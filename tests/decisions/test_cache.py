@@ -194,15 +194,18 @@ def test_lrfu_a_model_that_returns_resumes_its_decayed_uses() -> None:
     assert entry is not None and 1.0 < entry.score < 2.0
 
 
-def test_lrfu_restarting_the_clock_keeps_the_order(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("order", ["lrfu", "rate"])
+def test_lrfu_restarting_the_clock_keeps_the_order(monkeypatch: pytest.MonkeyPatch, order: str) -> None:
+    """LRFU and RATE keep the same clock; restarting it after every half-life changes no victim."""
     import meshd.decisions.cache as cache_module
     from meshd.decisions.cache import Eviction
 
     def victims(rebase_every: int) -> list[str]:
         monkeypatch.setattr(cache_module, "_LRFU_REBASE", rebase_every)
-        cache = WeightedLRU(6, Eviction.LRFU)
+        cache = WeightedLRU(6, Eviction(order))
         out: list[str] = []
-        for n in range(60):
+        evicted = 0
+        for n in range(400):
             mid = f"m{n % 9}"
             if mid in cache:
                 cache.touch(mid, n)
@@ -211,7 +214,86 @@ def test_lrfu_restarting_the_clock_keeps_the_order(monkeypatch: pytest.MonkeyPat
             assert adm.admitted
             cache.set_state(mid, State.LOADED, n, 100.0 + 37 * (n % 5))
             out += [e.model_id for e in adm.evicted]
-        assert cache.clock < 6 * 2 * rebase_every + 2  # the clock did restart (when it was due to)
+            evicted += sum(e.units for e in adm.evicted)
+        if rebase_every == 1:
+            assert cache.clock < evicted  # the clock did restart
         return out
 
     assert victims(1) == victims(1 << 20)
+
+
+def test_load_time_fit_learns_time_against_size() -> None:
+    from meshd.decisions.cache import LoadTimeFit
+
+    fit = LoadTimeFit(min_loads=4)
+    for units in (10, 20, 30):
+        fit.add(units, 500.0 + 2.0 * units)
+    assert fit.expected_ms(25) is None  # too few loads to trust
+    fit.add(40, 580.0)
+    expected = fit.expected_ms(25)
+    assert expected is not None and abs(expected - 550.0) < 1e-6
+    assert abs((fit.expected_ms(1000) or 0.0) - 2500.0) < 1e-6  # the line, outside what it saw too
+
+
+def test_load_time_fit_without_a_size_trend_expects_the_mean_and_never_a_tiny_time() -> None:
+    from meshd.decisions.cache import LoadTimeFit
+
+    same = LoadTimeFit(memory=1.0, min_loads=2)  # every load weighs the same here
+    for ms in (100.0, 300.0):
+        same.add(8, ms)  # one size: no slope to fit
+    assert same.expected_ms(8) == same.expected_ms(800) == 200.0
+    falling = LoadTimeFit(memory=1.0, min_loads=2)
+    falling.add(1, 1000.0)
+    falling.add(100, 10.0)  # bigger loaded faster: not a law to extrapolate, the slope stays 0
+    assert falling.expected_ms(10_000) == falling.expected_ms(1) == 505.0
+    rising = LoadTimeFit(memory=1.0, min_loads=2)
+    rising.add(100, 100.0)
+    rising.add(200, 1000.0)
+    assert rising.expected_ms(1) == 55.0  # the line gives less than nothing: a tenth of the mean
+
+
+def test_a_loads_cost_is_halfway_between_its_own_time_and_the_fit() -> None:
+    """One slow load (a busy disk) must not make a model look twice as costly to reload."""
+    from meshd.decisions.cache import LOAD_FIT_MIN_LOADS, Eviction
+
+    cache = WeightedLRU(100, Eviction.LRFU)
+    for n in range(LOAD_FIT_MIN_LOADS):
+        loaded(cache, f"m{n}", 1, n)
+        cache.set_state(f"m{n}", State.LOADED, n, 400.0)  # the first ones: their own times
+        assert cache.get(f"m{n}").load_ms == 400.0  # type: ignore[union-attr]
+    loaded(cache, "slow", 1, 50)
+    cache.set_state("slow", State.LOADED, 50, 1600.0)
+    assert cache.get("slow").load_ms == 800.0  # type: ignore[union-attr]  # sqrt(1600 x 400)
+
+
+def test_use_rate_takes_the_densest_recent_run_over_a_prior() -> None:
+    from meshd.decisions.cache import use_rate
+
+    assert use_rate((), 8.0) == use_rate((5.0,), 8.0) == 2.0 / 8.0  # a stranger, and a model seen once
+    # Three uses close together after a sparse past: the recent run counts, not the whole history.
+    assert use_rate((0.0, 100.0, 200.0, 201.0, 202.0), 8.0) == (2 + 2.0) / (2.0 + 8.0)
+    # A steady rate: the whole run (the prior weighs less the longer it is) ...
+    assert use_rate((0.0, 10.0, 20.0, 30.0), 100.0) == (3 + 2.0) / (30.0 + 100.0)
+    # ... and never less than the prior: rarer uses than it are not told apart by rate.
+    assert use_rate((0.0, 10.0, 20.0, 30.0), 8.0) == 2.0 / 8.0
+
+
+def test_rate_keeps_a_steady_model_over_a_newcomer_and_a_returning_one_resumes() -> None:
+    from meshd.decisions.cache import RATE_USES_KEPT, Eviction
+
+    cache = WeightedLRU(2, Eviction.RATE)
+    loaded(cache, "steady", 1, 100)
+    for t in range(101, 120):
+        cache.touch("steady", t)  # more uses than it keeps: only the last RATE_USES_KEPT count
+    steady = cache.get("steady")
+    assert steady is not None and len(steady.uses_at) == RATE_USES_KEPT
+    loaded(cache, "once", 1, 130)
+    adm = cache.admit("new", 1, 140, 140)
+    assert [e.model_id for e in adm.evicted] == ["once"]  # one use is worth the prior only
+    cache.set_state("new", State.LOADED, 140)
+    for t in (141, 142):
+        cache.touch("new", t)  # three uses of "new", at the clock of one eviction
+    adm = cache.admit("once", 1, 150, 150)  # back: its ghost's use, and this one
+    once = cache.get("once")
+    assert once is not None and len(once.uses_at) == 2
+    assert [e.model_id for e in adm.evicted] == ["new"]  # 3 uses at once < 8 kept, decayed less

@@ -12,6 +12,7 @@ import meshd.decisions.cache as cache_module
 from meshd.decisions.cache import (
     DEFAULT_LOAD_MS_PER_UNIT,
     LRFU_HALF_LIFE_TURNOVERS,
+    RATE_HALF_LIFE_TURNOVERS,
     CacheEntry,
     Eviction,
     State,
@@ -47,12 +48,14 @@ def sorted_plan(cache: WeightedLRU, needed: int, exclude: str, newer_than: int |
 
 
 def spec_key(cache: WeightedLRU, e: CacheEntry) -> tuple[float, ...]:
-    """Each order's key as its docs define it (LRFU: log of the decayed uses x cost per unit)."""
+    """Each order's key as its docs define it (LRFU: log of the decayed uses x cost per unit;
+    RATE: log of the rate x cost per unit, decayed since the last use)."""
     if cache.eviction is Eviction.GDSF:
         return (e.priority, e.last_used_ms)
-    if cache.eviction is Eviction.LRFU:
+    if cache.eviction in (Eviction.LRFU, Eviction.RATE):
         cost = e.load_ms / e.units if e.load_ms > 0 else DEFAULT_LOAD_MS_PER_UNIT
-        half_life = LRFU_HALF_LIFE_TURNOVERS * cache.capacity_units
+        turnovers = LRFU_HALF_LIFE_TURNOVERS if cache.eviction is Eviction.LRFU else RATE_HALF_LIFE_TURNOVERS
+        half_life = turnovers * cache.capacity_units
         return (math.log2(e.score * cost) + e.clock / half_life, e.last_used_ms)
     return (e.last_used_ms,)
 

@@ -58,7 +58,7 @@ def tolerance(real: float, simulated: float) -> float:
     return abs(simulated - real) / real
 
 
-@pytest.mark.parametrize("eviction", [Eviction.LRU, Eviction.GDSF, Eviction.LRFU], ids=["lru", "gdsf", "lrfu"])
+@pytest.mark.parametrize("eviction", list(Eviction), ids=[e.value for e in Eviction])
 def test_the_simulator_and_a_real_mesh_agree_on_loads_and_hit_ratio(
     start_node: NodeFactory, tmp_path: object, eviction: Eviction
 ) -> None:

@@ -107,11 +107,13 @@ def test_the_anchors_rank_as_they_should_on_independent_zipf() -> None:
     ratio = {
         "lru": meshd_hit_ratio(reqs, units, 50, Eviction.LRU, warmup=warm),
         "lrfu": meshd_hit_ratio(reqs, units, 50, Eviction.LRFU, warmup=warm),
+        "rate": meshd_hit_ratio(reqs, units, 50, Eviction.RATE, warmup=warm),
         "lfu": Outcome.of(lfu_hits(reqs, units, 50), reqs, [1.0] * N_MODELS, warm).hit_ratio,
         "oracle": Outcome.of(oracle_hits(reqs, units, 50, (Epoch(0, probs),)), reqs, [1.0] * N_MODELS, warm).hit_ratio,
         "belady": belady_hit_ratio(reqs, units, 50, warm),
     }
     assert ratio["lru"] < ratio["lrfu"] < ratio["lfu"] < ratio["oracle"] < ratio["belady"], ratio
+    assert ratio["lrfu"] < ratio["rate"] < ratio["oracle"], ratio  # a longer memory of each model's rate
     # The static top 50's expected hit ratio, from the probabilities alone.
     assert ratio["oracle"] == pytest.approx(sum(sorted(probs, reverse=True)[:50]), abs=0.01)
 
