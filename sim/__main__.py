@@ -208,7 +208,7 @@ def run_workload(wl: w.Workload, args: argparse.Namespace, policies: list[Policy
 
 
 # One cache of the fleet's size, beside the fleet's loads: meshd's default order and the anchors.
-ONE_CACHE_ANCHORS = ("meshd LRFU", "LFU, perfect memory (anchor)", "popularity oracle (anchor)")
+ONE_CACHE_ANCHORS = ("meshd LRFU", "meshd RATE", "LFU, perfect memory (anchor)", "popularity oracle (anchor)")
 
 
 def compare_single(
