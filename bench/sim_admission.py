@@ -2,7 +2,7 @@
 meshd's value-ordered load queue with and without the pressure admission test, under GDSF
 (FaasCache's Greedy-Dual keep-alive is GDSF with the cold-start cost) and LRU eviction,
 beside the first-come queue (meshd before issue 24 and upstream's rules), and meshd's default
-(LRFU eviction) with both.
+(RATE eviction) with both.
 
     python bench/sim_admission.py [--requests N] [--rates 10,80] [--capacities 0.05,0.1]
 
@@ -29,7 +29,7 @@ RULES: list[tuple[str, Policy]] = [
     ("value queue + wait limit + pressure admission, LRU", replace(MESHD, eviction=Eviction.LRU)),
     ("value queue + wait limit, GDSF", replace(MESHD, eviction=Eviction.GDSF, pressure_admission=False)),
     ("value queue + wait limit + pressure admission, GDSF", replace(MESHD, eviction=Eviction.GDSF)),
-    ("value queue + wait limit + pressure admission, LRFU (meshd)", MESHD),
+    ("value queue + wait limit + pressure admission, RATE (meshd)", MESHD),
 ]
 
 

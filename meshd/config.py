@@ -156,10 +156,10 @@ SETTINGS: tuple[Setting, ...] = (
         "eviction",
         "MESHD_EVICTION",
         "--eviction",
-        "cache eviction order: lrfu (recent uses per unit of memory and second of reload, see docs/simulator.md), "
-        "rate (request rate from the last 8 uses, per unit and second of reload; best on one cache), "
+        "cache eviction order: rate (each copy's recent request rate per unit of memory and second of reload, "
+        "see docs/simulator.md), lrfu (recent uses per unit and second, halved every two turnovers), "
         "gdsf (uses per unit and second, no decay) or lru (upstream's)",
-        "lrfu",
+        "rate",
     ),
     Setting(
         "load_queue",
@@ -375,7 +375,7 @@ class Config:
     max_inflight_per_copy: int = 0
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
-    eviction: Eviction = Eviction.LRFU
+    eviction: Eviction = Eviction.RATE
     load_queue: bool = True  # MESHD_LOAD_QUEUE=value; False: fifo (upstream's)
     load_wait_limit_ms: int = 10_000
     data_plane: str = "python"  # resolved: "python" or "native" (MESHD_DATAPLANE=auto picks one)

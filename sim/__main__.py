@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policies",
         default="upstream,meshd,random",
-        help="comma-separated: upstream, meshd, meshd-gdsf, meshd-rate, meshd-fifo, random",
+        help="comma-separated: upstream, meshd, meshd-lrfu, meshd-gdsf, meshd-fifo, random",
     )
     p.add_argument("--capacities", type=shares, default=[0.1, 0.2, 0.3], help="fleet capacity, share of catalogue")
     p.add_argument("--instances", type=positive_int, default=10)

@@ -2,13 +2,14 @@
 
 - `upstream`: ModelMesh's defaults: weighted LRU eviction, PLACEMENT_ORDER ranking with the
   near-best random pick (CacheMissForwardingLB), upstream's copy scaling.
-- `meshd`: meshd's own choices: LRFU eviction (recent uses per unit and second of reload, `meshd.decisions.cache`),
+- `meshd`: meshd's own choices: RATE eviction (each copy's recent request rate per unit and
+  second of reload, `meshd.decisions.cache`),
   and the placement spread of recent loads (`RecentPlacements`) on top of upstream's ranking.
   And the load queue of `meshd.decisions.placement.loading` (issue 24): room taken when a load
   starts, the most valuable load first, misses beyond load capacity refused at once.
 - `meshd-gdsf`: `meshd` with GDSF eviction (meshd's default before LRFU: counts that never decay).
-- `meshd-rate`: `meshd` with RATE eviction (each copy's request rate from its last 8 uses: fewer
-  misses than LRFU on one cache on every preset, not in the fleet on moving popularity).
+- `meshd-lrfu`: `meshd` with LRFU eviction (recent uses, halved every two turnovers: meshd's
+  default from 2026-11-26 until RATE, the same day).
 - `meshd-fifo`: meshd before issue 24: GDSF eviction and upstream's first-come load queue.
 - `random`: a load goes to a uniformly random instance that could hold it (LRU eviction):
   the floor any placement policy should beat.
@@ -33,13 +34,13 @@ class Policy:
 
 
 UPSTREAM = Policy("upstream")
-MESHD = Policy("meshd", eviction=Eviction.LRFU, spread_recent_loads=True, load_queue=True)
+MESHD = Policy("meshd", eviction=Eviction.RATE, spread_recent_loads=True, load_queue=True)
 MESHD_GDSF = Policy("meshd-gdsf", eviction=Eviction.GDSF, spread_recent_loads=True, load_queue=True)
-MESHD_RATE = Policy("meshd-rate", eviction=Eviction.RATE, spread_recent_loads=True, load_queue=True)
+MESHD_LRFU = Policy("meshd-lrfu", eviction=Eviction.LRFU, spread_recent_loads=True, load_queue=True)
 MESHD_FIFO = Policy("meshd-fifo", eviction=Eviction.GDSF, spread_recent_loads=True)  # meshd before issue 24
 RANDOM = Policy("random", random_placement=True)
 
-POLICIES = {p.name: p for p in (UPSTREAM, MESHD, MESHD_GDSF, MESHD_RATE, MESHD_FIFO, RANDOM)}
+POLICIES = {p.name: p for p in (UPSTREAM, MESHD, MESHD_LRFU, MESHD_GDSF, MESHD_FIFO, RANDOM)}
 
 
 def as_configured(eviction: Eviction, load_queue: bool = True) -> Policy:
