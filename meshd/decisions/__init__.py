@@ -6,7 +6,7 @@ record fields, counts) and returns a decision; randomness comes only from an inj
 
 Owns: `placement/` (where a model loads, which copy serves, how many copies: rank, serving,
 scaling, constraints, modelkey, view, and `liveness`: what the records lag behind),
-`cache` (what to admit and evict: LRU, GDSF or LRFU over 8 KiB units), `gate` (the per-copy
+`cache` (what to admit and evict: LRU, GDSF, LRFU or RATE over 8 KiB units), `gate` (the per-copy
 concurrency rules), `janitor` (what to repair between the cache and the registry), `status`
 (what getModelStatus reports), `ids` (what a valid model id and ModelInfo are), `publishing`
 (what this instance's record says and when it is due).

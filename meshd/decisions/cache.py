@@ -74,6 +74,8 @@ LRFU_HALF_LIFE_TURNOVERS = 2.0
 # RATE: a copy's request rate from its last RATE_USES_KEPT uses, the densest recent run of them
 # with a prior of RATE_PRIOR_USES uses over RATE_PRIOR_TURNOVERS turnovers (so one or two uses
 # close together do not look hot), halved every RATE_HALF_LIFE_TURNOVERS turnovers without a use.
+# The prior bounds a rate between 2 and 9 uses per 8 turnovers on purpose: it tells apart the
+# models near the margin of the cache; hot ones, never near it, are ordered by recency and cost.
 # Measured on the simulator's five presets (docs/simulator.md): fewer misses than LRFU on each on
 # one cache; in the fleet fewer loads on four and level on the fifth (shifting); 8 turnovers
 # instead of 4 miss less on one cache and load 1-3 % more in the fleet where popularity moves.
@@ -109,7 +111,8 @@ class CacheEntry:
     prior_use_ms: int | None = None  # last use before the current spell of use
     gate: Gate | None = None  # the copy's concurrency limit, when the runtime asks for one
     uses: int = 1  # GDSF: uses since admission (the load's own request counts)
-    load_ms: float = 0.0  # GDSF: how long its load took (0: unknown)
+    load_ms: float = 0.0  # the reload cost: its load's time, smoothed by the cache's fit (0: unknown)
+    measured_ms: float = 0.0  # how long its load took (0: unknown)
     priority: float = 0.0  # GDSF: L at last use + uses x cost per unit
     score: float = 1.0  # LRFU: uses, each halved per half-life of the cache's clock since; RATE: the rate
     clock: float = 0.0  # LRFU, RATE: the cache's clock (units evicted) at the last use
@@ -126,7 +129,7 @@ class Admission:
 
 
 class WeightedLRU:
-    """The cache; named for upstream's order, its default here (the daemon configures LRFU by default)."""
+    """The cache; named for upstream's order, its default here (the daemon configures RATE by default)."""
 
     def __init__(self, capacity_units: int, eviction: Eviction = Eviction.LRU) -> None:
         if capacity_units < 1:
@@ -204,7 +207,7 @@ class WeightedLRU:
         """`uses` requests of `model_id` at `now_ms` (several when counted in bulk: the native
         data plane's counters)."""
         entry = self._entries.get(model_id)
-        if entry is None:
+        if entry is None or uses < 1:
             return
         counted = self.eviction is not Eviction.LRU  # a use changes the key
         if self.eviction is Eviction.GDSF:
@@ -284,6 +287,8 @@ class WeightedLRU:
         self.used_units += units - entry.units
         old_cost = _cost_per_unit(entry)
         entry.units = units
+        if entry.measured_ms > 0:  # the fit's view of its load changes with its size
+            entry.load_ms = self.load_fit.cost_ms(units, entry.measured_ms)
         _recost(entry, old_cost)
         self._push(entry)
         victims = self._plan_eviction(-self.free_units, exclude=model_id, newer_than=None) or []
@@ -299,8 +304,9 @@ class WeightedLRU:
         self._loaded += (state is State.LOADED) - (entry.state is State.LOADED)
         entry.state = state
         entry.since_ms = now_ms
-        if load_ms is not None and load_ms > 0:
+        if load_ms is not None and math.isfinite(load_ms) and load_ms > 0:
             old_cost = _cost_per_unit(entry)
+            entry.measured_ms = load_ms
             entry.load_ms = self.load_fit.smoothed_ms(entry.units, load_ms)
             _recost(entry, old_cost)
             self._push(entry)
@@ -463,11 +469,19 @@ class LoadTimeFit:
         slope = max(0.0, (self._xy / self._w - mean_x * mean_y) / var) if var > 1e-9 * (1.0 + mean_x * mean_x) else 0.0
         return max(mean_y / 10, mean_y + slope * (units - mean_x))
 
-    def smoothed_ms(self, units: int, load_ms: float) -> float:
-        """A load's cost: halfway (geometric) between its own time and the fit's, then learnt."""
+    def cost_ms(self, units: int, load_ms: float) -> float:
+        """A load's cost: halfway (geometric) between its own time and the fit's, the fit's
+        held within 4x of the load's own (so the cost stays within 2x of what was measured)."""
         expected = self.expected_ms(units)
+        if expected is None or not expected > 0:
+            return load_ms
+        return math.sqrt(load_ms * min(max(expected, load_ms / 4), load_ms * 4))
+
+    def smoothed_ms(self, units: int, load_ms: float) -> float:
+        """`cost_ms`, then the load is learnt."""
+        cost = self.cost_ms(units, load_ms)
         self.add(units, load_ms)
-        return load_ms if expected is None or expected <= 0 else math.sqrt(load_ms * expected)
+        return cost
 
 
 def _recost(entry: CacheEntry, old_cost: float) -> None:

@@ -421,7 +421,7 @@ class LocalModels:
             if self.info.limit_model_concurrency and loaded.max_concurrency > 0:
                 bound = queue_bound(loaded.max_concurrency, self.max_queue_per_copy)
                 entry.gate = CopyGate(model_id, loaded.max_concurrency, bound)
-            # LRFU's and GDSF's cost of a reload: the runtime's load time, not the wait for a slot (that
+            # The counting orders' cost of a reload: the runtime's load time, not the wait for a slot (that
             # measures the moment's contention, not the model), on a monotonic clock.
             self.cache.set_state(model_id, State.LOADED, self.clock(), loaded.load_ms)
             self.counters.loads += 1

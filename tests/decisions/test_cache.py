@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from meshd.decisions.cache import UNIT_BYTES, State, WeightedLRU, to_units
@@ -297,3 +299,59 @@ def test_rate_keeps_a_steady_model_over_a_newcomer_and_a_returning_one_resumes()
     once = cache.get("once")
     assert once is not None and len(once.uses_at) == 2
     assert [e.model_id for e in adm.evicted] == ["new"]  # 3 uses at once < 8 kept, decayed less
+
+
+def test_the_fit_never_moves_a_loads_cost_more_than_twice_from_its_own_time() -> None:
+    from meshd.decisions.cache import LoadTimeFit
+
+    fit = LoadTimeFit(memory=1.0, min_loads=2)
+    fit.add(10, 100.0)
+    fit.add(11, 200.0)  # a steep line over sizes close together
+    assert fit.expected_ms(1000) == 100.0 + 100.0 * 990  # what the line says, far outside
+    assert fit.cost_ms(1000, 1000.0) == 2000.0  # held within 4x: the cost within 2x of 1,000 ms
+    assert fit.cost_ms(10, 100.0) == 100.0  # on the line: its own time
+
+
+def test_a_load_time_that_is_not_a_time_is_ignored() -> None:
+    from meshd.decisions.cache import Eviction
+
+    cache = WeightedLRU(10, Eviction.RATE)
+    for bad in (float("inf"), float("nan"), 0.0, -5.0):
+        loaded(cache, "m", 1, 1)
+        cache.set_state("m", State.LOADED, 1, bad)
+        entry = cache.get("m")
+        assert entry is not None and entry.load_ms == 0.0 and entry.measured_ms == 0.0
+        cache.remove("m")
+    assert cache.load_fit.loads == 0  # nothing learnt from them
+
+
+def test_a_size_learnt_after_the_load_recomputes_the_cost_from_the_measured_time() -> None:
+    from meshd.decisions.cache import LOAD_FIT_MIN_LOADS, Eviction
+
+    cache = WeightedLRU(1000, Eviction.LRFU)
+    for n in range(LOAD_FIT_MIN_LOADS):
+        units = 10 + n
+        loaded(cache, f"m{n}", units, n)
+        cache.set_state(f"m{n}", State.LOADED, n, 100.0 + 30.0 * units)  # 30 ms a unit, 100 to start
+    loaded(cache, "late", 10, 50)  # loaded at the default size (the fit expects 400 ms) ...
+    cache.set_state("late", State.LOADED, 50, 400.0)
+    assert cache.get("late").load_ms == pytest.approx(400.0)  # type: ignore[union-attr]
+    cache.resize("late", 40)  # ... its real size known later: the fit expects 1,300 ms for it
+    entry = cache.get("late")
+    assert entry is not None and entry.measured_ms == 400.0
+    assert entry.load_ms == pytest.approx(math.sqrt(400.0 * 1300.0), rel=1e-3)
+
+
+def test_no_use_is_no_use() -> None:
+    from meshd.decisions.cache import Eviction
+
+    for order in (Eviction.LRFU, Eviction.RATE, Eviction.GDSF):
+        cache = WeightedLRU(4, order)
+        loaded(cache, "a", 1, 1)
+        loaded(cache, "b", 1, 2)
+        cache.admit("x", 2, 3, 3)  # the clock moves on: 2 units evicted
+        before = cache.get("x")
+        assert before is not None
+        snapshot = (before.score, before.clock, before.uses_at, before.uses, before.last_used_ms)
+        cache.touch("x", 10, uses=0)
+        assert (before.score, before.clock, before.uses_at, before.uses, before.last_used_ms) == snapshot

@@ -2,7 +2,7 @@
 
 Every `interval_s` (and soon after a change of local copies) the plane computes the routes
 (`routes`) and sends HAProxy only the differences; each poll of the counters table feeds
-the requests HAProxy carried to the local runtime back to the cache (last use, LRFU and GDSF uses)
+the requests HAProxy carried to the local runtime back to the cache (last use, and uses for the counting orders)
 and to the rates copy scaling reads. An eviction calls `withdraw` before it unloads: the
 route goes first, then the copy's native requests in flight finish (bounded), then the
 runtime unloads. If HAProxy exits, the plane starts it again and re-sends every map.
