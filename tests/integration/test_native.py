@@ -85,7 +85,7 @@ def settled(c: Client, quiet_s: float = 2.0) -> int:
         last = now
 
 
-@pytest.mark.parametrize("eviction", ["lru", "gdsf", "lrfu"])
+@pytest.mark.parametrize("eviction", ["lru", "gdsf", "lrfu", "rate"])
 def test_warm_requests_are_carried_natively_and_their_uses_reach_the_lru(
     start_node: NodeFactory, models: list[GeneratedModel], eviction: str
 ) -> None:
@@ -102,7 +102,7 @@ def test_warm_requests_are_carried_natively_and_their_uses_reach_the_lru(
     assert carried(c) == before + 20  # every one of them natively: the route was in before the first
     assert c.stats().requests >= 20  # and counted as served here, for the rates copy scaling reads
     # Only the counters say m0 was used after m1, and 21 times to the others' once. Under LRU
-    # the eviction for m3 must take m1, exactly. Under GDSF and LRFU the victim also depends on each
+    # the eviction for m3 must take m1, exactly. Under GDSF, LRFU and RATE the victim also depends on each
     # copy's measured load time, so three evictions in a row (m3, m4, m5) must all spare m0:
     # with its load's single use it would be among the first to go.
     load(c, m2)
