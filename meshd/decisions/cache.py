@@ -138,7 +138,7 @@ class WeightedLRU:
         self.used_units = 0
         self.eviction = eviction
         self.inflation = 0.0  # GDSF's L: the priority of the last victim
-        self.clock = 0.0  # LRFU's clock: units of loaded copies evicted (since the last rebase)
+        self.clock = 0.0  # LRFU's and RATE's clock: units of loaded copies evicted (since the last rebase)
         turnovers = RATE_HALF_LIFE_TURNOVERS if eviction is Eviction.RATE else LRFU_HALF_LIFE_TURNOVERS
         self._half_life = turnovers * capacity_units
         self._prior_span = RATE_PRIOR_TURNOVERS * capacity_units
