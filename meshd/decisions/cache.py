@@ -214,7 +214,9 @@ class WeightedLRU:
             entry.uses += uses
             entry.priority = self.inflation + entry.uses * _cost_per_unit(entry)
         elif self.eviction is Eviction.RATE:
-            self._record_uses(entry, entry.uses_at, uses)
+            at = entry.uses_at
+            if len(at) < RATE_USES_KEPT or at[0] != self.clock:  # else every use it keeps is now: no change
+                self._record_uses(entry, at, uses)
         elif counted:
             entry.score = uses + self._decayed(entry.score, entry.clock)
             entry.clock = self.clock
