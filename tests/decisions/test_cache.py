@@ -347,11 +347,16 @@ def test_no_use_is_no_use() -> None:
 
     for order in (Eviction.LRFU, Eviction.RATE, Eviction.GDSF):
         cache = WeightedLRU(4, order)
-        loaded(cache, "a", 1, 1)
-        loaded(cache, "b", 1, 2)
-        cache.admit("x", 2, 3, 3)  # the clock moves on: 2 units evicted
+        loaded(cache, "x", 1, 1)
+        loaded(cache, "a", 1, 2)
+        loaded(cache, "b", 2, 3)
+        for t in range(4, 10):
+            cache.touch("x", t)  # x is worth keeping
+        loaded(cache, "c", 3, 10)  # evicts a and b: the clock moves on past x's last use
         before = cache.get("x")
-        assert before is not None
+        assert before is not None and "a" not in cache and "b" not in cache
+        if order is not Eviction.GDSF:
+            assert cache.clock > before.clock  # so a use now would move x's clock
         snapshot = (before.score, before.clock, before.uses_at, before.uses, before.last_used_ms)
         cache.touch("x", 10, uses=0)
         assert (before.score, before.clock, before.uses_at, before.uses, before.last_used_ms) == snapshot
