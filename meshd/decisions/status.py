@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -56,6 +56,37 @@ def failure_expired(failed_ms: int, now_ms: int, expiry_ms: int) -> bool:
 def recent_failures(failed_in: Mapping[str, int], now_ms: int, expiry_ms: int) -> list[str]:
     """Instances where the model failed to load within the last `expiry_ms`."""
     return [i for i, ms in failed_in.items() if not failure_expired(ms, now_ms, expiry_ms)]
+
+
+def given_up_message(model_id: str, record: ModelRecord, recent: Sequence[str]) -> str:
+    """A load failure's answer (upstream: INTERNAL): the runtime's newest message first, where
+    and how often after it. `recent`: the instances where it failed lately (not empty)."""
+    newest = max(recent, key=lambda i: record.failed_in.get(i, 0))
+    first = record.fails.get(newest, {}).get("msg", "load failed")
+    where = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)
+    return f"{first} (model {model_id!r} failed to load on {len(recent)} instances recently: {where})"
+
+
+def failed_everywhere(
+    model_id: str,
+    excluded: AbstractSet[str],
+    record: ModelRecord,
+    recent: Sequence[str],
+    told: Mapping[str, str],
+) -> str | None:
+    """When a request ran out of instances, whether it is a load failure (INTERNAL, with this
+    message) rather than churn worth retrying (None): every instance it was turned away from
+    failed to load the model, by the record's recent failures or, before their record writes
+    reach this instance's mirror, by what the peers said (`told`: instance -> message)."""
+    if not excluded:
+        return None
+    if recent and excluded <= set(recent):
+        return given_up_message(model_id, record, recent)
+    if told and excluded <= set(recent) | told.keys():
+        where = "; ".join(f"{i}: {why}" for i, why in told.items())
+        first = next(iter(told.values()))
+        return f"{first} (model {model_id!r} failed to load on {len(told)} instances: {where})"
+    return None
 
 
 def model_status(

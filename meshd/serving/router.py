@@ -54,7 +54,7 @@ from meshd.decisions.placement.rank import (
 )
 from meshd.decisions.placement.serving import MAX_ATTEMPTS, MAX_BUSY_RETRIES, choose_copy
 from meshd.decisions.placement.view import ClusterView
-from meshd.decisions.status import recent_failures
+from meshd.decisions.status import failed_everywhere, given_up_message, recent_failures
 from meshd.observability.metrics import NO_METRICS, Metrics
 from meshd.observability.tracing import Tracing
 from meshd.registry.models import CopiesFull, Registry
@@ -329,7 +329,7 @@ class Router:
                 expiry = self.failure_expiry_ms
                 recent = recent_failures(record.failed_in, now, expiry)
                 if len(recent) >= MAX_RECENT_FAILURES:
-                    raise ModelLoadError(self._given_up(model_id, record, recent))
+                    raise ModelLoadError(given_up_message(model_id, record, recent))
                 target = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
                 mode = "load"
                 if target is None:
@@ -382,15 +382,9 @@ class Router:
                         raise ResourceExhausted(message) from None
         record = self.registry.get(model_id) or record
         recent = recent_failures(record.failed_in, self.cluster.view().now_ms, self.failure_expiry_ms)
-        if recent and excluded and excluded <= set(recent):
-            # Every instance tried failed to load it: a load failure (upstream: INTERNAL with
-            # the runtime's message), not churn worth retrying.
-            raise ModelLoadError(self._given_up(model_id, record, recent))
-        if failed_now and excluded and excluded <= set(recent) | set(failed_now):
-            # The same, told by the peers before their record writes reached this mirror.
-            where = "; ".join(f"{i}: {why}" for i, why in failed_now.items())
-            first = next(iter(failed_now.values()))
-            raise ModelLoadError(f"{first} (model {model_id!r} failed to load on {len(failed_now)} instances: {where})")
+        given_up = failed_everywhere(model_id, excluded, record, recent, failed_now)
+        if given_up is not None:  # every instance tried failed to load it (upstream: INTERNAL)
+            raise ModelLoadError(given_up)
         if exhausted and exhausted == len(tried):
             # Fewer instances than attempts (a lone one, say), each refused for load capacity:
             # worth a retry later, not an unavailable model. Any other failure among them
@@ -434,14 +428,6 @@ class Router:
         if target is not None:
             self._placed.add(view.now_ms, target)
         return target
-
-    def _given_up(self, model_id: str, record: ModelRecord, recent: list[str]) -> str:
-        """The runtime's message first, as upstream answers a load failure; where and how
-        often after it."""
-        newest = max(recent, key=lambda i: record.failed_in.get(i, 0))
-        first = record.fails.get(newest, {}).get("msg", "load failed")
-        where = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)
-        return f"{first} (model {model_id!r} failed to load on {len(recent)} instances recently: {where})"
 
     # ---- serving here ----------------------------------------------------------------
     async def ensure_here(self, model_id: str, record: ModelRecord, deadline: float | None = None) -> CacheEntry:

@@ -61,3 +61,22 @@ def test_no_home_is_loading_failed_with_upstreams_message_only_without_copies() 
     assert model_status(held, None, "me", 300, EXPIRY, no_home=message).status is ModelStatus.LOADED
     failed = ModelRecord(type="mt:x", failed_in={"me": 100}, fails={"me": {"msg": "boom"}})
     assert model_status(failed, None, "me", 300, EXPIRY, no_home=message).errors == ("me: boom",)
+
+
+def test_a_request_turned_away_only_by_load_failures_is_a_load_failure() -> None:
+    from meshd.decisions.status import failed_everywhere
+
+    rec = ModelRecord(
+        type="t", failed_in={"a": 100, "b": 200}, fails={"a": {"msg": "bad weights"}, "b": {"msg": "oom"}}
+    )
+    # By the record: the newest failure's message first, then every instance's.
+    message = failed_everywhere("m", {"a", "b"}, rec, ["a", "b"], {})
+    assert message == "oom (model 'm' failed to load on 2 instances recently: a: bad weights; b: oom)"
+    # One instance turned it away for another reason (unreachable, say): churn, not a load failure.
+    assert failed_everywhere("m", {"a", "b", "c"}, rec, ["a", "b"], {}) is None
+    # ... unless that peer said its load failed before its record write reached this mirror.
+    told = failed_everywhere("m", {"a", "b", "c"}, rec, ["a", "b"], {"c": "no such file"})
+    assert told == "no such file (model 'm' failed to load on 1 instances: c: no such file)"
+    # Nothing tried, or nothing failed: not this rule's answer.
+    assert failed_everywhere("m", set(), rec, ["a", "b"], {"c": "x"}) is None
+    assert failed_everywhere("m", {"a"}, ModelRecord(type="t"), [], {}) is None
