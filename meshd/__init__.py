@@ -7,7 +7,8 @@ tests/test_layout.py, holds the code to it); lowest first:
 - `decisions`: every rule shared with the simulator (placement, cache, gate, janitor,
   status, ids). Pure.
 - `security`, `observability`: TLS and peer identity; metrics, tracing, logs.
-- `kv`, `runtime`: the seams to etcd and to the model runtime.
+- `kv`, `runtime`, `process`: the seams to etcd, to the model runtime, and to the child
+  processes meshd and the adapter start.
 - `registry`: model, vmodel and instance records in etcd.
 - `serving`: the request path (router, forwarding, local copies, proxy handlers).
 - `loops`: leader duties, copy scaling, inventory, the runtime watch.

@@ -9,10 +9,34 @@ import grpc
 import pytest
 
 from meshd.kv.embedded import EmbeddedEtcd
-from meshd.testing import haproxy
+from meshd.testing import haproxy, procs
 from meshd.testing.etcd import start_test_etcd
 
 DATA_PLANES = ("python", "native")
+LOGS_SHOWN = 4  # children whose log tails a failed test's report carries, latest first
+LOG_LINES = 40
+_FIRST_CHILD = pytest.StashKey[int]()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_FIRST_CHILD] = len(procs.STARTED)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the log tails of the processes it ran (meshd, runtimes,
+    etcd: its own, and those of wider fixtures still running): a failure seen once in CI can be
+    read from CI's output."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if not report.failed:
+        return
+    first = item.stash.get(_FIRST_CHILD, len(procs.STARTED))
+    shown = [c for i, c in enumerate(procs.STARTED) if i >= first or c.alive()][-LOGS_SHOWN:]
+    for child in reversed(shown):
+        report.sections.append(
+            (f"log of {child.name} (pid {child.pid}, last {LOG_LINES} lines)", child.log_tail(LOG_LINES))
+        )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

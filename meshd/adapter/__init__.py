@@ -2,5 +2,5 @@
 that speaks the model-repository extension (Triton in explicit model-control mode, MLServer).
 An edge of its own: a separate process, sharing only the vocabulary with the daemon.
 
-May import: core, decisions, observability.
+May import: core, decisions, observability, process.
 """

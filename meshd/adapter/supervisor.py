@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshd.process.child import Child
+
 log = logging.getLogger(__name__)
 
 
@@ -65,7 +67,7 @@ class Supervisor:
         self.up = False
         self.generation = 0  # bumped each time the server comes back after being down
         self.restarts = 0
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: Child | None = None
         self._up_changed = asyncio.Event()
         self._seen_up = False
         self._restore: asyncio.Task[None] | None = None
@@ -171,13 +173,7 @@ class Supervisor:
 
     async def _start_child(self) -> None:
         assert self.command is not None
-        self.process = await asyncio.create_subprocess_exec(
-            *self.command,
-            env=self.env,
-            start_new_session=True,
-            stdin=asyncio.subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
-        )
+        self.process = Child.start(self.command, env=self.env, new_session=True)
         log.info("started model server (pid %d): %s", self.process.pid, " ".join(self.command))
         self._write_pid_file(self.process.pid)
 
@@ -272,29 +268,6 @@ class Supervisor:
             await proc.wait()
         _signal_group(proc.pid, signal.SIGKILL)  # whatever of its group is left
         self._remove_pid_file(proc.pid)
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _resolve_prctl() -> Callable[..., int] | None:
-    # Resolved once in the parent: loading libraries after fork in a threaded process is unsafe.
-    try:
-        import ctypes
-
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-        return prctl
-    except (OSError, AttributeError):
-        return None  # not Linux: the pid file is the fallback
-
-
-_PRCTL = _resolve_prctl()
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGKILL when the adapter dies (Linux)."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _signal_group(pid: int, sig: int) -> None:

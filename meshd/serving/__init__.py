@@ -11,5 +11,5 @@ asking their holders), `invocations` (per-call metrics and the invoke log), and 
 (the raw-bytes gRPC handlers and the wire: headers, methods, id splicing, stream relays), and
 `native/` (the optional native data plane: HAProxy carrying warm requests, this room its control plane).
 
-May import: core, decisions, security, observability, kv, runtime, registry.
+May import: core, decisions, security, observability, process, kv, runtime, registry.
 """

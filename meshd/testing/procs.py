@@ -69,6 +69,9 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str, interval_
     raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
+STARTED: list[Child] = []  # every child this test process started, for logs shown on a failure
+
+
 class Child:
     """One child process with its output in a log file; `stop()` is idempotent."""
 
@@ -91,6 +94,7 @@ class Child:
             self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True, cwd=cwd
         )
         self.pid = self.proc.pid
+        STARTED.append(self)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -28,6 +28,11 @@ from ..conftest import data_plane_settings
 MODEL_SIZE = 1 << 20
 
 
+# A test that restarts what listens on a port (HAProxy, a runtime) waits for the client's next
+# connection attempt; gRPC's default backoff (1 s, x1.6 per failure) puts it seconds apart.
+PROMPT_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 500)]
+
+
 @dataclass
 class Client:
     """Synchronous stubs for one node (tests read better without awaits)."""
@@ -103,7 +108,9 @@ def start_node(mesh: LocalMesh) -> Iterator[NodeFactory]:
         args = ["--capacity-bytes", str(capacity_models * MODEL_SIZE), *(runtime_args or [])]
         node = mesh.add_node(instance_id, runtime_args=args, settings=settings)
         client = Client(
-            node, grpc.insecure_channel(node.target), grpc.insecure_channel(f"127.0.0.1:{node.runtime_port}")
+            node,
+            grpc.insecure_channel(node.target, options=PROMPT_RECONNECT),
+            grpc.insecure_channel(f"127.0.0.1:{node.runtime_port}", options=PROMPT_RECONNECT),
         )
         clients.append(client)
         return client

@@ -3,43 +3,33 @@
 One process per meshd, in the foreground (`-db`) as meshd's child: meshd writes its
 configuration and empty maps, checks the configuration (`-c`), starts it, and talks to it
 only through the runtime API (maps and server addresses change without reloads). If it
-exits, `running` says so and the plane starts it again from scratch.
+exits, `running` says so and the plane starts it again from scratch. It is started as a
+`meshd.process.child.Child`: no fork of meshd's threads, and it dies with meshd.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
+
+from meshd.process.child import Child, run
 
 log = logging.getLogger("meshd.native")
 
 START_TIMEOUT_S = 10.0
+CHECK_TIMEOUT_S = 60.0  # `haproxy -v` and `-c`
 STOP_GRACE_S = 5.0
 COMMANDS_PER_CALL = 200  # runtime API commands joined by ';' on one connection
 
 
 class HAProxyError(Exception):
     pass
-
-
-PR_SET_PDEATHSIG = 1
-# Resolved here, in the parent: the child of a threaded process (gRPC's threads) must not load
-# a library between fork and exec. It did (ctypes.CDLL in the child), and a child that forked
-# while another thread held the loader's lock hung before exec, and meshd with it, in Popen,
-# waiting for that exec. (meshd.adapter.supervisor resolves its own the same way.)
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when meshd dies, however it dies (kill -9 included),
-    so no HAProxy outlives its control plane holding the external port."""
-    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def find_haproxy(setting: str) -> str | None:
@@ -50,13 +40,10 @@ def find_haproxy(setting: str) -> str | None:
 
 
 async def haproxy_version(executable: str) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        executable, "-v", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    out, _ = await proc.communicate()
-    first = out.decode(errors="replace").splitlines()[:1]
-    if proc.returncode != 0 or not first:
-        raise HAProxyError(f"{executable} -v failed: {out.decode(errors='replace').strip()[:300]}")
+    code, out = await run([executable, "-v"], CHECK_TIMEOUT_S)
+    first = out.splitlines()[:1]
+    if code != 0 or not first:
+        raise HAProxyError(f"{executable} -v failed: {out.strip()[:300]}")
     return first[0]
 
 
@@ -71,7 +58,7 @@ class HAProxy:
         self.log_path = workdir / "haproxy.log"
         self.empty_maps = empty_maps
         self.api_socket = api_socket
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Child | None = None
         self.starts = 0
 
     @property
@@ -91,16 +78,12 @@ class HAProxy:
         empty maps). HAProxyError says why not."""
         try:
             version = await haproxy_version(self.executable)
-        except OSError as e:
+            self._write_files()  # a few small local files: not worth a thread
+            code, out = await run([self.executable, "-c", "-f", str(self.config_path)], CHECK_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as e:
             raise HAProxyError(f"{self.executable} does not run: {e}") from None
-        self._write_files()  # a few small local files: not worth a thread
-        check = await asyncio.create_subprocess_exec(
-            self.executable, "-c", "-f", str(self.config_path),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        out, _ = await check.communicate()
-        if check.returncode != 0:
-            lines = out.decode(errors="replace").splitlines()
+        if code != 0:
+            lines = out.splitlines()
             alerts = [line for line in lines if "ALERT" in line] or lines
             raise HAProxyError(f"haproxy rejected its configuration: {' | '.join(alerts)[:800]}")
         return version
@@ -109,11 +92,10 @@ class HAProxy:
         """Check the configuration, start, wait for the runtime API."""
         await self.check()
         logfile = self.log_path.open("ab")  # the child holds it open
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                self.executable, "-db", "-f", str(self.config_path),
-                stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+        try:  # it dies with meshd, however meshd dies: no HAProxy left holding the external port
+            self.proc = Child.start(
+                [self.executable, "-db", "-f", str(self.config_path)], stdout=logfile, stderr=logfile
+            )
         finally:
             logfile.close()
         self.starts += 1
@@ -163,11 +145,9 @@ class HAProxy:
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGUSR1)
+        proc.send_signal(signal.SIGUSR1)
         try:
             await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            proc.kill()
             await proc.wait()

@@ -1,0 +1,123 @@
+"""A child process that cannot hang its parent while starting, and whose exit is always seen.
+
+Not `asyncio.create_subprocess_exec`: under uvloop every spawn is a fork() of the whole
+process that runs Python in the child before exec (uvloop's at-fork hook calls
+PyOS_AfterFork_Child, then any preexec_fn), after gRPC's fork handlers have run in the parent.
+In a process with gRPC's threads that can deadlock, and the parent's event loop waits for the
+exec: one stuck child froze meshd for good. `subprocess.Popen` without a preexec_fn uses
+vfork: the child runs only C code up to exec, and no fork handler runs at all.
+
+The parent-death signal needs code in the child, so a small guard program sets it: a fresh
+Python (no site, no environment) that sets it, checks that the parent that started it is
+still there, and execs the real command in place (same pid, same argv). A thread of the
+child's own waits for it, so its exit is known whatever the event loop tracks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import IO
+
+# argv: parent pid, executable, the command's argv (argv[0] as given)
+_GUARD = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)  # the parent died before the signal was set
+os.execv(sys.argv[2], sys.argv[3:])
+"""
+
+Output = int | IO[bytes] | None
+
+
+def resolve(program: str, env: Mapping[str, str] | None = None) -> str:
+    """The executable `program` names (a path, or a name looked up on the PATH the child gets);
+    FileNotFoundError if there is none, so a missing program fails at start, not in the guard."""
+    path = program if os.sep in program else shutil.which(program, path=(env or os.environ).get("PATH"))
+    if path is None or not os.access(path, os.X_OK) or os.path.isdir(path):
+        raise FileNotFoundError(errno.ENOENT, "no such executable", program)
+    return path
+
+
+def guarded_argv(executable: str, argv: Sequence[str], parent_pid: int) -> list[str]:
+    """The guard's command line: it sets the parent-death signal, then execs `argv`."""
+    return [sys.executable, "-I", "-S", "-c", _GUARD, str(parent_pid), executable, *argv]
+
+
+class Child:
+    """A started child. `start` from the event loop's thread: the parent-death signal follows
+    the thread that spawned the child (PR_SET_PDEATHSIG), and the loop's thread lives as long as
+    the process."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self._exited: asyncio.Future[int] = loop.create_future()
+        threading.Thread(target=self._reap, args=(loop,), name=f"reap-{self.pid}", daemon=True).start()
+
+    @classmethod
+    def start(
+        cls,
+        argv: Sequence[str],
+        *,
+        stdout: Output = None,
+        stderr: Output = None,
+        env: Mapping[str, str] | None = None,
+        new_session: bool = False,
+        die_with_parent: bool = True,
+    ) -> Child:
+        """Start `argv` (blocks for the exec only: about a millisecond, plus the guard's start)."""
+        loop = asyncio.get_running_loop()
+        executable = resolve(argv[0], env)
+        args = list(argv)
+        if die_with_parent and sys.platform == "linux":
+            executable, args = sys.executable, guarded_argv(executable, argv, os.getpid())
+        popen = subprocess.Popen(
+            args, executable=executable, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+            env=env, start_new_session=new_session, close_fds=True,
+        )  # fmt: skip
+        return cls(popen, loop)
+
+    def _reap(self, loop: asyncio.AbstractEventLoop) -> None:
+        code = self._popen.wait()
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
+            loop.call_soon_threadsafe(self._set_exited, code)
+
+    def _set_exited(self, code: int) -> None:
+        if not self._exited.done():
+            self._exited.set_result(code)
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once it has exited (minus the signal that killed it), else None."""
+        return self._exited.result() if self._exited.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def send_signal(self, sig: int) -> None:
+        """Signal it if it has not been reaped (Popen never signals a reaped, maybe reused, pid)."""
+        with contextlib.suppress(ProcessLookupError):
+            self._popen.send_signal(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+async def run(argv: Sequence[str], timeout_s: float = 60.0) -> tuple[int, str]:
+    """Run a short command to its end (vfork, in a worker thread); its exit status and its
+    output, stdout and stderr together."""
+    done = await asyncio.to_thread(
+        subprocess.run, list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        timeout=timeout_s, check=False,
+    )  # fmt: skip
+    return done.returncode, done.stdout.decode(errors="replace")

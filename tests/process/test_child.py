@@ -1,0 +1,149 @@
+"""meshd.process.child with real processes: exit seen and reaped, argv kept, a missing program
+refused at start, death with the parent (kill -9 included), the guard's check of its parent,
+and no fork handler run by a start (uvloop's own spawn, the control, runs them)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from meshd.process.child import Child, guarded_argv, resolve, run
+from meshd.testing.procs import wait_until
+
+
+def _gone(pid: int) -> bool:
+    """Exited and reaped, or a zombie nobody reaps (a dead parent's child, before init does)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+def _cmdline(pid: int) -> list[bytes] | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return None
+
+
+async def test_the_exit_status_is_seen_and_the_child_reaped() -> None:
+    child = Child.start(["sh", "-c", "exit 3"])
+    assert await asyncio.wait_for(child.wait(), 10) == 3
+    assert child.returncode == 3
+    assert _cmdline(child.pid) is None  # reaped: no zombie left
+
+
+async def test_a_killed_child_reports_the_signal_and_a_late_signal_is_harmless() -> None:
+    child = Child.start(["sleep", "60"])
+    assert child.returncode is None
+    child.kill()
+    assert await asyncio.wait_for(child.wait(), 10) == -signal.SIGKILL
+    child.send_signal(signal.SIGTERM)  # reaped: never sent to a pid that may be reused
+
+
+async def test_argv_is_the_commands_own_after_the_guard(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with out.open("wb") as f:
+        child = Child.start(["sh", "-c", 'echo "$0 $1"; sleep 30', "zero", "one"], stdout=f)
+    try:
+        wait_until(lambda: out.read_bytes() != b"", 10, "the child's output")
+        cmdline = _cmdline(child.pid)
+        assert cmdline is not None and cmdline[:2] == [b"sh", b"-c"]  # the real command in place of the guard, same pid
+        assert out.read_text() == "zero one\n"
+    finally:
+        child.kill()
+        await child.wait()
+
+
+async def test_a_missing_program_is_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        Child.start(["no-such-program-meshd"])
+    with pytest.raises(FileNotFoundError):
+        Child.start([str(tmp_path)])  # a directory
+    with pytest.raises(FileNotFoundError):
+        resolve("sh", env={"PATH": str(tmp_path)})  # looked up on the child's PATH
+    assert resolve("sh") == resolve("sh", env={"PATH": os.environ["PATH"]})
+
+
+async def test_run_gives_the_status_and_both_streams() -> None:
+    code, out = await run(["sh", "-c", "echo out; echo err >&2; exit 4"])
+    assert code == 4
+    assert sorted(out.split()) == ["err", "out"]
+
+
+def test_the_guard_refuses_to_run_for_a_parent_that_is_gone(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    argv = guarded_argv("/bin/sh", ["sh", "-c", f"touch {marker}"], parent_pid=os.getpid() + 1_000_000)
+    assert subprocess.run(argv, timeout=30).returncode == 1
+    assert not marker.exists()
+    argv = guarded_argv("/bin/sh", ["sh", "-c", f"touch {marker}"], parent_pid=os.getpid())
+    assert subprocess.run(argv, timeout=30).returncode == 0
+    assert marker.exists()
+
+
+PARENT = textwrap.dedent(
+    """
+    import asyncio, sys, uvloop
+    from meshd.process.child import Child
+    async def main():
+        child = Child.start(["sleep", "120"])
+        print(child.pid, flush=True)
+        await asyncio.sleep(120)
+    uvloop.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_the_child_dies_with_its_parent(sig: int) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    child_pid = 0
+    try:
+        assert parent.stdout is not None
+        child_pid = int(parent.stdout.readline())
+        wait_until(lambda: Path(f"/proc/{child_pid}/cmdline").read_bytes().startswith(b"sleep\0"), 10, "the exec")
+        parent.send_signal(sig)
+        parent.wait(10)
+        wait_until(lambda: _gone(child_pid), 10, "the child to die with its parent")
+    finally:
+        parent.kill()
+        parent.wait()
+        if child_pid and not _gone(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
+
+
+FORKS = textwrap.dedent(
+    """
+    import asyncio, os, sys, uvloop
+    from meshd.process.child import Child, run
+    hooks = []
+    os.register_at_fork(before=lambda: hooks.append(1))
+    async def main():
+        if sys.argv[1] == "child":
+            for _ in range(3):
+                await Child.start(["true"]).wait()
+                await run(["true"])
+        else:  # the control: uvloop's own spawn forks, with the fork handlers
+            proc = await asyncio.create_subprocess_exec("true")
+            await proc.wait()
+        print(len(hooks))
+    uvloop.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize(("how", "forks"), [("child", False), ("uvloop", True)])
+def test_a_start_runs_no_fork_handler(how: str, forks: bool) -> None:
+    """gRPC's fork handlers and Python code in a forked child of a threaded process are what hung
+    a spawn; Child and run use vfork, which runs neither."""
+    done = subprocess.run([sys.executable, "-c", FORKS, how], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (int(done.stdout) > 0) is forks
