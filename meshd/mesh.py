@@ -729,8 +729,9 @@ class Instance:
             log.info("etcd: %s", url)
         else:
             data = cfg.data_dir / "etcd"
-            self.embedded = EmbeddedEtcd(data, log_dir=cfg.data_dir)
-            await asyncio.to_thread(self.embedded.start)
+            self.embedded = EmbeddedEtcd(data, log_dir=cfg.data_dir, die_with_parent=True)
+            self.embedded.spawn()  # from the loop's thread, which lives as long as meshd: etcd dies with it
+            await asyncio.to_thread(self.embedded.wait_serving)
             url = self.embedded.url
             log.info("embedded etcd pid %s at %s (data %s)", self.embedded.pid, url, data)
             store = EtcdStore.from_url(url)

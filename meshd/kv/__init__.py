@@ -7,7 +7,7 @@ tests and the simulator), `embedded` (the private etcd child process), `lease`, 
 `watch_trace` (a trace file of applied revisions), `health` (whether the store answers;
 caller-facing calls that give up at once when it does not).
 
-May import: core.
+May import: core, process.
 """
 
 from meshd.kv.store import (

@@ -16,11 +16,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+
+from meshd.process.child import guarded_argv
 
 # Process handling is local rather than borrowed from meshd.testing: meshd itself runs
 # this in production as its default etcd, and must not depend on test helpers.
@@ -69,8 +72,12 @@ class EmbeddedEtcd:
         client_port: int | None = None,
         unsafe_no_fsync: bool = False,
         log_dir: Path | None = None,
+        die_with_parent: bool = False,
     ) -> None:
+        """`die_with_parent`: etcd gets SIGKILL when the thread that spawns it ends (meshd's
+        own etcd: spawn it from the event loop's thread); else it outlives a killed parent."""
         self.data_dir = Path(data_dir)
+        self.die_with_parent = die_with_parent
         self.log_dir = Path(log_dir) if log_dir is not None else self.data_dir.parent
         self.unsafe_no_fsync = unsafe_no_fsync
         self._client_port = client_port if client_port is not None else free_port()
@@ -126,17 +133,32 @@ class EmbeddedEtcd:
         return args
 
     def start(self, timeout_s: float = 30.0) -> EmbeddedEtcd:
+        self.spawn()
+        return self.wait_serving(timeout_s)
+
+    def spawn(self) -> None:
+        """Start the process (no wait); `wait_serving` waits for it to answer."""
         if self.running():
-            return self
+            return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        argv = self.argv()
+        executable = argv[0]
+        if self.die_with_parent and sys.platform == "linux":
+            # An etcd left by a killed meshd would hold the data directory's lock, and the
+            # next meshd's etcd would wait on it and fail to start.
+            executable, argv = sys.executable, guarded_argv(argv[0], argv, os.getpid())
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
             # A new session keeps terminal signals (Ctrl-C to a test run) from reaching etcd
             # directly; we stop it ourselves, by PID.
             self._proc = subprocess.Popen(
-                self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+                argv, executable=executable, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
         atexit.register(self.stop)  # an aborted run must not leave etcd behind
+
+    def wait_serving(self, timeout_s: float = 30.0) -> EmbeddedEtcd:
+        """Block until the spawned etcd answers /health; RuntimeError with its log if it does not."""
         deadline = time.monotonic() + timeout_s
         while not self._serving():
             if time.monotonic() > deadline:

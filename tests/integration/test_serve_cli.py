@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,10 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def test_embedded_etcd_keeps_records_across_restarts_and_stops_with_meshd(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_embedded_etcd_keeps_records_across_restarts_and_stops_with_meshd(tmp_path: Path, stop_signal: int) -> None:
+    """Stopped or killed (-9: an OOM kill), meshd takes its etcd with it, and the next meshd's
+    etcd gets the data directory (a leftover one would hold its lock) with the records in it."""
     model = generate_models(tmp_path / "models", 1)[0]
     with LocalMesh(tmp_path) as mesh, Children(tmp_path / "logs") as procs:
         _, runtime_port = mesh.start_runtime("runtime")
@@ -54,24 +58,30 @@ def test_embedded_etcd_keeps_records_across_restarts_and_stops_with_meshd(tmp_pa
                 "prestop_port": "disabled",
             }
         )
-        etcd_pids = []
-        for run in range(2):
-            meshd = procs.start(f"meshd-{run}", [sys.executable, "-m", "meshd", "serve"], env)
-            wait_until(lambda m=meshd: port_open(grpc_port) or not m.alive(), 60, "meshd to serve")  # type: ignore[misc]
-            assert meshd.alive(), meshd.log_tail()
-            found = re.search(r"embedded etcd pid (\d+)", meshd.log_path.read_text())
-            assert found, meshd.log_tail()
-            etcd_pids.append(int(found.group(1)))
-            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
-                stub = mm_grpc.ModelMeshStub(ch)
-                if run == 0:
-                    info = mm.ModelInfo(type="demo", path=str(model.path))
-                    stub.registerModel(mm.RegisterModelRequest(modelId=model.id, modelInfo=info), timeout=30)
-                # Second run: the record written by the first is still there.
-                status = stub.getModelStatus(mm.GetStatusRequest(modelId=model.id), timeout=10).status
-                assert status == mm.ModelStatusInfo.NOT_LOADED
-            assert meshd.stop() == 0, meshd.log_tail()
-            wait_until(lambda: not pid_alive(etcd_pids[-1]), 15, "the embedded etcd to stop")
+        etcd_pids: list[int] = []
+        try:
+            for run in range(2):
+                meshd = procs.start(f"meshd-{run}", [sys.executable, "-m", "meshd", "serve"], env)
+                wait_until(lambda m=meshd: port_open(grpc_port) or not m.alive(), 60, "meshd to serve")  # type: ignore[misc]
+                assert meshd.alive(), meshd.log_tail()
+                found = re.search(r"embedded etcd pid (\d+)", meshd.log_path.read_text())
+                assert found, meshd.log_tail()
+                etcd_pids.append(int(found.group(1)))
+                with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+                    stub = mm_grpc.ModelMeshStub(ch)
+                    if run == 0:
+                        info = mm.ModelInfo(type="demo", path=str(model.path))
+                        stub.registerModel(mm.RegisterModelRequest(modelId=model.id, modelInfo=info), timeout=30)
+                    # Second run: the record written by the first is still there.
+                    status = stub.getModelStatus(mm.GetStatusRequest(modelId=model.id), timeout=10).status
+                    assert status == mm.ModelStatusInfo.NOT_LOADED
+                code = meshd.stop(sig=stop_signal)
+                assert code == (0 if stop_signal == signal.SIGTERM else -signal.SIGKILL), meshd.log_tail()
+                wait_until(lambda: not pid_alive(etcd_pids[-1]), 15, "the embedded etcd to stop")
+        finally:  # an etcd that outlived its meshd (the failure this test looks for) is stopped too
+            for pid in etcd_pids:
+                if pid_alive(pid):
+                    os.kill(pid, signal.SIGKILL)
         assert (tmp_path / "data" / "etcd").is_dir()
 
 
