@@ -27,13 +27,25 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO
 
-# argv: parent pid, executable, the command's argv (argv[0] as given)
-_GUARD = """\
+GUARD_PARENT_GONE = 125  # the guard's exit status when its parent died before it could exec
+GUARD_CANNOT_EXEC = 127  # ... when the exec failed (as a shell's "command not found")
+
+# argv: parent pid, executable, the command's argv (argv[0] as given). Python ignores SIGPIPE
+# and SIGXFSZ, and an ignored signal stays ignored across exec: the command gets the defaults
+# back, as Popen's restore_signals gives them.
+_GUARD = f"""\
 import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL) != 0:  # PR_SET_PDEATHSIG
+    sys.stderr.write("meshd guard: no parent-death signal: %s\\n" % os.strerror(ctypes.get_errno()))
 if os.getppid() != int(sys.argv[1]):
-    os._exit(1)  # the parent died before the signal was set
-os.execv(sys.argv[2], sys.argv[3:])
+    os._exit({GUARD_PARENT_GONE})  # the parent died before the signal was set
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+try:
+    os.execv(sys.argv[2], sys.argv[3:])
+except OSError as e:
+    sys.stderr.write("meshd guard: cannot run %s: %s\\n" % (sys.argv[2], e))
+    os._exit({GUARD_CANNOT_EXEC})
 """
 
 Output = int | IO[bytes] | None
@@ -42,7 +54,8 @@ Output = int | IO[bytes] | None
 def resolve(program: str, env: Mapping[str, str] | None = None) -> str:
     """The executable `program` names (a path, or a name looked up on the PATH the child gets);
     FileNotFoundError if there is none, so a missing program fails at start, not in the guard."""
-    path = program if os.sep in program else shutil.which(program, path=(env or os.environ).get("PATH"))
+    search = (os.environ if env is None else env).get("PATH", os.defpath)
+    path = program if os.sep in program else shutil.which(program, path=search)
     if path is None or not os.access(path, os.X_OK) or os.path.isdir(path):
         raise FileNotFoundError(errno.ENOENT, "no such executable", program)
     return path
@@ -62,6 +75,8 @@ class Child:
         self._popen = popen
         self.pid = popen.pid
         self._exited: asyncio.Future[int] = loop.create_future()
+        self._lock = threading.Lock()  # a signal is sent only while the pid is still this child's
+        self._reaped = False
         threading.Thread(target=self._reap, args=(loop,), name=f"reap-{self.pid}", daemon=True).start()
 
     @classmethod
@@ -75,7 +90,9 @@ class Child:
         new_session: bool = False,
         die_with_parent: bool = True,
     ) -> Child:
-        """Start `argv` (blocks for the exec only: about a millisecond, plus the guard's start)."""
+        """Start `argv` (blocks until the exec of the guard, or of the command: a few ms). On Linux
+        the command dies with the thread that started it (the parent-death signal, unless
+        `die_with_parent` is False)."""
         loop = asyncio.get_running_loop()
         executable = resolve(argv[0], env)
         args = list(argv)
@@ -88,6 +105,12 @@ class Child:
         return cls(popen, loop)
 
     def _reap(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Wait for the exit without reaping (the pid stays this child's, a zombie), close the
+        # door on signals, then reap: a signal never reaches a pid the system may have reused.
+        with contextlib.suppress(ChildProcessError, InterruptedError):
+            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        with self._lock:
+            self._reaped = True
         code = self._popen.wait()
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
             loop.call_soon_threadsafe(self._set_exited, code)
@@ -105,9 +128,12 @@ class Child:
         return await asyncio.shield(self._exited)
 
     def send_signal(self, sig: int) -> None:
-        """Signal it if it has not been reaped (Popen never signals a reaped, maybe reused, pid)."""
-        with contextlib.suppress(ProcessLookupError):
-            self._popen.send_signal(sig)
+        """Signal it, unless it has exited (then its pid may be reused: nothing is sent)."""
+        with self._lock:
+            if self._reaped:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)

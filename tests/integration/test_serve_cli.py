@@ -66,7 +66,7 @@ def test_embedded_etcd_keeps_records_across_restarts_and_stops_with_meshd(tmp_pa
                 assert meshd.alive(), meshd.log_tail()
                 found = re.search(r"embedded etcd pid (\d+)", meshd.log_path.read_text())
                 assert found, meshd.log_tail()
-                etcd_pids.append(int(found.group(1)))
+                etcd_pids.append(int(found.group(1)))  # until seen gone
                 with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
                     stub = mm_grpc.ModelMeshStub(ch)
                     if run == 0:
@@ -78,6 +78,7 @@ def test_embedded_etcd_keeps_records_across_restarts_and_stops_with_meshd(tmp_pa
                 code = meshd.stop(sig=stop_signal)
                 assert code == (0 if stop_signal == signal.SIGTERM else -signal.SIGKILL), meshd.log_tail()
                 wait_until(lambda: not pid_alive(etcd_pids[-1]), 15, "the embedded etcd to stop")
+                etcd_pids.pop()  # gone: its pid may be anyone's now
         finally:  # an etcd that outlived its meshd (the failure this test looks for) is stopped too
             for pid in etcd_pids:
                 if pid_alive(pid):

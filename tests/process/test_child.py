@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.process.child import Child, guarded_argv, resolve, run
+from meshd.process.child import GUARD_CANNOT_EXEC, GUARD_PARENT_GONE, Child, guarded_argv, resolve, run
 from meshd.testing.procs import wait_until
 
 
@@ -25,6 +25,11 @@ def _gone(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return stat[stat.rindex(")") + 2] == "Z"
+
+
+def _program(pid: int) -> bytes | None:
+    cmdline = _cmdline(pid)
+    return None if cmdline is None else cmdline[0]
 
 
 def _cmdline(pid: int) -> list[bytes] | None:
@@ -41,12 +46,18 @@ async def test_the_exit_status_is_seen_and_the_child_reaped() -> None:
     assert _cmdline(child.pid) is None  # reaped: no zombie left
 
 
-async def test_a_killed_child_reports_the_signal_and_a_late_signal_is_harmless() -> None:
+async def test_a_killed_child_reports_the_signal_and_is_never_signalled_once_it_exited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     child = Child.start(["sleep", "60"])
+    await asyncio.to_thread(wait_until, lambda: _program(child.pid) == b"sleep", 10, "the exec")
     assert child.returncode is None
     child.kill()
     assert await asyncio.wait_for(child.wait(), 10) == -signal.SIGKILL
-    child.send_signal(signal.SIGTERM)  # reaped: never sent to a pid that may be reused
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    child.send_signal(signal.SIGTERM)  # its pid may belong to another process by now
+    assert sent == []
 
 
 async def test_argv_is_the_commands_own_after_the_guard(tmp_path: Path) -> None:
@@ -73,6 +84,28 @@ async def test_a_missing_program_is_refused_at_start(tmp_path: Path) -> None:
     assert resolve("sh") == resolve("sh", env={"PATH": os.environ["PATH"]})
 
 
+async def test_a_program_that_cannot_be_executed_exits_127_with_the_reason(tmp_path: Path) -> None:
+    script = tmp_path / "no-shebang"
+    script.write_bytes(b"\x7fELF not really\n")
+    script.chmod(0o755)
+    err = tmp_path / "err"
+    with err.open("wb") as f:
+        child = Child.start([str(script)], stderr=f)
+    assert await asyncio.wait_for(child.wait(), 30) == GUARD_CANNOT_EXEC
+    assert "meshd guard: cannot run" in err.read_text()
+
+
+async def test_the_command_gets_the_default_signal_dispositions_back(tmp_path: Path) -> None:
+    """Python (the guard) ignores SIGPIPE and SIGXFSZ; an ignored signal survives exec."""
+    out = tmp_path / "status"
+    with out.open("wb") as f:
+        child = Child.start(["cat", "/proc/self/status"], stdout=f)
+    assert await asyncio.wait_for(child.wait(), 30) == 0
+    ignored = int(next(line for line in out.read_text().splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        assert not ignored & (1 << (sig - 1)), sig
+
+
 async def test_run_gives_the_status_and_both_streams() -> None:
     code, out = await run(["sh", "-c", "echo out; echo err >&2; exit 4"])
     assert code == 4
@@ -82,7 +115,7 @@ async def test_run_gives_the_status_and_both_streams() -> None:
 def test_the_guard_refuses_to_run_for_a_parent_that_is_gone(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     argv = guarded_argv("/bin/sh", ["sh", "-c", f"touch {marker}"], parent_pid=os.getpid() + 1_000_000)
-    assert subprocess.run(argv, timeout=30).returncode == 1
+    assert subprocess.run(argv, timeout=30).returncode == GUARD_PARENT_GONE
     assert not marker.exists()
     argv = guarded_argv("/bin/sh", ["sh", "-c", f"touch {marker}"], parent_pid=os.getpid())
     assert subprocess.run(argv, timeout=30).returncode == 0
@@ -122,19 +155,21 @@ def test_the_child_dies_with_its_parent(sig: int) -> None:
 
 FORKS = textwrap.dedent(
     """
-    import asyncio, os, sys, uvloop
+    import asyncio, ctypes, sys, uvloop
     from meshd.process.child import Child, run
-    hooks = []
-    os.register_at_fork(before=lambda: hooks.append(1))
+    forks = [0]
+    counted = ctypes.CFUNCTYPE(None)(lambda: forks.__setitem__(0, forks[0] + 1))
+    # A fork handler as gRPC's are (pthread_atfork): fork() runs it, vfork does not.
+    assert ctypes.CDLL("libc.so.6").__register_atfork(counted, None, None, None) == 0
     async def main():
         if sys.argv[1] == "child":
             for _ in range(3):
                 await Child.start(["true"]).wait()
                 await run(["true"])
-        else:  # the control: uvloop's own spawn forks, with the fork handlers
+        else:  # the control: uvloop's own spawn forks
             proc = await asyncio.create_subprocess_exec("true")
             await proc.wait()
-        print(len(hooks))
+        print(forks[0])
     uvloop.run(main())
     """
 )
