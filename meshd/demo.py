@@ -215,7 +215,7 @@ def run_demo(args: argparse.Namespace) -> int:
     own_dir = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="meshd-demo-")) if own_dir else args.workdir
     workdir.mkdir(parents=True, exist_ok=True)
-    mesh = LocalMesh(workdir, service="meshd-demo")
+    mesh = LocalMesh(workdir, service="meshd-demo", die_with_parent=True)
     shm_prefixes: list[str] = []
     try:
         generated = generate_models(workdir / "models", args.models, size_bytes=MODEL_SIZE_BYTES)

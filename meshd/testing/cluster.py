@@ -74,13 +74,19 @@ class LocalMesh:
     etcd: EmbeddedEtcd | None = field(default=None)
     etcd_url: str = ""
     nodes: list[Node] = field(default_factory=list)
+    # Every process dies with the thread that started it (`meshd demo`: a demo killed or its
+    # terminal closed leaves nothing running); tests stop theirs by PID instead.
+    die_with_parent: bool = False
 
     def __post_init__(self) -> None:
-        self.children = Children(self.workdir / "logs")
+        self.children = Children(self.workdir / "logs", self.die_with_parent)
 
     # ---- processes -------------------------------------------------------------------
     def start_etcd(self) -> str:
-        self.etcd = EmbeddedEtcd(self.workdir / "etcd", unsafe_no_fsync=True, log_dir=self.workdir / "logs")
+        logs = self.workdir / "logs"
+        self.etcd = EmbeddedEtcd(
+            self.workdir / "etcd", unsafe_no_fsync=True, log_dir=logs, die_with_parent=self.die_with_parent
+        )
         self.etcd.start()
         self.etcd_url = self.etcd.url
         return self.etcd_url

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
+from meshd.process.child import guarded_argv, resolve
+
 # Ports this process handed out lately. Nothing holds a port between the moment it is found
 # free and the moment its user binds it, so the kernel may offer it again: a test that takes
 # one port for a setting and then starts a node (which takes five more) once got the same port
@@ -82,7 +84,10 @@ class Child:
         log_dir: Path,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        die_with_parent: bool = False,
     ) -> None:
+        """`die_with_parent`: SIGKILL when the thread that starts it ends (`meshd.process.child`'s
+        guard): for a program's children (`meshd demo`), not a test's, which stops them by PID."""
         self.name = name
         self.argv = list(argv)
         self.log_path = log_dir / f"{name}.log"
@@ -90,9 +95,14 @@ class Child:
         self._log = open(self.log_path, "ab")  # closed in stop()
         full_env = {**os.environ, **(env or {})}
         self.teardown_signal = signal.SIGTERM  # what `Children.stop_all` sends
+        argv, executable = self.argv, None
+        if die_with_parent and sys.platform == "linux":
+            program = resolve(self.argv[0], full_env)
+            argv, executable = guarded_argv(program, self.argv, os.getpid()), sys.executable
         self.proc = subprocess.Popen(
-            self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True, cwd=cwd
-        )
+            argv, executable=executable, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
+            start_new_session=True, cwd=cwd,
+        )  # fmt: skip
         self.pid = self.proc.pid
         STARTED.append(self)
 
@@ -130,14 +140,15 @@ class Child:
 class Children:
     """A group of children stopped together, in reverse start order, even on failure."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, die_with_parent: bool = False) -> None:
         self.log_dir = log_dir
+        self.die_with_parent = die_with_parent
         self.items: list[Child] = []
 
     def start(
         self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None
     ) -> Child:
-        child = Child(name, argv, self.log_dir, env, cwd)
+        child = Child(name, argv, self.log_dir, env, cwd, self.die_with_parent)
         self.items.append(child)
         return child
 

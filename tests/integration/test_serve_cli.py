@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -112,3 +113,39 @@ def test_demo_runs_and_prints_its_summary() -> None:
     for line in ("meshd demo summary", "wrong answers    0", "errors           0", "evictions", "latency p99"):
         assert line in done.stdout, done.stdout
     assert "stopped every process the demo started" in done.stdout
+
+
+def _started_at(pid: int) -> str | None:
+    """The process's start time (clock ticks after boot): with its pid, who it is."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()[19]
+
+
+def test_a_demo_killed_outright_leaves_nothing_running(tmp_path: Path) -> None:
+    """A newcomer's demo killed (or its terminal closed) takes etcd, the runtime and meshd with it."""
+    argv = ["demo", "--instances", "1", "--requests", "1000000", "--workdir", str(tmp_path)]
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "meshd", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    started: dict[int, str | None] = {}
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:  # the demo prints each process it starts
+            started.update((int(p), _started_at(int(p))) for p in re.findall(r"pid (\d+)", line))
+            if "runtime pid" in line:
+                break
+        assert len(started) == 3, started  # etcd, meshd, runtime
+        demo.kill()
+        demo.wait(10)
+        for pid in started:
+            wait_until(lambda p=pid: not pid_alive(p), 15, f"process {pid} to die with the demo")  # type: ignore[misc]
+    finally:
+        demo.kill()
+        demo.wait()
+        for pid, at in started.items():  # left by the failure this test looks for (the same process)
+            if at is not None and pid_alive(pid) and _started_at(pid) == at:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
