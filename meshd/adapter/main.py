@@ -28,6 +28,7 @@ from meshd.adapter.layout import Layout, MLServerLayout, TritonLayout
 from meshd.adapter.server import Adapter, AdapterConfig, ModelServer
 from meshd.adapter.supervisor import Supervisor, SupervisorConfig
 from meshd.observability.logs import parse_log_format, setup_logging
+from meshd.process.child import resolve
 
 log = logging.getLogger("meshd.adapter")
 
@@ -134,6 +135,11 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str], gpu_bytes: int | 
     )
 
 
+def launch_command(a: argparse.Namespace) -> list[str] | None:
+    """The model server's command after `--`, or None when the adapter only watches one."""
+    return list(a.launch[1:] if a.launch[:1] == ["--"] else a.launch) or None
+
+
 async def serve(a: argparse.Namespace, config: AdapterConfig) -> int:
     config.repository.mkdir(parents=True, exist_ok=True)
     options = [
@@ -143,7 +149,7 @@ async def serve(a: argparse.Namespace, config: AdapterConfig) -> int:
     channel = grpc.aio.insecure_channel(a.server_grpc, options=options)
     model_layout: Layout = LAYOUTS[a.server]()
     adapter = Adapter(config, model_layout, ModelServer(channel))
-    command = list(a.launch[1:] if a.launch[:1] == ["--"] else a.launch) or None
+    command = launch_command(a)
     env = dict(os.environ)
     if a.server == "mlserver":
         env["MLSERVER_LOAD_MODELS_AT_STARTUP"] = "false"  # meshd decides what loads, not the folder
@@ -214,6 +220,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"meshd adapter: {problem}", file=sys.stderr)
         return 2
+    command = launch_command(a)
+    if command:
+        try:
+            resolve(command[0])  # else the supervisor's task died and the adapter ran on without a server
+        except FileNotFoundError:
+            print(f"meshd adapter: the model server command {command[0]!r} is not an executable", file=sys.stderr)
+            return 2
     try:
         try:
             import uvloop

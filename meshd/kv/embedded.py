@@ -16,14 +16,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from meshd.process.child import guarded_argv
+from meshd.process.child import popen_args
 
 # Process handling is local rather than borrowed from meshd.testing: meshd itself runs
 # this in production as its default etcd, and must not depend on test helpers.
@@ -142,12 +141,9 @@ class EmbeddedEtcd:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        argv = self.argv()
-        executable = argv[0]
-        if self.die_with_parent and sys.platform == "linux":
-            # An etcd left by a killed meshd would hold the data directory's lock, and the
-            # next meshd's etcd would wait on it and fail to start.
-            executable, argv = sys.executable, guarded_argv(argv[0], argv, os.getpid())
+        # die_with_parent: an etcd left by a killed meshd would hold the data directory's lock,
+        # and the next meshd's etcd would wait on it and fail to start.
+        executable, argv = popen_args(self.argv(), die_with_parent=self.die_with_parent)
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
             # A new session keeps terminal signals (Ctrl-C to a test run) from reaching etcd
             # directly; we stop it ourselves, by PID.

@@ -66,6 +66,17 @@ def guarded_argv(executable: str, argv: Sequence[str], parent_pid: int) -> list[
     return [sys.executable, "-I", "-S", "-c", _GUARD, str(parent_pid), executable, *argv]
 
 
+def popen_args(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, die_with_parent: bool = True
+) -> tuple[str, list[str]]:
+    """Popen's `executable` and `args` for `argv`: its program resolved (FileNotFoundError if
+    there is none), behind the guard when it should die with its parent (Linux only)."""
+    executable = resolve(argv[0], env)
+    if die_with_parent and sys.platform == "linux":
+        return sys.executable, guarded_argv(executable, argv, os.getpid())
+    return executable, list(argv)
+
+
 class Child:
     """A started child. `start` from the event loop's thread: the parent-death signal follows
     the thread that spawned the child (PR_SET_PDEATHSIG), and the loop's thread lives as long as
@@ -94,10 +105,7 @@ class Child:
         the command dies with the thread that started it (the parent-death signal, unless
         `die_with_parent` is False)."""
         loop = asyncio.get_running_loop()
-        executable = resolve(argv[0], env)
-        args = list(argv)
-        if die_with_parent and sys.platform == "linux":
-            executable, args = sys.executable, guarded_argv(executable, argv, os.getpid())
+        executable, args = popen_args(argv, env, die_with_parent)
         popen = subprocess.Popen(
             args, executable=executable, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
             env=env, start_new_session=new_session, close_fds=True,

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from meshd.process.child import guarded_argv, resolve
+from meshd.process.child import popen_args
 
 # Ports this process handed out lately. Nothing holds a port between the moment it is found
 # free and the moment its user binds it, so the kernel may offer it again: a test that takes
@@ -95,10 +95,7 @@ class Child:
         self._log = open(self.log_path, "ab")  # closed in stop()
         full_env = {**os.environ, **(env or {})}
         self.teardown_signal = signal.SIGTERM  # what `Children.stop_all` sends
-        argv, executable = self.argv, None
-        if die_with_parent and sys.platform == "linux":
-            program = resolve(self.argv[0], full_env)
-            argv, executable = guarded_argv(program, self.argv, os.getpid()), sys.executable
+        executable, argv = popen_args(self.argv, full_env, die_with_parent)
         self.proc = subprocess.Popen(
             argv, executable=executable, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
             start_new_session=True, cwd=cwd,

@@ -23,6 +23,7 @@ def adapter(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         (["--repository", "{tmp}/repo", "--model-root", "{tmp}", "--port", "0"], 2, "must not contain each other"),
         (["--repository", "{tmp}/repo"], 2, "give --port and/or --socket"),
         (["--repository", "{tmp}/repo", "--port", "0", "--size-multiplier", "0"], 1, "multiplier must be > 0"),
+        (["--repository", "{tmp}/repo", "--port", "0", "--", "no-such-server-meshd"], 2, "is not an executable"),
     ],
 )
 def test_bad_start_up_input_is_one_clear_line(tmp_path: Path, args: list[str], code: int, message: str) -> None:
