@@ -12,7 +12,9 @@ run's figures, how many loads waited for a thread, and the load average (the mac
 shared: the wall time stretches with the load, the CPU time much less). The target
 (issue 20) is at most 30 s of CPU with service time, on a fleet that keeps up with its
 loads (with 2 loading threads, 100 rps queues most loads: added p99 of seconds, upstream's
-rules tens of seconds); nothing is asserted.
+rules tens of seconds); nothing is asserted. A yardstick runs before and after: the CPU
+time of a fixed pure-Python loop, since this shared machine's speed drifts (the same code took
+26.0 s, 32.8 s, 35.9 s and 29.4 s of CPU on one day): read a figure against its yardstick.
 """
 
 from __future__ import annotations
@@ -26,6 +28,18 @@ from sim.args import bounded, non_negative_int, positive_float, positive_int
 from sim.engine import Fleet, simulate
 from sim.policies import POLICIES
 from sim.workloads import catalogue, zipf
+
+YARDSTICK_STEPS = 10_000_000
+
+
+def yardstick() -> float:
+    """CPU seconds of a fixed pure-Python loop: how fast this machine runs Python right now
+    (a shared machine's speed drifts, by up to 1.8x measured here)."""
+    cpu = time.process_time()
+    total = 0
+    for i in range(YARDSTICK_STEPS):
+        total += i
+    return time.process_time() - cpu
 
 
 def main() -> None:
@@ -49,6 +63,7 @@ def main() -> None:
     cat = catalogue(args.models, random.Random(1), size_sigma=0.5)
     workload = zipf(cat, args.requests, 1.0, args.rate, seed=2)
     print(f"trace: {args.requests} requests over {args.models} models built in {time.perf_counter() - started:.1f} s")
+    print(f"yardstick before: {yardstick():.2f} s of CPU for {YARDSTICK_STEPS:,} Python loop steps")
     modes = {"both": [False, True], "on": [True], "off": [False]}[args.service]
     for service in modes:
         fleet = Fleet(
@@ -73,6 +88,7 @@ def main() -> None:
             f"queued {result.queued}, failed {result.failed}; loads that waited for a thread "
             f"{result.loads_queued / max(1, result.loads):.1%} (wait p99 {result.load_wait_p99_ms:.0f} ms)"
         )
+    print(f"yardstick after: {yardstick():.2f} s of CPU")
 
 
 if __name__ == "__main__":
