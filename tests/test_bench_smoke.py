@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,24 @@ def test_hot_tail_bound_prints_both_allocations_per_capacity() -> None:
         assert tail_first[4] == "0.00%", proc.stdout
         # The bench's point: the best hit ratio is bought with hot requests left to slow loads.
         assert float(popular[3]) > float(tail_first[3]) and float(popular[4].rstrip("%")) > 0, proc.stdout
+
+
+def test_sim_speed_prints_its_yardstick_and_each_run() -> None:
+    # Goal 4's figure is read against the machine's speed, so the bench must print both.
+    argv = ["--requests", "4000", "--models", "300", "--instances", "3", "--rate", "20"]
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "sim_speed.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert re.search(r"^yardstick before: \d+\.\d\d s of CPU", out, re.M), out
+    assert re.search(r"^yardstick after: \d+\.\d\d s of CPU", out, re.M), out
+    for mode in ("off", "on "):
+        assert re.search(rf"^service time {mode}: 4000 requests, 3 instances, policy meshd: .*CPU \d", out, re.M), out
+    assert out.count("failed 0;") == 2, out
 
 
 @pytest.mark.parametrize(
