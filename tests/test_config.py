@@ -141,6 +141,9 @@ def test_native_data_plane_setting(tmp_path: Path) -> None:
     needs = r"MESHD_DATAPLANE \(--dataplane\) is native, which needs HAProxy .*no-such-haproxy.*apt-get install"
     with pytest.raises(ConfigError, match=needs):
         load_config(None, {**missing, "MESHD_DATAPLANE": "native"})
+    folder = {"MESHD_HAPROXY": str(tmp_path)}  # a directory is not an executable (it used to pass here)
+    with pytest.raises(ConfigError, match=r"is native, which needs HAProxy .*not an executable found here"):
+        load_config(None, {**folder, "MESHD_DATAPLANE": "native"})
     with pytest.raises(ConfigError, match=r"is 0 \(any free port\), which HAProxy cannot bind"):
         load_config(None, {"MESHD_DATAPLANE": "native", "MESHD_HAPROXY": str(fake), "MM_SVC_GRPC_PORT": "0"})
     with pytest.raises(ConfigError, match=r"MESHD_DATAPLANE \(--dataplane\) must be one of python, native, auto"):

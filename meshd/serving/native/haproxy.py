@@ -13,12 +13,11 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
 
-from meshd.process.child import Child, run
+from meshd.process.child import Child, resolve, run
 
 log = logging.getLogger("meshd.native")
 
@@ -34,9 +33,10 @@ class HAProxyError(Exception):
 
 def find_haproxy(setting: str) -> str | None:
     """The executable `setting` names (a path, or a name looked up on PATH), or None."""
-    if os.sep in setting:
-        return setting if os.access(setting, os.X_OK) else None
-    return shutil.which(setting)
+    try:
+        return resolve(setting)
+    except FileNotFoundError:
+        return None
 
 
 async def haproxy_version(executable: str) -> str:
