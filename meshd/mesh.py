@@ -181,6 +181,20 @@ def _has_copy(registry: Registry, model_id: str) -> bool:
 
 
 @dataclass
+class _Parts:
+    """What one start-up step builds for the next (Instance.start)."""
+
+    registry: Registry
+    watch: RuntimeWatch
+    cluster: Cluster
+    router: Router
+    management: Management
+    kserve: KServeCore | None = None
+    invocations: Invocations | None = None
+    timeout_s: float | None = None
+
+
+@dataclass
 class Instance:
     config: Config
     embedded: EmbeddedEtcd | None = None
@@ -227,6 +241,17 @@ class Instance:
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
+        """Start in named steps; each refusal comes before the runtime purges its models."""
+        await self._preflight()
+        registry = await self._start_store()
+        info, methods = await self._start_runtime(registry)
+        parts = await self._assemble(registry, info)
+        await self._start_servers(parts, info, methods)
+        await self._start_http(parts, methods)
+        await self._start_loops(parts, methods)
+
+    async def _preflight(self) -> None:
+        """Warnings, free ports, HAProxy, probes and tracing: checked before anything changes."""
         cfg = self.config
         for warning in cfg.warnings:
             log.warning("%s", warning)
@@ -238,6 +263,10 @@ class Instance:
         await self._start_probes()
         if self.tracing is None:
             self.tracing = tracing_from_env(cfg.instance_id)
+
+    async def _start_store(self) -> Registry:
+        """The store (refusing an instance id a live instance holds) and its mirrored tables."""
+        cfg = self.config
         self.store = await self._open_store()
         prefix = cfg.key_prefix
         await self._check_id_free(f"{prefix}/instances/{cfg.instance_id}")
@@ -250,8 +279,11 @@ class Instance:
         for table in (models, vmodels, self.instances):
             await table.start()
             self.tables.append(table)
-        registry = Registry(models, vmodels)
+        return Registry(models, vmodels)
 
+    async def _start_runtime(self, registry: Registry) -> tuple[RuntimeInfo, MethodTable]:
+        """The runtime READY (it purged its models), the methods it serves, the local copies."""
+        cfg = self.config
         self.runtime = RuntimeClient(cfg.runtime_endpoint, cfg.max_msg_size)
         info = await self.runtime.wait_ready(timeout_s=cfg.runtime_ready_timeout_s)
         log.info(
@@ -280,8 +312,14 @@ class Instance:
         )
         # The runtime purged its models before READY: any copy records naming us are stale.
         await self.local.reconcile()
-        models.listeners.append(self._on_model_change)
+        registry.models.listeners.append(self._on_model_change)
+        return info, methods
 
+    async def _assemble(self, registry: Registry, info: RuntimeInfo) -> _Parts:
+        """The instance record's publisher, the cluster view, the router, vmodels and management."""
+        cfg = self.config
+        assert self.local is not None and self.instances is not None and self.store is not None
+        prefix = cfg.key_prefix
         local = self.local
         watch = RuntimeWatch(local, cfg.runtime_check_ms / 1000)
         me = Identity(cfg.instance_id, f"{cfg.advertise_host}:{cfg.peer_port}", cfg.zone, cfg.labels, wall_ms())
@@ -394,7 +432,15 @@ class Instance:
             no_home=no_home,
             sync_timeout_s=info.loading_timeout_ms / 1000 * 2,
         )
+        return _Parts(registry, watch, cluster, router, management)
 
+    async def _start_servers(self, parts: _Parts, info: RuntimeInfo, methods: MethodTable) -> None:
+        """The external and internal gRPC servers, the native data plane, HTTP and metrics."""
+        cfg = self.config
+        assert self.local is not None and self.instances is not None
+        assert self.copies is not None and self.peers is not None and self.vmodels is not None
+        registry, cluster, router, management = parts.registry, parts.cluster, parts.router, parts.management
+        local = self.local
         external = grpc.aio.server(
             options=[
                 *server_options(cfg.max_msg_size, cfg.max_headers_size),
@@ -473,6 +519,16 @@ class Instance:
             native = self.native
             self.peer_servicer.data_plane = "native"
             self.peer_servicer.native_carried = lambda: native.counts.carried
+        parts.kserve = kserve
+        parts.invocations = invocations
+        parts.timeout_s = timeout_s
+
+    async def _start_http(self, parts: _Parts, methods: MethodTable) -> None:
+        """The HTTP port (KServe V2 REST) and the metrics endpoint."""
+        cfg = self.config
+        tls = cfg.tls
+        router, kserve, invocations, timeout_s = parts.router, parts.kserve, parts.invocations, parts.timeout_s
+        assert kserve is not None and invocations is not None
         if cfg.http_port is not None:
             ssl_context = tls.http_server_context() if tls else None
             self.http = HttpServer(
@@ -491,6 +547,16 @@ class Instance:
                 https = self_signed_server_context()
             self.metrics_server = MetricsServer(self.metrics, cfg.metrics.port, ssl_context=https)
             await self.metrics_server.start()
+
+    async def _start_loops(self, parts: _Parts, methods: MethodTable) -> None:
+        """Health SERVING, the instance record, the election and the background loops; then serving."""
+        cfg = self.config
+        assert self.local is not None and self.publisher is not None
+        assert self.store is not None and self.peer_servicer is not None
+        registry, cluster, router, management = parts.registry, parts.cluster, parts.router, parts.management
+        local = self.local
+        prefix = cfg.key_prefix
+        tls = cfg.tls
         for h in self.health:
             await h.set_serving(True)
         await self.publisher.start()  # last: peers see the instance only once it serves
@@ -530,7 +596,7 @@ class Instance:
             router,
         )
         self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
-        self.background.append(asyncio.create_task(watch.run(), name="runtime watch"))
+        self.background.append(asyncio.create_task(parts.watch.run(), name="runtime watch"))
         self.background.append(asyncio.create_task(self._janitor(cfg.janitor_ms / 1000, cluster), name="janitor"))
         self._watch_files(router, methods)
         for w in self.file_watches:
