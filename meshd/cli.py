@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.set_defaults(func=None)
     adapter = sub.add_parser("adapter", help="run the ModelRuntime adapter for Triton or MLServer", add_help=False)
     adapter.set_defaults(func=None)
+    llm = sub.add_parser("llm-runtime", help="run OpenAI-compatible LLM engines as a ModelRuntime", add_help=False)
+    llm.set_defaults(func=None)
     gen = sub.add_parser("gen-models", help="write a set of demo model files", add_help=False)
     gen.set_defaults(func=None)
     from meshd.ops.commands import add_commands
@@ -118,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from meshd.runtimes.demo import main as runtime_main
 
         return runtime_main(argv[1:])
+    if argv and argv[0] == "llm-runtime":
+        from meshd.adapter.llm.main import main as llm_main
+
+        return llm_main(argv[1:])
     if argv and argv[0] == "adapter":
         from meshd.adapter.main import main as adapter_main
 

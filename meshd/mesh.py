@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from aiohttp import web
 
 from meshd._proto.meshd import admin_pb2, peer_pb2
 from meshd._proto.mmesh import model_mesh_pb2
@@ -29,16 +30,18 @@ from meshd.api.kserve_http import HttpServer, Infer
 from meshd.api.management import Management
 from meshd.api.modelmesh import ModelMeshServicer
 from meshd.api.modelrepo import ModelDirectory
+from meshd.api.openai_http import OpenAIHttp, Target
 from meshd.api.parsing import add_servicer
 from meshd.api.peer import PeerServicer
 from meshd.api.probes import ProbeServer
 from meshd.api.repository import MeshRepository
 from meshd.config import Config
 from meshd.core.clock import wall_ms
-from meshd.core.errors import DeadlineExceeded, MeshError
+from meshd.core.errors import DeadlineExceeded, MeshError, NotFound
 from meshd.core.records import NATIVE_ADDRESS, NODE_LOCATION, RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.decisions.cache import State, to_units
 from meshd.decisions.ids import ModelInfo
+from meshd.decisions.openai import CALL_METHOD
 from meshd.decisions.placement.constraints import TypeConstraints, no_home_message
 from meshd.decisions.placement.liveness import departed_for_ms
 from meshd.decisions.placement.serving import assume_loaded_ms
@@ -81,7 +84,7 @@ from meshd.serving.proxy.handler import InferenceHandler
 from meshd.serving.proxy.headers import RequestIds
 from meshd.serving.proxy.methods import DataplaneConfig, MethodSpec, MethodTable
 from meshd.serving.proxy.peer_handler import PeerInferenceHandler
-from meshd.serving.router import Router
+from meshd.serving.router import Answered, Router
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,49 @@ def http_call(
             invocations.done(spec.path, ids, code, started, len(request), len(response) if code == "OK" else -1)
 
     return infer
+
+
+def openai_front(
+    router: Router, registry: Registry, spec: MethodSpec | None, timeout_s: float | None, invocations: Invocations
+) -> Callable[[web.Application], None]:
+    """The OpenAI-compatible routes (api.openai_http) over the router: a call's `model` is
+    resolved against the registry (a model, else a vmodel's active model), then carried as
+    one meshd.llm.OpenAI/Call (`spec`; None: the runtime serves none)."""
+
+    async def resolve(name: str) -> Target:
+        model_id, vmodel_id = name, None
+        record = registry.get(name)
+        if record is None:
+            try:
+                record = await registry.fetch(name)
+            except NotFound:
+                model_id, vmodel_id = await router.resolve_vmodel(name), name
+                record = await router.record(model_id)
+        return Target(model_id, vmodel_id, record.type)
+
+    async def route(request: bytes, ids: RequestIds, remaining_s: float | None) -> Answered:
+        assert spec is not None
+        started = invocations.start()
+        code = "OK"
+        try:
+            async with asyncio.timeout(remaining_s):
+                return await router.open_answered(spec, request, ids, (), remaining_s)
+        except MeshError as e:
+            code = e.code.name
+            raise
+        except BaseException:
+            code = "DEADLINE_EXCEEDED"
+            raise
+        finally:
+            invocations.done(spec.path, ids, code, started, len(request), -1)
+
+    def listing() -> list[tuple[str, str]]:
+        models = [(model_id, record.type) for model_id, record in registry.models.items()]
+        types = dict(models)
+        vmodels = [(vid, types.get(v.active_model, "")) for vid, v in registry.vmodels.items()]
+        return models + vmodels
+
+    return OpenAIHttp(resolve, route if spec is not None else None, listing, timeout_s).add_routes
 
 
 class StartRefused(Exception):
@@ -539,6 +585,7 @@ class Instance:
                 infer=http_call(router, methods.spec(MODEL_INFER), timeout_s, invocations),
                 max_body_bytes=cfg.max_msg_size,
                 model_metadata=http_call(router, methods.spec(MODEL_METADATA), timeout_s, invocations),
+                more_routes=openai_front(router, parts.registry, methods.spec(CALL_METHOD), timeout_s, invocations),
             )
             self.http_port = await self.http.start()
         if cfg.metrics.enabled:  # bound before peers can see the instance: a taken port fails start-up

@@ -45,6 +45,7 @@ from meshd.api.kserve_core import KServeCore
 from meshd.api.kserve_json import BadTensor, parse_infer_request, render_infer_response, render_metadata_response
 from meshd.core.errors import InvalidArgument, MeshError
 from meshd.decisions.ids import check_id
+from meshd.decisions.openai import error_body as openai_error_body
 from meshd.decisions.status import ModelStatus
 from meshd.serving.proxy.headers import RequestIds, parse_request_headers
 
@@ -90,13 +91,15 @@ class KServeHttp:
         infer: Infer | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
         model_metadata: Infer | None = None,
+        more_routes: Callable[[web.Application], None] | None = None,
     ) -> None:
         """`infer`, `model_metadata`: where ModelInfer and ModelMetadata go (None: 501);
-        `max_body_bytes`: the largest request."""
+        `max_body_bytes`: the largest request; `more_routes`: adds other APIs' routes (OpenAI's)."""
         self.core = core
         self._infer = infer
         self._model_metadata = model_metadata
         self.max_body_bytes = max_body_bytes
+        self.more_routes = more_routes
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_errors], client_max_size=max(self.max_body_bytes, MAX_BODY_BYTES))
@@ -113,6 +116,8 @@ class KServeHttp:
             r.add_get(path, self.model_metadata)
         for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
             r.add_post(path, self.infer)
+        if self.more_routes is not None:
+            self.more_routes(app)
         return app
 
     async def live(self, request: web.Request) -> web.Response:
@@ -239,19 +244,26 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure as `{"error": ...}`: core errors with their mapped status, aiohttp's own
-    (404 no such endpoint, 405, 413) with theirs, anything else 500 with the reason logged."""
+    """Every failure as `{"error": ...}` (OpenAI's error object on /v1/ paths): core errors
+    with their mapped status, aiohttp's own (404 no such endpoint, 405, 413) with theirs,
+    anything else 500 with the reason logged."""
+    fail = _openai_error if request.path.startswith("/v1/") else error
     try:
         return await handler(request)
     except MeshError as e:
-        return error(http_status(e.code), e.message)
+        return fail(http_status(e.code), e.message)
     except web.HTTPException as e:
         if e.content_type == "application/json" or e.status < 400:
             raise
-        return error(e.status, e.reason if e.status != 404 else f"no endpoint {request.method} {request.path}")
+        return fail(e.status, e.reason if e.status != 404 else f"no endpoint {request.method} {request.path}")
     except Exception as e:
         log.exception("HTTP %s %s failed", request.method, request.path)
-        return error(500, f"{type(e).__name__}: {e}")
+        return fail(500, f"{type(e).__name__}: {e}")
+
+
+def _openai_error(status: int, message: str) -> web.Response:
+    """An error on an OpenAI path (/v1/...), in OpenAI's shape."""
+    return web.json_response(openai_error_body(status, message), status=status)
 
 
 ERROR_DETAIL_CHARS = 200  # of a parser's message, which may quote the offending line
@@ -319,9 +331,10 @@ class HttpServer:
         infer: Infer | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
         model_metadata: Infer | None = None,
+        more_routes: Callable[[web.Application], None] | None = None,
     ) -> None:
         self.ssl_context = ssl_context
-        app = KServeHttp(core, infer, max_body_bytes, model_metadata).app()
+        app = KServeHttp(core, infer, max_body_bytes, model_metadata, more_routes).app()
         self.runner = _Runner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout_s)
         self.host = host
         self.port = port

@@ -21,3 +21,12 @@ TRITON_BACKENDS = {
     "tensorrt": ("tensorrt", "model.plan"),
     "python": ("python", "model.py"),
 }
+
+# Model types served by an LLM engine (`meshd llm-runtime`): OpenAI calls and KServe text
+# completions go to these; a model of any other type is a tensor model, and an OpenAI call
+# naming it is answered 400 before anything loads. "lora" is an adapter on a base model.
+LLM_MODEL_TYPES = frozenset({"llm", "gguf", "llamacpp", "vllm", "sglang", "ollama", "lora"})
+
+
+def is_llm_type(model_type: str) -> bool:
+    return model_type.lower() in LLM_MODEL_TYPES

@@ -146,6 +146,14 @@ class Child:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def signal_group(self, sig: int) -> None:
+        """Signal its process group (a child started with `new_session`), the leader gone or not:
+        servers that start workers of their own (vLLM) leave them behind when only the leader
+        dies. Safe after the leader is reaped: Linux reuses no pid while a group of that id has
+        a member, and with none left the signal reaches nobody."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
 
 async def run(argv: Sequence[str], timeout_s: float = 60.0) -> tuple[int, str]:
     """Run a short command to its end (vfork, in a worker thread); its exit status and its

@@ -69,6 +69,7 @@ from meshd.serving.peer_protocol import (
     NOT_HERE,
     PeerRefusal,
     Refused,
+    peer_failure,
     runtime_failure,
 )
 from meshd.serving.peers import Peers, RawCalls
@@ -247,6 +248,21 @@ class Router:
         if self.tracing is not None:
             self.tracing.note_model(model_id, ids.vmodel_id)
         return await self._serve_ids(ids, _Stream(self, spec, first, requests, model_id, forward, deadline))
+
+    async def open_answered(
+        self, spec: MethodSpec, request: bytes, ids: RequestIds, forward: Metadata, remaining_s: float | None
+    ) -> Answered:
+        """One request message, its answer a stream: routed like a unary call until the first
+        answer arrives (a copy or peer failing before then is tried no more and the request
+        goes elsewhere, as nothing has reached the client yet), then relayed as it comes.
+        `remaining_s` bounds routing and the first answer only (an LLM answer may run long)."""
+        deadline = _deadline_after(remaining_s)
+        self.local.counters.requests += 1
+        model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
+        if self.tracing is not None:
+            self.tracing.note_model(model_id, ids.vmodel_id)
+        stream = _Stream(self, spec, request, _no_more(), model_id, forward, deadline)
+        return await self._serve_ids(ids, _Answered(stream))
 
     async def _serve_ids(self, ids: RequestIds, attempt: Attempt[T]) -> T:
         if ids.vmodel_id is None:
@@ -731,3 +747,73 @@ def _left(deadline: float | None) -> float | None:
 def _exhausted_reason(refusal: str) -> str:
     """A load-capacity refusal's own text, without a peer's `busy: ` wrapping."""
     return refusal[refusal.index(EXHAUSTED_PREFIX) :]
+
+
+class Answered:
+    """An opened stream whose first answer has come; `close()` exactly once when done."""
+
+    def __init__(self, first: bytes | None, rest: AsyncIterator[bytes], stream: ResponseStream) -> None:
+        self.first = first  # None: the stream ended without an answer
+        self.rest = rest
+        self._stream = stream
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+async def _no_more() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator with nothing to send after the first message
+
+
+class _Answered:
+    """A stream's attempts until its first answer (`Router.open_answered`)."""
+
+    __slots__ = ("model_id", "stream")
+
+    def __init__(self, stream: _Stream) -> None:
+        self.stream = stream
+        self.model_id = stream.model_id
+
+    def retarget(self, model_id: str) -> _Answered:
+        return _Answered(self.stream.retarget(model_id))
+
+    async def local(self, entry: CacheEntry) -> Answered:
+        opened = await self.stream.local(entry)
+        try:
+            return await _first_answer(opened)
+        except grpc.aio.AioRpcError as e:
+            code, details = e.code(), e.details() or ""
+            router = self.stream.router
+            if means_model_missing(code, details) and await router.local.runtime.has_model(self.model_id) is False:
+                router.local.lost(self.model_id, entry)
+                raise Refused(f"the runtime no longer has {self.model_id!r}", exclude=False) from None
+            raise runtime_failure(code, details) from None
+
+    async def here(self, record: ModelRecord) -> Answered:
+        router = self.stream.router
+        return await self.local(await router.ensure_here(self.model_id, record, self.stream.deadline))
+
+    async def peer(self, target: str, mode: str) -> Answered:
+        opened = await self.stream.peer(target, mode)
+        try:
+            return await _first_answer(opened)
+        except grpc.aio.AioRpcError as e:
+            # The peer accepted the stream, so it is reachable: its runtime's refusal reroutes.
+            code, details = e.code(), e.details() or ""
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or means_model_missing(code, details):
+                raise Refused(f"{details or code.name}") from None
+            raise peer_failure(code, details, e.trailing_metadata(), self.model_id) from None
+
+
+async def _first_answer(opened: ResponseStream) -> Answered:
+    """Wait for the stream's first answer; the stream is closed if none comes."""
+    rest = aiter(opened)
+    try:
+        first: bytes | None = await anext(rest)
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        opened.close()
+        raise
+    return Answered(first, rest, opened)

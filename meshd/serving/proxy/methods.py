@@ -36,7 +36,8 @@ FORBIDDEN_PREFIXES = (
 # Exactly "/service/method": other spellings ("mmesh.ModelRuntime/x" without the slash, which
 # some servers accept) must not slip past the checks above.
 _METHOD_PATH = re.compile(r"^/[^/]+/[^/]+$")
-KNOWN_STREAMING = frozenset({"/inference.GRPCInferenceService/ModelStreamInfer"})
+# meshd.llm.OpenAI/Call (ours) streams an LLM engine's answer back to the HTTP port.
+KNOWN_STREAMING = frozenset({"/inference.GRPCInferenceService/ModelStreamInfer", "/meshd.llm.OpenAI/Call"})
 # KServe V2 requests name their model in field 1: with no model header, that names it, so
 # KServe clients work unchanged (tritonclient's get_model_metadata sends no header).
 KSERVE_NAME_FIELD = {

@@ -1,0 +1,178 @@
+"""`meshd llm-runtime`: the process. One gRPC port serves the SPI and inference:
+
+    meshd llm-runtime --engine llamacpp --engine-python /venvs/llama/bin/python --port 8085 \\
+        --memory-bytes 4000000000 [-- --n_ctx 2048]
+
+meshd then runs with `--runtime-port 8085`; words after `--` go to every engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import grpc
+
+from meshd._proto.inference import grpc_predict_v2_pb2_grpc as pb_grpc
+from meshd._proto.meshd import llm_pb2_grpc
+from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+from meshd.adapter.llm.calls import OpenAICalls, TextInference
+from meshd.adapter.llm.engines import PRESETS, check_template
+from meshd.adapter.llm.runtime import Engines, LlmConfig, LlmRuntime
+from meshd.observability.logs import parse_log_format, setup_logging
+
+log = logging.getLogger("meshd.llm")
+
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="meshd llm-runtime",
+        description="A ModelRuntime (SPI) for OpenAI-compatible LLM engines: one supervised engine process "
+        "per loaded model; OpenAI calls and KServe text completions go to it.",
+    )
+    p.add_argument("--engine", choices=sorted(PRESETS), help="which engine (its server's command line)")
+    p.add_argument(
+        "--engine-command",
+        help="any other OpenAI-compatible engine: a command template with {python} {path} {name} {host} {port}",
+    )
+    p.add_argument("--engine-python", default=sys.executable, help="{python}: the engine venv's interpreter")
+    p.add_argument("--host", default="127.0.0.1", help="address of the SPI port (engines listen on 127.0.0.1)")
+    p.add_argument("--port", type=int, help="SPI and inference TCP port")
+    p.add_argument("--socket", type=Path, help="SPI and inference unix socket")
+    p.add_argument(
+        "--memory-bytes",
+        type=int,
+        help="the engines' memory budget: the cache's capacity "
+        "(env MODEL_SERVER_MEM_REQ_BYTES or CONTAINER_MEM_REQ_BYTES; default half the host's memory)",
+    )
+    p.add_argument(
+        "--default-model-size", type=int, help="size of a model before its engine runs (env DEFAULT_MODELSIZE; 512 MiB)"
+    )
+    p.add_argument("--loading-concurrency", type=int, default=1, help="engines starting at a time")
+    p.add_argument("--loading-timeout-ms", type=int, default=120_000, help="an engine's start-up limit")
+    p.add_argument("--model-root", type=Path, help="relative model paths are under this folder")
+    p.add_argument("--workdir", type=Path, default=Path(".meshd-llm"), help="engine logs go under it")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-format", help="log lines: text or json (env MESHD_LOG_FORMAT, default text)")
+    p.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- ARGS...: passed to every engine")
+    return p
+
+
+def _host_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def config_from(a: argparse.Namespace, env: Mapping[str, str]) -> LlmConfig:
+    """SystemExit with one line for a mistake."""
+    if bool(a.engine) == bool(a.engine_command):
+        raise SystemExit("meshd llm-runtime: give --engine or --engine-command (one of them)")
+    template = a.engine_command or PRESETS[a.engine]
+    try:
+        check_template(template)
+    except ValueError as e:
+        raise SystemExit(f"meshd llm-runtime: {e}") from None
+    if not os.access(a.engine_python, os.X_OK):
+        raise SystemExit(f"meshd llm-runtime: --engine-python {a.engine_python!r} is not an executable")
+
+    def number(flag: int | None, *names: str, default: int) -> int:
+        if flag is not None:
+            return flag
+        for name in names:
+            if env.get(name):
+                try:
+                    return int(env[name])
+                except ValueError:
+                    raise SystemExit(f"meshd llm-runtime: {name} must be an integer (got {env[name]!r})") from None
+        return default
+
+    extra = list(a.engine_args[1:] if a.engine_args[:1] == ["--"] else a.engine_args)
+    return LlmConfig(
+        engine=a.engine or "custom",
+        template=template,
+        python=a.engine_python,
+        extra_args=tuple(extra),
+        workdir=a.workdir,
+        model_root=a.model_root,
+        capacity_bytes=number(
+            a.memory_bytes, "MODEL_SERVER_MEM_REQ_BYTES", "CONTAINER_MEM_REQ_BYTES", default=_host_memory() // 2
+        ),
+        default_model_size=number(a.default_model_size, "DEFAULT_MODELSIZE", default=512 << 20),
+        max_loading_concurrency=max(1, a.loading_concurrency),
+        loading_timeout_ms=a.loading_timeout_ms,
+        version=f"meshd-llm-runtime/{a.engine or 'custom'}",
+    )
+
+
+async def serve(a: argparse.Namespace, config: LlmConfig) -> int:
+    engines = Engines(config)
+    await engines.start()
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]
+    server = grpc.aio.server(options=options)
+    rt_grpc.add_ModelRuntimeServicer_to_server(LlmRuntime(engines), server)
+    llm_pb2_grpc.add_OpenAIServicer_to_server(OpenAICalls(engines), server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(TextInference(engines), server)
+    bound = []
+    if a.port is not None:
+        port = server.add_insecure_port(f"{a.host}:{a.port}")
+        bound.append(f"{a.host}:{port}")
+    if a.socket is not None:
+        server.add_insecure_port(f"unix:{a.socket}")
+        bound.append(f"unix:{a.socket}")
+    await server.start()
+    print(
+        f"meshd llm-runtime ({config.engine}) ready on {' '.join(bound)}; capacity {config.capacity_bytes} bytes",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping: engines are stopped first")
+    await server.stop(grace=2.0)
+    await engines.close()
+    log.info("stopped")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.port is None and a.socket is None:
+        print("meshd llm-runtime: give --port and/or --socket", file=sys.stderr)
+        return 2
+    try:
+        log_format = parse_log_format(a.log_format or os.environ.get("MESHD_LOG_FORMAT") or "text")
+    except ValueError as e:
+        print(f"meshd llm-runtime: MESHD_LOG_FORMAT (--log-format) {e}", file=sys.stderr)
+        return 2
+    try:
+        config = config_from(a, os.environ)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 2
+    setup_logging(a.log_level, log_format)
+    try:
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(serve(a, config))
+        code: int = uvloop.run(serve(a, config))
+        return code
+    except (OSError, RuntimeError) as e:
+        print(f"meshd llm-runtime: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""OpenAI-compatible HTTP on meshd's REST port, through the mesh (a thin transport).
+
+    GET  /v1/models              the registered language models and vmodels
+    POST /v1/completions         \\
+    POST /v1/chat/completions     }  body {"model": <model or vmodel id>, ...}
+    POST /v1/embeddings          /
+
+A call is checked here before any engine sees it (decisions.openai: a JSON object, a `model`
+that is registered and of a language-model type), then carried as one
+`meshd.llm.OpenAI/Call` and routed like any inference: a loaded copy here or on a peer, a
+load where placement says, and another copy when one fails before its first answer. The
+engine's answer is relayed as it arrives: with `"stream": true`, each Server-Sent Event is
+written as soon as it comes, never buffered. Errors have OpenAI's shape
+(`{"error": {"message", "type", "param", "code"}}`); 429 and 503 carry `Retry-After`. A
+stream that fails after its first event ends with one `data: {"error": ...}` event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+from aiohttp import web
+
+from meshd._proto.meshd import llm_pb2
+from meshd.core.errors import MeshError, NotFound
+from meshd.core.model_types import is_llm_type
+from meshd.decisions.openai import (
+    OPENAI_PATHS,
+    BadRequest,
+    error_body,
+    http_status,
+    parse_request,
+    retry_after,
+    tensor_model_message,
+)
+from meshd.serving.proxy.headers import RequestIds
+from meshd.serving.router import Answered
+
+log = logging.getLogger(__name__)
+
+SSE_TYPE = "text/event-stream"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What a request's `model` names: a registered model (directly or as a vmodel's active one)."""
+
+    model_id: str
+    vmodel_id: str | None
+    model_type: str
+
+
+Resolve = Callable[[str], Awaitable[Target]]
+Route = Callable[[bytes, RequestIds, float | None], Awaitable[Answered]]
+Listing = Callable[[], list[tuple[str, str]]]  # (id, model type) of every registered model and vmodel
+
+
+class OpenAIHttp:
+    def __init__(self, resolve: Resolve, route: Route | None, listing: Listing, timeout_s: float | None) -> None:
+        """`route`: carries one serialized HttpCall to a copy (None: the runtime serves no
+        OpenAI calls, 501); `timeout_s`: for routing and the first answer."""
+        self.resolve = resolve
+        self.route = route
+        self.listing = listing
+        self.timeout_s = timeout_s
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/v1/models", self.models)
+        for path in OPENAI_PATHS:
+            app.router.add_post(path, self.call)
+
+    async def models(self, request: web.Request) -> web.Response:
+        now = int(time.time())
+        data = [
+            {"id": model_id, "object": "model", "created": now, "owned_by": "meshd", "meshd_type": model_type}
+            for model_id, model_type in sorted(self.listing())
+            if is_llm_type(model_type)
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def call(self, request: web.Request) -> web.StreamResponse:
+        try:
+            parsed = parse_request(await request.read())
+            target = await self.resolve(parsed.model)
+            if not is_llm_type(target.model_type):
+                raise BadRequest(tensor_model_message(target.model_id, target.model_type, request.path), "model")
+            if self.route is None:
+                raise BadRequest("the runtime beside meshd serves no OpenAI calls", code="unsupported", status=501)
+        except BadRequest as e:
+            return _error(e.status, e.message, e.code, e.param)
+        except NotFound:
+            return _error(404, f"model {parsed.model!r} does not exist", "model_not_found", "model")
+        except MeshError as e:
+            return _mesh_error(e)
+        balanced = request.headers.get("mm-balanced", "").lower() == "true"
+        ids = RequestIds(target.model_id, None, balanced)
+        call = llm_pb2.HttpCall(model_id=target.model_id, path=request.path, body=json.dumps(parsed.body).encode())
+        try:
+            answer = await self.route(call.SerializeToString(), ids, self.timeout_s)
+        except MeshError as e:
+            return _mesh_error(e)
+        except TimeoutError:
+            return _error(504, f"no answer from model {target.model_id!r} within {self.timeout_s:g} s", "timeout")
+        try:
+            return await self._relay(request, answer, parsed.stream)
+        except ConnectionResetError:  # the client went away (the openai client closes after [DONE])
+            return web.Response(status=499)
+        finally:
+            answer.close()
+
+    async def _relay(self, request: web.Request, answer: Answered, streaming: bool) -> web.StreamResponse:
+        if answer.first is None:
+            return _error(502, "the engine ended the call without an answer", "bad_gateway")
+        head = llm_pb2.HttpChunk.FromString(answer.first)
+        status = head.status or 200
+        response = web.StreamResponse(status=status)
+        response.content_type = head.content_type or "application/json"
+        if head.content_type.startswith(SSE_TYPE):
+            response.headers["Cache-Control"] = "no-cache"
+        await response.prepare(request)
+        if head.data:
+            await response.write(head.data)
+        try:
+            async for chunk in answer.rest:
+                data = llm_pb2.HttpChunk.FromString(chunk).data
+                if data:
+                    await response.write(data)  # as it came: one SSE event at a time
+        except MeshError as e:
+            log.info("OpenAI call %s ended early: %s", request.path, e.message)
+            await _end_with_error(response, e.code, e.message, streaming)
+        except grpc.aio.AioRpcError as e:  # the engine's runtime (or the peer) ended the call
+            log.info("OpenAI call %s ended early: %s", request.path, e.details())
+            await _end_with_error(response, e.code(), e.details() or e.code().name, streaming)
+        await response.write_eof()
+        return response
+
+
+async def _end_with_error(response: web.StreamResponse, code: grpc.StatusCode, message: str, streaming: bool) -> None:
+    """Tell a client whose answer already started that it will not finish."""
+    body = error_body(http_status(code.name), f"the answer ended early: {message}", "stream_interrupted")
+    text = json.dumps(body)
+    await response.write((f"data: {text}\n\n" if streaming else text).encode())
+
+
+def _mesh_error(e: MeshError) -> web.Response:
+    status = http_status(e.code.name)
+    code = {404: "model_not_found", 429: "rate_limited", 503: "unavailable"}.get(status, e.code.name.lower())
+    return _error(status, e.message, code)
+
+
+def _error(status: int, message: str, code: str | None, param: str | None = None) -> web.Response:
+    response = web.json_response(error_body(status, message, code, param), status=status)
+    after = retry_after(status)
+    if after is not None:
+        response.headers["Retry-After"] = str(after)
+    return response

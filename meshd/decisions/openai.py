@@ -1,0 +1,100 @@
+"""OpenAI-compatible calls at meshd's HTTP port: what a request must hold, and errors in
+OpenAI's shape (pure).
+
+A call's body is a JSON object naming its `model` (a model or vmodel id); `stream`, when
+present, is a boolean. Errors are `{"error": {"message", "type", "code", "param"}}` with the
+HTTP status the OpenAI API uses for the same case: 400 a malformed request, 404 an unknown
+model, 429 no copy could take it in time (retry later), 503 nothing can serve it now.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# Paths meshd carries to an LLM engine, and the gRPC method that carries them (protos/meshd/llm.proto).
+OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
+CALL_METHOD = "/meshd.llm.OpenAI/Call"
+# Seconds a client is told to wait on 429/503: engines restart in about a second, and a
+# refused load is worth retrying as soon as a loading thread frees.
+RETRY_AFTER_S = 1
+
+# gRPC status (its name) of a mesh error -> HTTP status (as the KServe REST port maps them).
+_HTTP = {
+    "INVALID_ARGUMENT": 400,
+    "FAILED_PRECONDITION": 400,
+    "OUT_OF_RANGE": 400,
+    "NOT_FOUND": 404,
+    "RESOURCE_EXHAUSTED": 429,
+    "UNIMPLEMENTED": 501,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 504,
+}
+_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    429: "rate_limit_error",
+    501: "not_implemented",
+    503: "service_unavailable",
+    504: "timeout",
+}
+
+
+class BadRequest(ValueError):
+    """A request meshd refuses before routing it (400 unless `status` says otherwise)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request", status: int = 400):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIRequest:
+    model: str
+    stream: bool
+    body: dict[str, Any]
+
+
+def parse_request(raw: bytes) -> OpenAIRequest:
+    """The request's model and stream flag; BadRequest naming what is wrong."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object, not {type(body).__name__}")
+    model = body.get("model")
+    if model is None:
+        raise BadRequest("the body names no 'model'", param="model", code="missing_model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' must be a non-empty string", param="model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"'stream' must be true or false, not {json.dumps(stream)}", param="stream")
+    return OpenAIRequest(model, stream, body)
+
+
+def http_status(code_name: str) -> int:
+    """The HTTP status for a gRPC status name (500 for any other)."""
+    return _HTTP.get(code_name, 500)
+
+
+def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object for an HTTP status."""
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+
+
+def retry_after(status: int) -> int | None:
+    """The Retry-After (seconds) for an error status: only where a retry soon may succeed."""
+    return RETRY_AFTER_S if status in (429, 503) else None
+
+
+def tensor_model_message(model_id: str, model_type: str, path: str) -> str:
+    return (
+        f"model {model_id!r} (type {model_type!r}) is not a language model and does not serve {path}; "
+        f"infer with POST /v2/models/{model_id}/infer"
+    )

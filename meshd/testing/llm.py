@@ -1,0 +1,103 @@
+"""Real LLM engines for tests, benchmarks and the demo: llama.cpp's OpenAI server
+(llama-cpp-python) in its own venv, tiny GGUF models made on the spot, and `meshd
+llm-runtime` nodes in a LocalMesh.
+
+llama-cpp-python compiles llama.cpp from its sdist on first use (~9 min on 2 cores); pip's
+wheel cache then makes a rebuilt venv take seconds. `gguf` and `numpy` in the same venv write
+the models (`_make_gguf.py`, run as a script), so meshd's own venv needs neither.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshd.testing.cluster import LocalMesh, Node
+from meshd.testing.procs import Child, free_ports
+from meshd.testing.venvs import ensure_venv
+
+LLAMACPP_REQUIREMENTS: tuple[str, ...] = ("llama-cpp-python[server]==0.3.36", "gguf==0.19.0", "numpy==2.4.6")
+BUILD_TIMEOUT_S = 1800.0
+MAKE_SCRIPT = Path(__file__).with_name("_make_gguf.py")
+# A tiny model's engine holds ~74 MiB once ready (RSS of its process): two fit in 200 MB, three do not.
+TINY_ENGINE_BYTES = 80 << 20
+TWO_TINY_ENGINES = 200_000_000
+# The wide model (512 wide, 4 layers, 2048 context) takes ~4 s for 1000 tokens here: slow
+# enough to kill its engine in the middle of a streamed answer.
+WIDE_SHAPE = (512, 4, 2048)
+# logit_bias for the random-weight models: no </s> (they may end at once) and no byte token
+# above 0x7F. Random bytes are rarely valid UTF-8, and llama-cpp-python holds streamed text
+# back until it is: a stream would arrive all at once at its end.
+ASCII_ONLY = {str(token): -100 for token in (2, *range(3 + 0x80, 3 + 0x100))}
+
+
+def llamacpp_python() -> Path:
+    """The python of the llama.cpp venv (built on first use)."""
+    os.environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    return ensure_venv("llamacpp", LLAMACPP_REQUIREMENTS, timeout_s=BUILD_TIMEOUT_S)
+
+
+def make_gguf(
+    python: Path,
+    out_dir: Path,
+    count: int,
+    seed: int = 0,
+    prefix: str = "tiny",
+    shape: tuple[int, int, int] | None = None,
+) -> list[Path]:
+    """Write `count` random-weight llama models; models of different seeds answer differently."""
+    argv = [str(python), str(MAKE_SCRIPT), str(out_dir), str(count), str(seed), prefix, *map(str, shape or ())]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"making GGUF models failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return [Path(line) for line in proc.stdout.split()]
+
+
+@dataclass(frozen=True)
+class LlmRuntimeArgs:
+    engine_python: Path
+    memory_bytes: int = TWO_TINY_ENGINES
+    default_model_size: int = TINY_ENGINE_BYTES
+    engine: str = "llamacpp"
+    engine_args: tuple[str, ...] = ("--n_ctx", "2048")
+
+    def argv(self, port: int, workdir: Path) -> list[str]:
+        return [
+            "--engine",
+            self.engine,
+            "--engine-python",
+            str(self.engine_python),
+            "--port",
+            str(port),
+            "--memory-bytes",
+            str(self.memory_bytes),
+            "--default-model-size",
+            str(self.default_model_size),
+            "--workdir",
+            str(workdir),
+            "--",
+            *self.engine_args,
+        ]
+
+
+def start_llm_runtime(mesh: LocalMesh, name: str, args: LlmRuntimeArgs) -> tuple[Child, int]:
+    (port,) = free_ports(1)
+    argv = [sys.executable, "-m", "meshd", "llm-runtime", *args.argv(port, mesh.workdir / name)]
+    child = mesh.children.start(name, argv)
+    mesh._wait_port(child, port)
+    return child, port
+
+
+def add_llm_node(
+    mesh: LocalMesh, instance_id: str, args: LlmRuntimeArgs, settings: dict[str, str | int] | None = None
+) -> Node:
+    """A meshd instance beside its own `meshd llm-runtime`."""
+    runtime, runtime_port = start_llm_runtime(mesh, f"{instance_id}-llm-runtime", args)
+    grpc_port, peer_port, http_port = free_ports(3, avoid=[runtime_port])
+    meshd = mesh.start_meshd(instance_id, runtime_port, settings, grpc_port, peer_port, http_port=http_port)
+    node = Node(instance_id, grpc_port, peer_port, runtime_port, meshd, runtime, http_port)
+    mesh.nodes.append(node)
+    return node
