@@ -62,7 +62,8 @@ class LlmRuntimeArgs:
     memory_bytes: int = TWO_TINY_ENGINES
     default_model_size: int = TINY_ENGINE_BYTES
     engine: str = "llamacpp"
-    engine_args: tuple[str, ...] = ("--n_ctx", "2048")
+    # --embedding: llama-cpp-python serves /v1/embeddings only with it (completions still work).
+    engine_args: tuple[str, ...] = ("--n_ctx", "2048", "--embedding", "true")
 
     def argv(self, port: int, workdir: Path) -> list[str]:
         return [

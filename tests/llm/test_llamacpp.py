@@ -5,7 +5,10 @@ before any engine sees it, nothing stored lost."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,7 +21,9 @@ from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.testing.cluster import Node
 from meshd.testing.llm import ASCII_ONLY
 from meshd.testing.procs import wait_until
+from meshd.testing.venvs import ensure_venv
 
+from ..integration.test_tritonclient import TRITONCLIENT
 from .conftest import LLM_MODELS, TENSOR_MODEL, VMODEL, WIDE_MODEL, LlmMesh, engine_pids, kill_engine, post
 
 pytestmark = pytest.mark.slow
@@ -61,6 +66,15 @@ def test_openai_client_completions_and_chat_plain_and_streamed(llm_mesh: LlmMesh
     )
     assert streamed and streamed[-1].choices[0].finish_reason == "length"
     assert "".join(s.choices[0].delta.content or "" for s in streamed) == chat.choices[0].message.content
+
+
+def test_embeddings_through_the_mesh(llm_mesh: LlmMesh) -> None:
+    c = client(llm_mesh.b)
+    one = c.embeddings.create(model=LLM_MODELS[0], input="the mesh")
+    again = c.embeddings.create(model=LLM_MODELS[0], input="the mesh")
+    other = c.embeddings.create(model=LLM_MODELS[1], input="the mesh")
+    assert one.data[0].embedding and one.data[0].embedding == again.data[0].embedding
+    assert other.data[0].embedding != one.data[0].embedding
 
 
 def test_models_lists_the_registered_language_models_and_vmodels(llm_mesh: LlmMesh) -> None:
@@ -173,3 +187,26 @@ def test_engine_killed_mid_stream_ends_the_stream_with_an_error(llm_mesh: LlmMes
     assert "ended early" in str(e.value.message), e.value
     wait_until(lambda: bool(engine_pids(WIDE_MODEL, at)), 15, "the engine restarted")
     assert complete(llm_mesh.a, WIDE_MODEL, max_tokens=4, logit_bias=NO_EOS)
+
+
+TRITON_TEXT = Path(__file__).resolve().parent / "clients" / "triton_text.py"
+
+
+def test_kserve_text_completions_through_tritonclient_unary_and_streamed(llm_mesh: LlmMesh) -> None:
+    python = ensure_venv("tritonclient", TRITONCLIENT)
+    model = LLM_MODELS[1]
+    parameters = {"max_tokens": 10, "temperature": 0.0}
+    argv = [str(python), str(TRITON_TEXT), "--url", llm_mesh.b.target, "--model", model]
+    proc = subprocess.run(
+        [*argv, "--parameters", json.dumps(parameters)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    out = json.loads(proc.stdout)
+    assert out["metadata"]["inputs"][0] == {"name": "text_input", "datatype": "BYTES", "shape": ["1"]}
+    assert [o["name"] for o in out["metadata"]["outputs"]] == ["text_output", "finish_reason"]
+    assert out["config"]["config"]["model_transaction_policy"] == {"decoupled": True}
+    assert out["infer"]["finish_reason"] in ("length", "stop")
+    expected = complete(llm_mesh.a, model, prompt="the mesh", max_tokens=10)
+    assert out["infer"]["text"] == expected
+    assert len(out["stream"]) > 1 and out["stream"][-1]["finish_reason"]
+    assert "".join(p["text"] for p in out["stream"]) == expected

@@ -23,7 +23,7 @@ from meshd._proto.inference import grpc_predict_v2_pb2_grpc as pb_grpc
 from meshd._proto.meshd import llm_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
 from meshd.adapter.llm.calls import OpenAICalls, TextInference
-from meshd.adapter.llm.engines import PRESETS, check_template
+from meshd.adapter.llm.engines import PRESETS, RestartPolicy, check_template
 from meshd.adapter.llm.runtime import Engines, LlmConfig, LlmRuntime
 from meshd.observability.logs import parse_log_format, setup_logging
 
@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--loading-concurrency", type=int, default=1, help="engines starting at a time")
     p.add_argument("--loading-timeout-ms", type=int, default=120_000, help="an engine's start-up limit")
+    p.add_argument("--max-restarts", type=int, default=5, help="an engine failing more often is given up")
+    p.add_argument("--restart-window-s", type=float, default=120.0, help="... within this many seconds")
     p.add_argument("--model-root", type=Path, help="relative model paths are under this folder")
     p.add_argument("--workdir", type=Path, default=Path(".meshd-llm"), help="engine logs go under it")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -107,6 +109,7 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str]) -> LlmConfig:
         default_model_size=number(a.default_model_size, "DEFAULT_MODELSIZE", default=512 << 20),
         max_loading_concurrency=max(1, a.loading_concurrency),
         loading_timeout_ms=a.loading_timeout_ms,
+        restart=RestartPolicy(max_restarts=max(0, a.max_restarts), window_s=a.restart_window_s),
         version=f"meshd-llm-runtime/{a.engine or 'custom'}",
     )
 

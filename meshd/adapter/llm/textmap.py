@@ -96,11 +96,12 @@ def _raw_bytes(raw: bytes) -> list[bytes]:
 
 
 def infer_response(model_name: str, request_id: str, text: str, finish_reason: str | None) -> pb.ModelInferResponse:
+    """Outputs in `raw_output_contents`, as Triton sends them (tritonclient reads those)."""
     response = pb.ModelInferResponse(model_name=model_name, id=request_id)
-    out = response.outputs.add(name=TEXT_OUTPUT, datatype="BYTES", shape=[1])
-    out.contents.bytes_contents.append(text.encode())
-    reason = response.outputs.add(name=FINISH_REASON, datatype="BYTES", shape=[1])
-    reason.contents.bytes_contents.append((finish_reason or "").encode())
+    for name, value in ((TEXT_OUTPUT, text), (FINISH_REASON, finish_reason or "")):
+        response.outputs.add(name=name, datatype="BYTES", shape=[1])
+        data = value.encode()
+        response.raw_output_contents.append(struct.pack("<I", len(data)) + data)
     return response
 
 
