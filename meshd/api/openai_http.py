@@ -84,8 +84,9 @@ class OpenAIHttp:
         return web.json_response({"object": "list", "data": data})
 
     async def call(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
         try:
-            parsed = parse_request(await request.read())
+            parsed = parse_request(raw)
             target = await self.resolve(parsed.model)
             if not is_llm_type(target.model_type):
                 raise BadRequest(tensor_model_message(target.model_id, target.model_type, request.path), "model")
@@ -99,7 +100,7 @@ class OpenAIHttp:
             return _mesh_error(e)
         balanced = request.headers.get("mm-balanced", "").lower() == "true"
         ids = RequestIds(target.model_id, None, balanced)
-        call = llm_pb2.HttpCall(model_id=target.model_id, path=request.path, body=json.dumps(parsed.body).encode())
+        call = llm_pb2.HttpCall(model_id=target.model_id, path=request.path, body=raw)  # as sent: checked only
         try:
             answer = await self.route(call.SerializeToString(), ids, self.timeout_s)
         except MeshError as e:

@@ -4,22 +4,25 @@ on cue. Never the only test of a feature: tests/llm runs real llama.cpp engines.
 
     python -m meshd.testing.fake_llm --port P --name NAME [--exit-at-start CODE] [--die-after S]
 
-It answers /v1/models, and /v1/completions with the prompt's words echoed back (streamed as
-Server-Sent Events with `"stream": true`).
+It answers /v1/models, and /v1/completions with the prompt's words echoed back (`"repeat": N`
+times; streamed as Server-Sent Events with `"stream": true`, `--token-interval-ms` apart, each
+stamped with the time it was sent, for bench/llm.py's relay delay).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 import threading
+import time
 
 from aiohttp import web
 
 
-def app(name: str) -> web.Application:
+def app(name: str, interval_s: float = 0.0) -> web.Application:
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": name, "object": "model"}]})
 
@@ -31,9 +34,13 @@ def app(name: str) -> web.Application:
             return web.json_response({"object": "text_completion", "model": body.get("model"), "choices": [choice]})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for i, word in enumerate(words):
-            done = "stop" if i == len(words) - 1 else None
+        pieces = words * max(1, int(body.get("repeat", 1)))
+        for i, word in enumerate(pieces):
+            if interval_s and i:
+                await asyncio.sleep(interval_s)
+            done = "stop" if i == len(pieces) - 1 else None
             chunk = {"object": "text_completion", "choices": [{"text": word, "index": 0, "finish_reason": done}]}
+            chunk["sent_ns"] = time.time_ns()  # when it left the engine: bench/llm.py's relay delay
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         return response
@@ -50,13 +57,14 @@ def main() -> None:
     p.add_argument("--name", default="fake")
     p.add_argument("--exit-at-start", type=int, help="print a line and exit with this status at once")
     p.add_argument("--die-after", type=float, help="exit (status 1) this many seconds after start")
+    p.add_argument("--token-interval-ms", type=float, default=0.0, help="between streamed pieces")
     a = p.parse_args()
     if a.exit_at_start is not None:
         print("fake engine: told to fail at start", flush=True)
         sys.exit(a.exit_at_start)
     if a.die_after is not None:
         threading.Timer(a.die_after, os._exit, args=(1,)).start()
-    web.run_app(app(a.name), host="127.0.0.1", port=a.port, print=None)
+    web.run_app(app(a.name, a.token_interval_ms / 1000), host="127.0.0.1", port=a.port, print=None)
 
 
 if __name__ == "__main__":

@@ -62,13 +62,16 @@ class LlmRuntimeArgs:
     memory_bytes: int = TWO_TINY_ENGINES
     default_model_size: int = TINY_ENGINE_BYTES
     engine: str = "llamacpp"
+    engine_command: str | None = None  # any other engine: a template (meshd llm-runtime --engine-command)
     # --embedding: llama-cpp-python serves /v1/embeddings only with it (completions still work).
-    engine_args: tuple[str, ...] = ("--n_ctx", "2048", "--embedding", "true")
+    # --interrupt_requests false: by default a request that waits for the engine's one lock
+    # cuts the stream being answered short (concurrent clients would break each other's).
+    engine_args: tuple[str, ...] = ("--n_ctx", "2048", "--embedding", "true", "--interrupt_requests", "false")
 
     def argv(self, port: int, workdir: Path) -> list[str]:
+        engine = ["--engine-command", self.engine_command] if self.engine_command else ["--engine", self.engine]
         return [
-            "--engine",
-            self.engine,
+            *engine,
             "--engine-python",
             str(self.engine_python),
             "--port",
@@ -79,8 +82,7 @@ class LlmRuntimeArgs:
             str(self.default_model_size),
             "--workdir",
             str(workdir),
-            "--",
-            *self.engine_args,
+            *(["--", *self.engine_args] if self.engine_args else []),
         ]
 
 
