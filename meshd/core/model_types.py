@@ -4,6 +4,8 @@ Shared by `meshd adapter` (laying a model out for its server) and the daemon's m
 repository directory (telling a folder's type from its server config).
 """
 
+import json
+
 # Model type (lower case) -> MLServer runtime class, as modelmesh-serving's runtimes name them.
 MLSERVER_IMPLEMENTATIONS = {
     "sklearn": "mlserver_sklearn.SKLearnModel",
@@ -30,3 +32,24 @@ LLM_MODEL_TYPES = frozenset({"llm", "gguf", "llamacpp", "vllm", "sglang", "ollam
 
 def is_llm_type(model_type: str) -> bool:
     return model_type.lower() in LLM_MODEL_TYPES
+
+
+# A LoRA adapter names its base model in its key: {"meshd": {"base_model": "<model id>"}}. It
+# loads only where its base is loaded, into the base's engine, and takes one of its slots.
+ADAPTER_TYPE = "lora"
+# How a runtime says the base's engine holds all the adapters it takes (RESOURCE_EXHAUSTED):
+# meshd then evicts one of them and loads again.
+ADAPTER_SLOTS_FULL = "adapter slots full"
+
+
+def base_model_of(key: str) -> str | None:
+    """The base model an adapter's key names (None: not an adapter, or no such field)."""
+    if not key or not key.lstrip().startswith("{"):
+        return None
+    try:
+        obj = json.loads(key)
+    except (ValueError, RecursionError):
+        return None
+    own = obj.get("meshd") if isinstance(obj, dict) else None
+    base = own.get("base_model") if isinstance(own, dict) else None
+    return base if isinstance(base, str) and base else None

@@ -228,8 +228,11 @@ class WeightedLRU:
             return  # its key did not change
         self._push(entry)
 
-    def admit(self, model_id: str, units: int, last_used_ms: int, now_ms: int) -> Admission:
-        """Reserve `units` for a new LOADING entry, evicting least-recently-used ones.
+    def admit(
+        self, model_id: str, units: int, last_used_ms: int, now_ms: int, keep: frozenset[str] = frozenset()
+    ) -> Admission:
+        """Reserve `units` for a new LOADING entry, evicting least-recently-used ones (never
+        those in `keep`: a LoRA adapter's base, which it loads into).
 
         Nothing changes when it is refused: too big for the whole cache, or only entries
         that are still loading (or used more recently than the newcomer) could make room.
@@ -239,14 +242,17 @@ class WeightedLRU:
         if units > self.capacity_units:
             return Admission(False, reason=f"needs {units} units, the cache holds {self.capacity_units}")
         needed = units - self.free_units
-        victims = self._plan_eviction(needed, exclude=model_id, newer_than=last_used_ms)
+        victims = self._plan_eviction(needed, exclude=model_id, newer_than=last_used_ms, keep=keep)
         if victims is None:
             # Worth waiting only if loads in progress, once evictable, could make the room.
             loading = sum(e.units for e in self._entries.values() if e.state is State.LOADING)
             evictable = sum(
                 e.units
                 for e in self._entries.values()
-                if e.state is not State.LOADING and e.last_used_ms <= last_used_ms and e.model_id != model_id
+                if e.state is not State.LOADING
+                and e.last_used_ms <= last_used_ms
+                and e.model_id != model_id
+                and e.model_id not in keep
             )
             if loading + evictable >= needed:
                 return Admission(False, reason="no room until loads in progress finish", retryable=True)
@@ -277,8 +283,9 @@ class WeightedLRU:
         victims = self._plan_eviction(units - self.free_units, exclude=model_id, newer_than=last_used_ms)
         return None if victims is None else tuple(victims)
 
-    def resize(self, model_id: str, units: int) -> tuple[CacheEntry, ...]:
-        """Correct an entry's weight (after load or `modelSize`); returns what that evicts.
+    def resize(self, model_id: str, units: int, keep: frozenset[str] = frozenset()) -> tuple[CacheEntry, ...]:
+        """Correct an entry's weight (after load or `modelSize`); returns what that evicts
+        (never those in `keep`).
 
         If the correction cannot be covered by evicting others, the cache runs over its
         capacity rather than drop a model that is already loaded (upstream does the same).
@@ -293,7 +300,7 @@ class WeightedLRU:
             entry.load_ms = self.load_fit.cost_ms(units, entry.measured_ms)
         _recost(entry, old_cost)
         self._push(entry)
-        victims = self._plan_eviction(-self.free_units, exclude=model_id, newer_than=None) or []
+        victims = self._plan_eviction(-self.free_units, exclude=model_id, newer_than=None, keep=keep) or []
         for victim in victims:
             self._evict(victim)
         return tuple(victims)
@@ -364,7 +371,9 @@ class WeightedLRU:
             self._loaded -= entry.state is State.LOADED
         return entry
 
-    def _plan_eviction(self, needed: int, exclude: str, newer_than: int | None) -> list[CacheEntry] | None:
+    def _plan_eviction(
+        self, needed: int, exclude: str, newer_than: int | None, keep: frozenset[str] = frozenset()
+    ) -> list[CacheEntry] | None:
         """Victims freeing at least `needed` units, first in eviction order; None if impossible.
 
         Loading entries are never victims. Idle copies go before copies serving requests.
@@ -389,7 +398,7 @@ class WeightedLRU:
                 continue  # stale (or a duplicate: a key can return to an earlier value)
             seen.add(item[2])
             popped.append(item)
-            if entry.state is State.LOADING or entry.model_id == exclude:
+            if entry.state is State.LOADING or entry.model_id == exclude or entry.model_id in keep:
                 continue
             if entry.inflight > 0:
                 busy.append(item)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from meshd.core.clock import Clock, wall_ms
 from meshd.core.errors import LoadFailed, MeshError, NotFound, ResourceExhausted, Unavailable
+from meshd.core.model_types import ADAPTER_SLOTS_FULL, base_model_of
 from meshd.core.records import ModelRecord
 from meshd.decisions.cache import CacheEntry, Eviction, Popularity, State, WeightedLRU, to_units
 from meshd.decisions.gate import queue_bound
@@ -55,6 +56,9 @@ from meshd.runtime.loader import LoadQueue
 from meshd.serving.gate import CopyGate
 
 log = logging.getLogger(__name__)
+
+# A LoRA adapter's size until its runtime says (adapters are small: tens of MiB at rank 8-64).
+ADAPTER_DEFAULT_BYTES = 64 << 20
 
 UNLOAD_INFLIGHT_WAIT_S = 120.0  # upstream waits ~2 min for in-flight requests before unloading
 INFLIGHT_POLL_S = 0.05
@@ -137,6 +141,9 @@ class LocalModels:
         self.load_wait_limit_ms = load_wait_limit_ms
         self.popularity = Popularity()  # requests per model (counted by the router on arrival)
         self._demand: dict[str, tuple[int, int]] = {}  # loads waiting for a thread -> (requests, units)
+        # LoRA adapters loaded or loading here -> their base model (core.model_types): the base
+        # is loaded first, used whenever they are, and evicted only with them.
+        self.bases: dict[str, str] = {}
 
     # ---- the request path ------------------------------------------------------------
     async def ensure(
@@ -353,6 +360,8 @@ class LocalModels:
             hint = policy_from_key(record.key).size_hint_bytes
         except ValueError:
             hint = None  # validated at registration; a record written by other tools may differ
+        if hint is None and base_model_of(record.key) is not None:
+            hint = ADAPTER_DEFAULT_BYTES  # not the runtime's default, which is sized for whole models
         return to_units(hint or self.info.default_model_size)
 
     async def _admit(self, model_id: str, units: int) -> None:
@@ -361,7 +370,7 @@ class LocalModels:
         deadline = loop.time() + self.queue.timeout_s
         while True:
             last_used = self._wanted_last_used.get(model_id, self.clock())
-            admission = self.cache.admit(model_id, units, last_used, self.clock())
+            admission = self.cache.admit(model_id, units, last_used, self.clock(), self._keep(model_id))
             if admission.admitted:
                 self._evict_all(admission.evicted)
                 return
@@ -373,6 +382,11 @@ class LocalModels:
                 async with asyncio.timeout(remaining):  # unlike wait_for, never swallows a cancel
                     await space.wait()
 
+    def _keep(self, model_id: str) -> frozenset[str]:
+        """What making room for `model_id` may not evict: an adapter's base (it loads into it)."""
+        base = self.bases.get(model_id)
+        return frozenset((base,)) if base is not None else frozenset()
+
     def _space_changed(self) -> None:
         event, self._space = self._space, asyncio.Event()
         event.set()
@@ -382,6 +396,10 @@ class LocalModels:
         epoch = self.runtime_epoch
         slot_held = False
         try:
+            base = base_model_of(record.key)
+            if base is not None:  # an adapter loads into its base's engine: the base first
+                self.bases[model_id] = base
+                await self.ensure(base, self.registry.get(base) or await self.registry.fetch(base))
             if self.load_queue:  # a thread first, then the room: a waiting load evicts nothing
                 await self._take_slot(model_id, record)
                 slot_held = True
@@ -395,14 +413,19 @@ class LocalModels:
             predicted = await self.runtime.predict_size(model_id, record.type, record.path, record.key)
             self.metrics.model_sizing((time.monotonic() - sizing) * 1000, model_id)
             if predicted and model_id in self.cache:
-                self._evict_all(self.cache.resize(model_id, to_units(predicted)))
+                self._evict_all(self.cache.resize(model_id, to_units(predicted), self._keep(model_id)))
             self._check_runtime(model_id, epoch)
             # Refused (CopiesFull) when the model's max copies are already on serving holders.
             if not await self.registry.add_copy(model_id, self.instance_id, self.clock(), self._serving()):
                 raise NotFound(f"model {model_id!r} was unregistered")
             try:
                 slot_held, held = False, slot_held  # load() gives the thread back
-                loaded = await self.queue.load(model_id, record.type, record.path, record.key, slot_held=held)
+                try:
+                    loaded = await self.queue.load(model_id, record.type, record.path, record.key, slot_held=held)
+                except LoadFailed as e:
+                    if base is None or ADAPTER_SLOTS_FULL not in e.message or not await self._free_adapter_slot(base):
+                        raise
+                    loaded = await self.queue.load(model_id, record.type, record.path, record.key)
             except LoadFailed:
                 self._check_runtime(model_id, epoch)  # a runtime gone meanwhile is not the model's fault
                 raise
@@ -415,7 +438,7 @@ class LocalModels:
                 raise NotFound(f"model {model_id!r} was unregistered while loading")
             if loaded.size_bytes:
                 self.metrics.loaded_model_size(loaded.size_bytes, model_id)
-                self._evict_all(self.cache.resize(model_id, to_units(loaded.size_bytes)))
+                self._evict_all(self.cache.resize(model_id, to_units(loaded.size_bytes), self._keep(model_id)))
             else:
                 self._spawn(self._size_later(model_id))
             if self.info.limit_model_concurrency and loaded.max_concurrency > 0:
@@ -498,6 +521,27 @@ class LocalModels:
         return f"loading {model_id!r} failed recently here" + (f": {msg}" if msg else "")
 
     # ---- eviction and unloading ------------------------------------------------------
+    async def _free_adapter_slot(self, base: str) -> bool:
+        """Evict the least recently used loaded adapter of `base` here (its engine holds all
+        the adapters it takes); False when there is none to evict."""
+        loaded = [
+            e
+            for e in (self.cache.get(m) for m, b in self.bases.items() if b == base)
+            if e is not None and e.state is State.LOADED
+        ]
+        if not loaded:
+            return False
+        victim = min(loaded, key=lambda e: e.last_used_ms)
+        entry = self._remove(victim.model_id)
+        if entry is None:
+            return False
+        log.info("%s's engine holds all the adapters it takes: evicting %s", base, victim.model_id)
+        self._evict_all([entry])
+        unloading = self._unloading.get(victim.model_id)
+        if unloading is not None:
+            await asyncio.shield(unloading)
+        return True
+
     def _remove(self, model_id: str) -> CacheEntry | None:
         entry = self.cache.remove(model_id)
         if entry is not None:
@@ -505,7 +549,16 @@ class LocalModels:
         return entry
 
     def _evict_all(self, victims: tuple[CacheEntry, ...] | list[CacheEntry]) -> None:
+        victims = list(victims)
+        gone = {v.model_id for v in victims}
+        for adapter, base in list(self.bases.items()):  # an evicted base takes its adapters with it
+            if base in gone and adapter not in gone:
+                entry = self._remove(adapter)
+                if entry is not None:
+                    victims.insert(0, entry)
+                    gone.add(adapter)
         for victim in victims:
+            self.bases.pop(victim.model_id, None)
             log.info("evicting %s (%d units)", victim.model_id, victim.units)
             if victim.state is State.LOADED:
                 self.counters.evictions += 1

@@ -40,6 +40,7 @@ from meshd.core.errors import (
     Unavailable,
     means_model_missing,
 )
+from meshd.core.model_types import base_model_of
 from meshd.core.records import ModelRecord, RecordError, VModelRecord
 from meshd.decisions.cache import CacheEntry, State
 from meshd.decisions.placement.constraints import TypeConstraints
@@ -48,6 +49,7 @@ from meshd.decisions.placement.loading import EXHAUSTED_PREFIX
 from meshd.decisions.placement.rank import (
     LoadRequest,
     RecentPlacements,
+    adapter_exclusions,
     background_load_used_ms,
     choose_load_target,
     load_here_as_last_resort,
@@ -297,6 +299,8 @@ class Router:
         if entry is not None and entry.state is State.LOADED:  # the common case, kept short
             self.local.counters.hits += 1
             self.local.cache.touch(model_id, self.local.clock())
+            if self.local.bases:
+                self._touch_base(model_id)
             try:
                 return await attempt.local(entry)
             except Refused as e:
@@ -429,6 +433,11 @@ class Router:
     ) -> str | None:
         """Where a copy should load (placement's pick), remembered for the next picks."""
         required, preferred = self.constraints.for_type(record.type)
+        base = base_model_of(record.key)
+        if base is not None:  # an adapter: where its base is loaded, when it is loaded anywhere
+            base_record = self.registry.get(base)
+            holders = frozenset(base_record.instance_ids) if base_record is not None else frozenset()
+            exclude = adapter_exclusions(frozenset(view.instances), holders, exclude)
         request = LoadRequest(
             model_id=model_id,
             model_type=record.type,
@@ -623,7 +632,15 @@ class Router:
             raise PeerRefusal(NOT_HERE, f"no loaded copy of {model_id!r} on {self.self_id}")
         self.local.counters.hits += 1
         self.local.cache.touch(model_id, self.local.clock())
+        if self.local.bases:
+            self._touch_base(model_id)
         return entry
+
+    def _touch_base(self, model_id: str) -> None:
+        """A LoRA adapter's use is its base's too: the base stays while its adapters are used."""
+        base = self.local.bases.get(model_id)
+        if base is not None:
+            self.local.cache.touch(base, self.local.clock())
 
     async def serve_forwarded(
         self, spec: MethodSpec, request: bytes, model_id: str, mode: str, metadata: Metadata, remaining_s: float | None

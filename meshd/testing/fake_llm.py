@@ -39,8 +39,10 @@ def app(name: str, interval_s: float = 0.0) -> web.Application:
             if interval_s and i:
                 await asyncio.sleep(interval_s)
             done = "stop" if i == len(pieces) - 1 else None
-            chunk = {"object": "text_completion", "choices": [{"text": word, "index": 0, "finish_reason": done}]}
-            chunk["sent_ns"] = time.time_ns()  # when it left the engine: bench/llm.py's relay delay
+            chunk: dict[str, object] = {"object": "text_completion", "sent_ns": time.time_ns()}
+            chunk["choices"] = [
+                {"text": word, "index": 0, "finish_reason": done}
+            ]  # when it left the engine: bench/llm.py's relay delay
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         return response

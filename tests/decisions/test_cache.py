@@ -360,3 +360,17 @@ def test_no_use_is_no_use() -> None:
         snapshot = (before.score, before.clock, before.uses_at, before.uses, before.last_used_ms)
         cache.touch("x", 10, uses=0)
         assert (before.score, before.clock, before.uses_at, before.uses, before.last_used_ms) == snapshot
+
+
+def test_what_admission_must_keep_is_never_evicted() -> None:
+    """A LoRA adapter's base stays while room is made for the adapter (it loads into it)."""
+    cache = WeightedLRU(10)
+    loaded(cache, "base", 6, 100)  # the oldest: the first victim otherwise
+    loaded(cache, "other", 3, 200)
+    admission = cache.admit("adapter", 3, 300, 300, keep=frozenset({"base"}))
+    assert admission.admitted and [v.model_id for v in admission.evicted] == ["other"]
+    assert cache.get("base") is not None
+    # Only what must be kept could make room: refused, nothing changed.
+    refused = cache.admit("big", 5, 400, 400, keep=frozenset({"base"}))
+    assert not refused.admitted and cache.get("base") is not None
+    assert [v.model_id for v in cache.resize("adapter", 4, keep=frozenset({"base"}))] == []

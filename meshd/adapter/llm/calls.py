@@ -53,7 +53,7 @@ async def _served(engines: Engines, model_id: str, context: Any) -> Served:
     served = engines.served.get(model_id)
     if served is None:
         await abort(context, grpc.StatusCode.NOT_FOUND, f"model {model_id!r} is not loaded in this runtime")
-    if served.state is State.RESTARTING:
+    if served.owner.state is State.RESTARTING:
         await abort(context, grpc.StatusCode.UNAVAILABLE, served.restarting_message())
     return served
 
@@ -61,7 +61,9 @@ async def _served(engines: Engines, model_id: str, context: Any) -> Served:
 async def _post(engines: Engines, served: Served, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
     """POST to the model's engine; EngineGone when it does not answer."""
     try:
-        return await engines.http().post(served.engine.base_url + path, json=body, timeout=aiohttp.ClientTimeout())
+        return await engines.http().post(
+            served.owner.engine.base_url + path, json=body, timeout=aiohttp.ClientTimeout()
+        )
     except aiohttp.ClientError as e:
         raise EngineGone(await _gone(served, e)) from None
 
@@ -69,11 +71,11 @@ async def _post(engines: Engines, served: Served, path: str, body: dict[str, Any
 async def _gone(served: Served, e: BaseException) -> str:
     """Why the engine stopped answering: its exit is seen within moments of the broken
     connection (a thread waits on the process), so wait that long before saying."""
-    engine = served.engine
+    engine = served.owner.engine
     if engine.child is not None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(engine.child.wait(), EXIT_GRACE_S)
-    if served.state is State.RESTARTING:
+    if served.owner.state is State.RESTARTING:
         return served.restarting_message()
     if not engine.running:
         return f"the engine of model {served.model_id!r} stopped ({_exit(engine)}); it is restarting"
@@ -130,7 +132,7 @@ class TextInference(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
         served = self.engines.served.get(_model_id(request.name, context))
-        return pb.ModelReadyResponse(ready=served is not None and served.state is State.READY)
+        return pb.ModelReadyResponse(ready=served is not None and served.owner.state is State.READY)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         served = await _served(self.engines, _model_id(request.name, context), context)

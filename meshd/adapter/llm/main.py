@@ -30,6 +30,8 @@ from meshd.observability.logs import parse_log_format, setup_logging
 log = logging.getLogger("meshd.llm")
 
 MAX_MESSAGE_BYTES = 64 << 20
+# What an engine needs from its environment for what meshd asks of it.
+ENGINE_ENV = {"vllm": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}}  # /v1/load_lora_adapter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--loading-concurrency", type=int, default=1, help="engines starting at a time")
     p.add_argument("--loading-timeout-ms", type=int, default=120_000, help="an engine's start-up limit")
+    p.add_argument(
+        "--adapter-slots", type=int, default=4, help="LoRA adapters an engine takes at a time (give vLLM --max-loras N)"
+    )
     p.add_argument("--max-restarts", type=int, default=5, help="an engine failing more often is given up")
     p.add_argument("--restart-window-s", type=float, default=120.0, help="... within this many seconds")
     p.add_argument("--model-root", type=Path, help="relative model paths are under this folder")
@@ -109,6 +114,8 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str]) -> LlmConfig:
         default_model_size=number(a.default_model_size, "DEFAULT_MODELSIZE", default=512 << 20),
         max_loading_concurrency=max(1, a.loading_concurrency),
         loading_timeout_ms=a.loading_timeout_ms,
+        adapter_slots=max(0, a.adapter_slots),
+        env=ENGINE_ENV.get(a.engine or "", {}),
         restart=RestartPolicy(max_restarts=max(0, a.max_restarts), window_s=a.restart_window_s),
         version=f"meshd-llm-runtime/{a.engine or 'custom'}",
     )

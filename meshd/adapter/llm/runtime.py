@@ -33,9 +33,23 @@ from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
 from meshd.adapter.llm.engines import RestartPolicy, engine_argv, restart_delay
 from meshd.adapter.llm.grpc_abort import abort
 from meshd.adapter.llm.process import EngineProcess, EngineStartError, describe_exit, free_port
-from meshd.core.model_types import LLM_MODEL_TYPES, is_llm_type
+from meshd.core.model_types import ADAPTER_SLOTS_FULL, LLM_MODEL_TYPES, base_model_of, is_llm_type
 
 log = logging.getLogger(__name__)
+
+ADAPTER_TYPE = "lora"
+LOAD_ADAPTER_PATH = "/v1/load_lora_adapter"  # vLLM's run-time LoRA endpoints
+UNLOAD_ADAPTER_PATH = "/v1/unload_lora_adapter"
+
+
+class AdapterSlotsFull(Exception):
+    """The base's engine holds as many adapters as it takes (RESOURCE_EXHAUSTED): meshd
+    evicts one of them and loads again."""
+
+
+class BaseNotLoaded(Exception):
+    """An adapter's base model is not loaded here (FAILED_PRECONDITION)."""
+
 
 INJECTED = (
     "meshd.llm.OpenAI/Call",
@@ -62,6 +76,7 @@ class LlmConfig:
     max_loading_concurrency: int = 1
     loading_timeout_ms: int = 120_000
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    adapter_slots: int = 4  # LoRA adapters an engine takes at a time (vLLM's --max-loras)
     version: str = "meshd-llm-runtime"
 
 
@@ -85,11 +100,18 @@ class Served:
     back_at: float = 0.0  # time.monotonic() the restarted engine is expected to answer
     watcher: asyncio.Task[None] | None = None
     started_s: float = 0.0  # how long its last start took
+    base: Served | None = None  # a LoRA adapter: the base model whose engine serves it
+
+    @property
+    def owner(self) -> Served:
+        """Whose engine answers for this model: its own, or its base's for an adapter."""
+        return self.base or self
 
     def restarting_message(self) -> str:
-        wait = max(0.0, self.back_at - time.monotonic())
+        owner = self.owner
+        wait = max(0.0, owner.back_at - time.monotonic())
         return (
-            f"the engine of model {self.model_id!r} is restarting (it stopped: {self.last_exit}); "
+            f"the engine of model {self.model_id!r} is restarting (it stopped: {owner.last_exit}); "
             f"back in about {max(wait, 0.1):.1f} s"
         )
 
@@ -131,7 +153,7 @@ class Engines:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_id)
         return EngineProcess(argv, cfg.host, port, cfg.workdir / "logs" / f"{safe}.log", env)
 
-    async def load(self, model_id: str, model_type: str, path: str) -> Served:
+    async def load(self, model_id: str, model_type: str, path: str, key: str = "") -> Served:
         """The model's engine, started if need be. ValueError: not a model this runtime
         takes; EngineStartError: the engine did not come up."""
         lock = self._locks.setdefault(model_id, asyncio.Lock())
@@ -139,6 +161,8 @@ class Engines:
             served = self.served.get(model_id)
             if served is not None:
                 return served
+            if model_type.lower() == ADAPTER_TYPE:
+                return await self._load_adapter(model_id, path, key)
             if not is_llm_type(model_type):
                 raise ValueError(
                     f"model {model_id!r} has type {model_type!r}; this runtime serves language models "
@@ -170,18 +194,66 @@ class Engines:
             return served
 
     async def unload(self, model_id: str) -> bool:
-        """Stop the model's engine; False if it had none."""
+        """Stop the model's engine (an adapter: take it out of its base's); False if none."""
         served = self.served.pop(model_id, None)
         if served is None:
             return False
+        if served.base is not None:
+            await self._adapter_call(served, UNLOAD_ADAPTER_PATH, {"lora_name": model_id}, missing_ok=True)
+            log.info("unloaded adapter %s from %s", model_id, served.base.model_id)
+            return True
+        for adapter in [a for a in self.served.values() if a.base is served]:  # they go with their base
+            del self.served[adapter.model_id]
         if served.watcher is not None:
             served.watcher.cancel()
         await served.engine.stop()
         log.info("unloaded %s", model_id)
         return True
 
+    def adapters_of(self, base: Served) -> list[Served]:
+        return [a for a in self.served.values() if a.base is base]
+
+    async def _load_adapter(self, model_id: str, path: str, key: str) -> Served:
+        """A LoRA adapter into its base model's engine (which must be loaded here: meshd loads
+        the base first). AdapterSlotsFull when the base's engine holds as many as it takes."""
+        base_id = base_model_of(key)
+        if not base_id:
+            raise ValueError(
+                f'adapter {model_id!r} names no base model (its key needs {{"meshd": {{"base_model": ...}}}})'
+            )
+        base = self.served.get(base_id)
+        if base is None or base.base is not None:
+            raise BaseNotLoaded(f"adapter {model_id!r}: its base model {base_id!r} is not loaded here")
+        held = self.adapters_of(base)
+        if len(held) >= self.config.adapter_slots:
+            names = ", ".join(sorted(a.model_id for a in held))
+            slots = self.config.adapter_slots
+            raise AdapterSlotsFull(
+                f"{ADAPTER_SLOTS_FULL}: base model {base_id!r} holds {len(held)} of {slots} ({names})"
+            )
+        adapter_path = self.model_path(path)
+        if not adapter_path.exists():
+            raise FileNotFoundError(f"adapter {model_id!r}: {adapter_path} does not exist")
+        size = max(1, sum(f.stat().st_size for f in adapter_path.rglob("*") if f.is_file()))
+        served = Served(model_id, ADAPTER_TYPE, str(adapter_path), base.engine, size, base=base)
+        await self._adapter_call(served, LOAD_ADAPTER_PATH, {"lora_name": model_id, "lora_path": str(adapter_path)})
+        self.served[model_id] = served
+        log.info("loaded adapter %s into the engine of %s", model_id, base_id)
+        return served
+
+    async def _adapter_call(self, adapter: Served, path: str, body: dict[str, str], missing_ok: bool = False) -> None:
+        base = adapter.owner
+        try:
+            async with self.http().post(base.engine.base_url + path, json=body) as r:
+                if r.status == 200 or (missing_ok and r.status == 404):
+                    return
+                text = (await r.text())[:500]
+        except aiohttp.ClientError as e:
+            text = f"{type(e).__name__}: {e}"
+        raise EngineStartError(f"the engine of {base.model_id!r} refused {path} for {adapter.model_id!r}: {text}")
+
     async def purge(self) -> None:
-        for model_id in list(self.served):
+        for model_id in [m for m, s in self.served.items() if s.base is None]:
             await self.unload(model_id)
 
     async def _supervise(self, served: Served) -> None:
@@ -224,6 +296,14 @@ class Engines:
                     served.last_exit = str(e)[:300]
                     continue
                 break
+            for adapter in self.adapters_of(served):  # a new engine holds none of them
+                adapter.engine = engine
+                try:
+                    body = {"lora_name": adapter.model_id, "lora_path": adapter.path}
+                    await self._adapter_call(adapter, LOAD_ADAPTER_PATH, body)
+                except EngineStartError as e:
+                    log.warning("adapter %s is gone with its engine: %s", adapter.model_id, e)
+                    del self.served[adapter.model_id]
             served.state = State.READY
             served.size_bytes = max(1, engine.rss_bytes())
             log.info("the engine of %s is back on port %d", served.model_id, engine.port)
@@ -238,7 +318,11 @@ class LlmRuntime(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
 
     async def loadModel(self, request: rt.LoadModelRequest, context: Any) -> rt.LoadModelResponse:
         try:
-            served = await self.engines.load(request.modelId, request.modelType, request.modelPath)
+            served = await self.engines.load(request.modelId, request.modelType, request.modelPath, request.modelKey)
+        except AdapterSlotsFull as e:
+            await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except BaseNotLoaded as e:
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except ValueError as e:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except FileNotFoundError as e:
@@ -253,13 +337,17 @@ class LlmRuntime(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         return rt.UnloadModelResponse()
 
     async def predictModelSize(self, request: rt.PredictModelSizeRequest, context: Any) -> rt.PredictModelSizeResponse:
+        if request.modelType.lower() == ADAPTER_TYPE:  # its files: an adapter adds little to its engine
+            path = self.engines.model_path(request.modelPath)
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+            return rt.PredictModelSizeResponse(sizeInBytes=max(1, size))
         return rt.PredictModelSizeResponse(sizeInBytes=self.engines.config.default_model_size)
 
     async def modelSize(self, request: rt.ModelSizeRequest, context: Any) -> rt.ModelSizeResponse:
         served = self.engines.served.get(request.modelId)
         if served is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"model {request.modelId!r} is not loaded")
-        if served.state is State.READY:
+        if served.state is State.READY and served.base is None:
             served.size_bytes = max(1, served.engine.rss_bytes())
         return rt.ModelSizeResponse(sizeInBytes=served.size_bytes)
 

@@ -28,7 +28,7 @@ from meshd.decisions.placement.scaling import DEFAULT_POLICY, ModelPolicy
 
 MESHD_KEY = "meshd"
 DISK_SIZE_KEY = "disk_size_bytes"  # written by modelmesh-serving's controller
-FIELDS = ("min_copies", "max_copies", "size_bytes")
+FIELDS = ("min_copies", "max_copies", "size_bytes", "base_model")  # base_model: a LoRA adapter's (core.model_types)
 
 
 def key_object(key: str) -> dict[str, Any] | None:
@@ -74,6 +74,9 @@ def policy_from_key(key: str) -> ModelPolicy:
         raise ValueError(f'"meshd".max_copies must be >= 0 (0 = one per instance), got {max_copies}')
     if max_copies and min_copies > max_copies:
         raise ValueError(f'"meshd".min_copies ({min_copies}) exceeds max_copies ({max_copies})')
+    base = raw.get("base_model")
+    if base is not None and (not isinstance(base, str) or not base):
+        raise ValueError(f'"meshd".base_model must be a model id, got {json.dumps(base)[:60]}')
     if size_bytes is not None and size_bytes <= 0:
         raise ValueError(f'"meshd".size_bytes must be > 0, got {size_bytes}')
     return ModelPolicy(min_copies, max_copies, size_bytes, disk_size)

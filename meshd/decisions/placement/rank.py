@@ -383,6 +383,15 @@ def background_load_used_ms(requested_ms: int | None, record_last_used_ms: int, 
     return min(requested_ms or record_last_used_ms or now_ms, now_ms)
 
 
+def adapter_exclusions(
+    instances: frozenset[str], base_holders: frozenset[str], exclude: frozenset[str]
+) -> frozenset[str]:
+    """Where a LoRA adapter may not load: beside no copy of its base while one is held by an
+    instance it may use (it loads into the base's engine; elsewhere the base loads first)."""
+    usable = (base_holders & instances) - exclude
+    return exclude | (instances - usable) if usable else exclude
+
+
 def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) -> str | None:
     """The instance that should load `req.model_id`, or None when no instance qualifies."""
     near = shortlist(view, req)

@@ -501,3 +501,15 @@ def test_a_background_load_is_dated_at_the_models_last_use(
     from meshd.decisions.placement.rank import background_load_used_ms
 
     assert background_load_used_ms(requested, record, now) == expected
+
+
+def test_an_adapter_loads_only_beside_a_usable_copy_of_its_base() -> None:
+    from meshd.decisions.placement.rank import adapter_exclusions
+
+    everyone = frozenset({"a", "b", "c"})
+    assert adapter_exclusions(everyone, frozenset({"b"}), frozenset()) == {"a", "c"}
+    # A holder excluded for this request (its load failed) is no holder: anywhere else, base first.
+    assert adapter_exclusions(everyone, frozenset({"b"}), frozenset({"b"})) == {"b"}
+    # No copy of the base yet, or only on instances gone: wherever placement says.
+    assert adapter_exclusions(everyone, frozenset(), frozenset({"a"})) == {"a"}
+    assert adapter_exclusions(everyone, frozenset({"z"}), frozenset()) == frozenset()
