@@ -2,10 +2,10 @@
 
     python bench/llm.py [--runs 3] [--requests 24] [--max-tokens 64] [--smoke]
 
-Starts etcd, one meshd and `meshd llm-runtime --engine llamacpp` (the llama.cpp venv, built on
-first use) in a temporary directory, registers two random-weight GGUF models (tiny: 64 wide,
-2 layers, a whole 64-token answer in milliseconds; wide: 512 wide, 4 layers, ~5 ms a token),
-and measures:
+Starts etcd and, in a temporary directory, one meshd beside `meshd llm-runtime --engine
+llamacpp` with two random-weight GGUF models (tiny: 64 wide, 2 layers, a whole 64-token answer
+in milliseconds; wide: 512 wide, 4 layers, ~5 ms a token) and one beside `--engine vllm` (its
+CPU build) with a tiny random-weight Llama; each engine's venv is built on first use. Measures:
 
     cold   the first streamed request through meshd, which loads the model (starts its
            engine): time to first token, next to the engine's own start-up time
@@ -50,6 +50,9 @@ from meshd.testing.llm import (
     add_llm_node,
     llamacpp_python,
     make_gguf,
+    make_hf_llama,
+    vllm_args,
+    vllm_python,
 )
 
 SCRIPT = "bench/llm.py"
@@ -64,7 +67,7 @@ class Shot:
 
 
 async def stream_once(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Shot:
-    """One streamed completion: time to the first piece with text, pieces, and each piece's
+    """One streamed completion: time to the first piece of the answer, pieces, and each piece's
     delay from the engine's stamp (when it carries one)."""
     started = time.perf_counter()
     first = None
@@ -80,9 +83,9 @@ async def stream_once(session: aiohttp.ClientSession, url: str, body: dict[str, 
             event = json.loads(line[6:])
             if "error" in event:
                 raise RuntimeError(f"{url}: {event['error']}")
-            if event["choices"][0].get("text"):
+            if event.get("choices"):
                 tokens += 1
-                if first is None:
+                if first is None:  # the first piece of the answer, whatever bytes it holds
                     first = time.perf_counter()
             if "sent_ns" in event:
                 relay.append((arrived - event["sent_ns"]) / 1e6)
@@ -119,8 +122,9 @@ def engine_port(model_id: str) -> int:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"--model_alias" in argv and argv[argv.index(b"--model_alias") + 1] == model_id.encode():
-            return int(argv[argv.index(b"--port") + 1])
+        for flag in (b"--model_alias", b"--served-model-name"):  # llama.cpp's, vLLM's
+            if flag in argv and argv[argv.index(flag) + 1] == model_id.encode() and b"--port" in argv:
+                return int(argv[argv.index(b"--port") + 1])
     raise RuntimeError(f"no engine found for {model_id}")
 
 
@@ -216,33 +220,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=24, help="streamed completions per case and run")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
+    p.add_argument("--engines", default="llamacpp,vllm", help="which engines (vllm: its venv is built on first use)")
     p.add_argument("--smoke", action="store_true", help="one short run of each case (the test suite's)")
     a = p.parse_args(argv)
     if a.smoke:
         a.runs, a.requests, a.max_tokens = 1, 4, 8
+    engines = a.engines.split(",")
     sigterm_as_interrupt()
-    python = llamacpp_python()
+    lines = [f"# {command_line(SCRIPT, argv)}", f"# {os.cpu_count()} cores; ms; ratio rows: added ms, meshd/direct"]
+    lines.append(f"{'model':10} {'conc':>4} {'path':7} {'ttft p50':>9} {'ttft p99':>9} {'tokens/s':>9}")
     with tempfile.TemporaryDirectory(prefix="meshd-bench-llm-") as tmp:
         work = Path(tmp)
-        (tiny,) = make_gguf(python, work / "models", 1, seed=1)
-        (wide,) = make_gguf(python, work / "models", 1, seed=2, prefix="wide", shape=WIDE_SHAPE)
         mesh = LocalMesh(work / "mesh", service="bench-llm")
         try:
             mesh.start_etcd()
-            node = add_llm_node(mesh, "llm", LlmRuntimeArgs(python, memory_bytes=2 << 30))
+            cases: list[tuple[Node, str]] = []
+            if "llamacpp" in engines:
+                python = llamacpp_python()
+                (tiny,) = make_gguf(python, work / "models", 1, seed=1)
+                (wide,) = make_gguf(python, work / "models", 1, seed=2, prefix="wide", shape=WIDE_SHAPE)
+                node = add_llm_node(mesh, "llm", LlmRuntimeArgs(python, memory_bytes=2 << 30))
+                register(node, "tiny", tiny)
+                register(node, "wide", wide)
+                cases += [(node, "tiny"), (node, "wide")]
+            if "vllm" in engines:
+                vpython = vllm_python()
+                base, _ = make_hf_llama(vpython, work / "hf", 0, seed=1)
+                vnode = add_llm_node(mesh, "vllm", vllm_args(vpython, 2), {"service_name": "bench-llm-vllm"})
+                register(vnode, "vllm-tiny", base, "vllm")
+                cases.append((vnode, "vllm-tiny"))
             fake = f"{sys.executable} -m meshd.testing.fake_llm --port {{port}} --name {{name}}"
             fake += f" --token-interval-ms {RELAY_INTERVAL_MS}"
             relay_args = LlmRuntimeArgs(Path(sys.executable), engine_command=fake, engine_args=())
             relay_node = add_llm_node(mesh, "relay", relay_args, {"service_name": "bench-llm-relay"})
-            for model_id, path in (("tiny", tiny), ("wide", wide)):
-                register(node, model_id, path)
             register(relay_node, "stamped", work, "llm")
-            lines = [f"# {command_line(SCRIPT, argv)}", f"# {os.cpu_count()} cores, llama.cpp via llama-cpp-python"]
-            lines += [asyncio_run(cold_row(node, mesh, m, a.max_tokens)) for m in ("tiny", "wide")]
-            lines.append(
-                f"{'model':10} {'conc':>4} {'path':7} {'ttft p50':>9} {'ttft p99':>9} {'tokens/s':>9}   (ms; ratio row: added ms, meshd/direct)"
-            )
-            for model_id in ("tiny", "wide"):
+            lines += [asyncio_run(cold_row(node, mesh, m, a.max_tokens)) for node, m in cases]
+            for node, model_id in cases:
                 lines += asyncio_run(warm_rows(a, node, model_id))
             lines += asyncio_run(relay_rows(a, relay_node, "stamped"))
         finally:
