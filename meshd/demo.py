@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import grpc
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm
@@ -51,10 +52,12 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", type=Path, help="keep files here (default: a temporary folder, removed after)")
     p.add_argument(
         "--runtime",
-        choices=["reference", "triton"],
+        choices=["reference", "triton", "llamacpp"],
         default="reference",
         help="reference: meshd's reference runtime; triton: a real tritonserver per instance, under "
-        "`meshd adapter`, serving the models as Python-backend models (needs the nvidia-pytriton wheel)",
+        "`meshd adapter`, serving the models as Python-backend models (needs the nvidia-pytriton wheel); "
+        "llamacpp: language models (tiny random GGUFs) on llama.cpp engines under `meshd llm-runtime`, "
+        "asked through meshd's OpenAI-compatible port (its venv is compiled on first use: ~9 min on 2 cores)",
     )
     p.add_argument(
         "--triton-python",
@@ -174,6 +177,104 @@ async def drive(
             await c.close()
 
 
+async def drive_llm(args: argparse.Namespace, mesh: LocalMesh, infos: dict[str, mm.ModelInfo]) -> int:
+    """OpenAI completions and chat, a quarter streamed, through each instance's HTTP port; at
+    temperature 0 every answer of a model must be the same."""
+    clients = [MeshClient.open(node) for node in mesh.nodes]
+    try:
+        for model_id, info in infos.items():
+            await clients[0].mm.registerModel(mm.RegisterModelRequest(modelId=model_id, modelInfo=info), timeout=30)
+        print(f"registered {len(infos)} language models", flush=True)
+        rng = random.Random(args.seed)
+        ids = list(infos)
+        queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+        for n, model_id in enumerate(rng.choices(ids, weights=zipf_weights(len(ids), args.zipf), k=args.requests)):
+            queue.put_nowait((n, model_id))
+        tally = Tally()
+        answers: dict[tuple[str, bool], str] = {}
+        bias = {str(token): -100 for token in (2, *range(131, 259))}  # no </s>, printable bytes only
+        async with aiohttp.ClientSession() as session:
+
+            async def one(n: int, model_id: str) -> str:
+                node = mesh.nodes[n % len(mesh.nodes)]
+                chat, stream = n % 2 == 1, n % 4 == 0
+                body: dict[str, object] = {"model": model_id, "max_tokens": 12, "temperature": 0, "logit_bias": bias}
+                body["stream"] = stream
+                if chat:
+                    body["messages"] = [{"role": "user", "content": "what is a mesh?"}]
+                else:
+                    body["prompt"] = "a mesh is"
+                path = "/v1/chat/completions" if chat else "/v1/completions"
+                async with session.post(node.http_url + path, json=body) as r:
+                    if r.status != 200:
+                        raise RuntimeError(f"HTTP {r.status}")
+                    if not stream:
+                        choice = (await r.json())["choices"][0]
+                        return str(choice["message"]["content"] if chat else choice["text"])
+                    text = []
+                    async for line in r.content:
+                        if line.startswith(b"data: {"):
+                            choice = json.loads(line[6:])["choices"][0]
+                            text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+                    return "".join(text)
+
+            async def worker() -> None:
+                while True:
+                    try:
+                        n, model_id = queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        return
+                    tally.sent += 1
+                    started = time.perf_counter()
+                    try:
+                        text = await one(n, model_id)
+                    except (RuntimeError, aiohttp.ClientError) as e:
+                        tally.errors[str(e)] = tally.errors.get(str(e), 0) + 1
+                        continue
+                    tally.latencies_ms.append((time.perf_counter() - started) * 1000)
+                    same = answers.setdefault((model_id, n % 2 == 1), text) == text
+                    tally.ok += same
+                    tally.wrong += not same
+                    if n == 0:
+                        print(f"  {model_id} says: {text!r}", flush=True)
+
+            started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+            elapsed = time.perf_counter() - started
+        stats = [await c.stats() for c in clients]
+        errors = sum(tally.errors.values())
+        print("\nmeshd demo summary (language models through meshd's OpenAI-compatible port)")
+        print(f"  instances        {len(mesh.nodes)} (each has room for {args.cache_models} llama.cpp engines)")
+        print(f"  requests         {args.requests} in {elapsed:.1f}s: completions and chat, a quarter streamed")
+        print(f"  same answers     {tally.ok} (temperature 0: each model answers a prompt the same way every time)")
+        print(f"  other answers    {tally.wrong}")
+        print(f"  errors           {errors}" + (f" {tally.errors}" if errors else ""))
+        print(f"  loads            {sum(s.loads for s in stats)} (each starts an engine process)")
+        print(f"  evictions        {sum(s.evictions for s in stats)} (each stops one)")
+        print(f"  latency p50      {percentile(tally.latencies_ms, 50):.2f} ms (a whole 12-token answer)")
+        print(f"  latency p99      {percentile(tally.latencies_ms, 99):.2f} ms")
+        return 0 if errors == 0 and tally.wrong == 0 else 1
+    finally:
+        for c in clients:
+            await c.close()
+
+
+def start_llm_mesh(args: argparse.Namespace, mesh: LocalMesh) -> dict[str, mm.ModelInfo]:
+    from meshd.testing.llm import TINY_ENGINE_BYTES, LlmRuntimeArgs, add_llm_node, llamacpp_python, make_gguf
+
+    print("  llama.cpp   building its venv on first use (~9 min on 2 cores; seconds once cached)", flush=True)
+    python = llamacpp_python()
+    paths = make_gguf(python, mesh.workdir / "gguf", args.models, seed=args.seed)
+    runtime = LlmRuntimeArgs(python, memory_bytes=args.cache_models * TINY_ENGINE_BYTES + (16 << 20))
+    for i in range(args.instances):
+        node = add_llm_node(mesh, f"demo-{i}", runtime)
+        print(
+            f"  instance    {node.instance_id}: meshd pid {node.meshd.pid}, OpenAI at {node.http_url}/v1, "
+            f"llm-runtime pid {node.runtime.pid} on :{node.runtime_port}"
+        )
+    return {f"llm-{i:02d}": mm.ModelInfo(type="llamacpp", path=str(p)) for i, p in enumerate(paths)}
+
+
 def start_triton_mesh(
     args: argparse.Namespace,
     install: TritonInstall,
@@ -228,6 +329,8 @@ def run_demo(args: argparse.Namespace) -> int:
             assert install is not None
             infos = start_triton_mesh(args, install, mesh, models, shm_prefixes)
             return asyncio.run(drive(args, mesh, models, infos))
+        if args.runtime == "llamacpp":
+            return asyncio.run(drive_llm(args, mesh, start_llm_mesh(args, mesh)))
         for i in range(args.instances):
             node = mesh.add_node(
                 f"demo-{i}",

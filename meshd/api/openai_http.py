@@ -100,7 +100,9 @@ class OpenAIHttp:
             return _mesh_error(e)
         balanced = request.headers.get("mm-balanced", "").lower() == "true"
         ids = RequestIds(target.model_id, None, balanced)
-        call = llm_pb2.HttpCall(model_id=target.model_id, path=request.path, body=raw)  # as sent: checked only
+        call = llm_pb2.HttpCall(
+            model_id=target.model_id, path=request.path, body=raw, body_names_model=parsed.model == target.model_id
+        )
         try:
             answer = await self.route(call.SerializeToString(), ids, self.timeout_s)
         except MeshError as e:

@@ -37,6 +37,7 @@ class RawCalls:
         self.channel = channel
         self._unary: dict[str, Callable[..., Any]] = {}
         self._streams: dict[str, Callable[..., Any]] = {}
+        self._unary_streams: dict[str, Callable[..., Any]] = {}
 
     def unary(self, method: str) -> Callable[..., Any]:
         call = self._unary.get(method)
@@ -44,6 +45,15 @@ class RawCalls:
             call = self.channel.unary_unary(method, request_serializer=None, response_deserializer=None)
             if len(self._unary) < MAX_CACHED_METHODS:
                 self._unary[method] = call
+        return call
+
+    def unary_stream(self, method: str) -> Callable[..., Any]:
+        """One request, answers streamed: cheaper in grpc.aio than a stream-stream call."""
+        call = self._unary_streams.get(method)
+        if call is None:
+            call = self.channel.unary_stream(method, request_serializer=None, response_deserializer=None)
+            if len(self._unary_streams) < MAX_CACHED_METHODS:
+                self._unary_streams[method] = call
         return call
 
     def stream(self, method: str) -> Callable[..., Any]:

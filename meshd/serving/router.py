@@ -596,6 +596,32 @@ class Router:
 
         return ResponseStream(call, relay, lambda: self._leave(entry, started, timed=False), on_error)
 
+    async def open_entry_answer(
+        self,
+        entry: CacheEntry,
+        spec: MethodSpec,
+        request: bytes,
+        model_id: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+    ) -> ResponseStream:
+        """One request message to the runtime through a loaded local copy, its answers a stream
+        (a unary-stream call: one message needs no request relay); holds one slot while open."""
+        started = await self._enter(entry)
+        self._count_served(entry)
+        if self.note_served:
+            SERVED.set((model_id, self.self_id))
+        if spec.inject:
+            request = inject_id(request, spec.inject, model_id)
+        if self.tracing is not None:
+            metadata = self.tracing.inject(metadata)
+        try:
+            call = self.runtime_calls.unary_stream(spec.path)(request, metadata=metadata, timeout=remaining_s)
+        except BaseException:
+            self._leave(entry, started, timed=False)
+            raise
+        return ResponseStream(call, Relay(None, _no_more(), None), lambda: self._leave(entry, started, timed=False))
+
     # ---- calls forwarded by peers ------------------------------------------------------
     async def forwarded_entry(self, model_id: str, mode: str, deadline: float | None = None) -> CacheEntry:
         """The copy a peer's call is served from (loading it first in "load" mode; `deadline`:
@@ -796,7 +822,11 @@ class _Answered:
         return _Answered(self.stream.retarget(model_id))
 
     async def local(self, entry: CacheEntry) -> Answered:
-        opened = await self.stream.local(entry)
+        st = self.stream
+        assert st.first is not None
+        opened = await st.router.open_entry_answer(
+            entry, st.spec, st.first, st.model_id, st.metadata, _left(st.deadline)
+        )
         try:
             return await _first_answer(opened)
         except grpc.aio.AioRpcError as e:

@@ -5,14 +5,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HttpCall(_message.Message):
-    __slots__ = ("model_id", "path", "body")
+    __slots__ = ("model_id", "path", "body", "body_names_model")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
+    BODY_NAMES_MODEL_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     path: str
     body: bytes
-    def __init__(self, model_id: _Optional[str] = ..., path: _Optional[str] = ..., body: _Optional[bytes] = ...) -> None: ...
+    body_names_model: bool
+    def __init__(self, model_id: _Optional[str] = ..., path: _Optional[str] = ..., body: _Optional[bytes] = ..., body_names_model: bool = ...) -> None: ...
 
 class HttpChunk(_message.Message):
     __slots__ = ("status", "content_type", "data")

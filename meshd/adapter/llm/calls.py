@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
 EXIT_GRACE_S = 0.2
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class EngineGone(Exception):
@@ -58,12 +59,12 @@ async def _served(engines: Engines, model_id: str, context: Any) -> Served:
     return served
 
 
-async def _post(engines: Engines, served: Served, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
-    """POST to the model's engine; EngineGone when it does not answer."""
+async def _post(engines: Engines, served: Served, path: str, body: dict[str, Any] | bytes) -> aiohttp.ClientResponse:
+    """POST JSON to the model's engine; EngineGone when it does not answer."""
+    url = served.owner.engine.base_url + path
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
     try:
-        return await engines.http().post(
-            served.owner.engine.base_url + path, json=body, timeout=aiohttp.ClientTimeout()
-        )
+        return await engines.http().post(url, data=data, headers=JSON_HEADERS, timeout=aiohttp.ClientTimeout())
     except aiohttp.ClientError as e:
         raise EngineGone(await _gone(served, e)) from None
 
@@ -98,16 +99,19 @@ class OpenAICalls(llm_pb2_grpc.OpenAIServicer):  # type: ignore[misc]
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"not an OpenAI path this runtime serves: {request.path!r}"
             )
         served = await _served(self.engines, model_id, context)
-        try:
-            body = json.loads(request.body)
-        except ValueError as e:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"the body is not JSON: {e}")
-        if not isinstance(body, dict):
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "the body must be a JSON object")
-        body["model"] = model_id  # the engine's name for it (its alias)
+        raw = request.body
+        if not (request.body_names_model and request.model_id == model_id):
+            try:
+                body = json.loads(raw)
+            except ValueError as e:
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"the body is not JSON: {e}")
+            if not isinstance(body, dict):
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "the body must be a JSON object")
+            body["model"] = model_id  # the engine's name for it (its alias)
+            raw = json.dumps(body).encode()
         sent = False
         try:
-            response = await _post(self.engines, served, request.path, body)
+            response = await _post(self.engines, served, request.path, raw)
             async with response:
                 yield llm_pb2.HttpChunk(status=response.status, content_type=response.headers.get("Content-Type", ""))
                 sent = True
