@@ -164,7 +164,7 @@ async def warm_rows(a: argparse.Namespace, node: Node, model_id: str) -> list[st
         for name in ("direct", "meshd"):
             p50, p99, tps = med[name]
             rows.append(f"{model_id:10} {concurrency:>4} {name:7} {p50:9.2f} {p99:9.2f} {tps:9.0f}")
-        rows.append(f"{model_id:10} {concurrency:>4} {'ratio':7} {'+' + format(added, '.2f'):>9} {'':9} {ratio:9.3f}")
+        rows.append(f"{model_id:10} {concurrency:>4} {'ratio':7} {added:>+9.2f} {'':9} {ratio:9.3f}")
     return rows
 
 

@@ -236,7 +236,7 @@ async def drive_llm(args: argparse.Namespace, mesh: LocalMesh, infos: dict[str, 
                     tally.ok += same
                     tally.wrong += not same
                     if n == 0:
-                        print(f"  {model_id} says: {text!r}", flush=True)
+                        print(f"  {model_id} says (random weights): {text!r}", flush=True)
 
             started = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(args.concurrency)))

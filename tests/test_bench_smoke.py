@@ -115,3 +115,20 @@ def test_simulator_benches_refuse_bad_arguments_with_usage(script: str, argv: li
         [sys.executable, str(BENCH.parent / script), *argv], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # the first run builds the engines' venvs (llama.cpp compiles: ~9 min)
+def test_llm_bench_smoke() -> None:
+    """bench/llm.py runs end to end on both engines and prints every row."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "llm.py"), "--smoke"], capture_output=True, text=True, timeout=2300
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    for model in ("tiny", "wide", "vllm-tiny"):
+        assert any(r[:2] == ["cold", model] for r in rows), proc.stdout
+        for conc in ("1", "8"):
+            for path in ("direct", "meshd", "ratio"):
+                assert any(r[:3] == [model, conc, path] for r in rows), f"no {model} c={conc} {path}:\n{proc.stdout}"
+    assert any(r[:3] == ["relay", "added", "p50"] for r in rows), proc.stdout

@@ -26,7 +26,8 @@ from meshd.testing.venvs import ensure_venv
 from ..integration.test_tritonclient import TRITONCLIENT
 from .conftest import LLM_MODELS, TENSOR_MODEL, VMODEL, WIDE_MODEL, LlmMesh, engine_pids, kill_engine, post
 
-pytestmark = pytest.mark.slow
+# A first run compiles llama.cpp for its venv (~9 min on 2 cores).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 NO_EOS = ASCII_ONLY
 

@@ -21,7 +21,8 @@ from meshd.testing.llm import add_llm_node, make_hf_llama, vllm_args, vllm_pytho
 
 from .conftest import LlmMesh
 
-pytestmark = pytest.mark.slow
+# A first run builds the vLLM venv (1-3 min).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 BASE = "vbase"
 ADAPTERS = ("adapter-0", "adapter-1", "adapter-2")
