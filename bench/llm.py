@@ -37,13 +37,16 @@ from typing import Any
 import aiohttp
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+_REPO = Path(__file__).resolve().parent.parent
+if str(_REPO) not in sys.path:
+    sys.path.insert(0, str(_REPO))
 
-from bench._shared import asyncio_run, command_line, sigterm_as_interrupt, stop_uninterrupted
-from meshd._proto.mmesh import model_mesh_pb2 as mm
-from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
-from meshd.testing.cluster import LocalMesh, Node
-from meshd.testing.llm import (
+from _shared import asyncio_run, command_line, sigterm_as_interrupt, stop_uninterrupted  # noqa: E402 - bench/ is on sys.path
+
+from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
+from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc  # noqa: E402
+from meshd.testing.cluster import LocalMesh, Node  # noqa: E402
+from meshd.testing.llm import (  # noqa: E402
     ASCII_ONLY,
     WIDE_SHAPE,
     LlmRuntimeArgs,
