@@ -67,7 +67,9 @@ def _stop(args: argparse.Namespace) -> int:
     budget_s = int(os.environ.get("SHUTDOWN_TIMEOUT_MS") or "30000") / 1000 + 10
     try:
         with urllib.request.urlopen(url, timeout=budget_s if wait else 2.0) as resp:
-            resp.read()
+            answer = resp.read().decode(errors="replace").split()
+        if wait and len(answer) == 2 and answer[1].isdigit():  # "STOPPED <pid>": wait for the exit too
+            _wait_gone(int(answer[1]), EXIT_WAIT_S)
     except TimeoutError:
         if wait:
             print(f"meshd stop: no answer from {url} within {budget_s:.0f} s", file=sys.stderr)
@@ -77,6 +79,32 @@ def _stop(args: argparse.Namespace) -> int:
         # exited: there is nothing left to stop.
         print(f"meshd stop: {url}: {getattr(e, 'reason', e)} (instance not running)", file=sys.stderr)
     return 0
+
+
+EXIT_WAIT_S = 10.0  # a stopped instance exits in a fraction of a second
+
+
+def _wait_gone(pid: int, limit_s: float) -> None:
+    """Return once process `pid` has exited (or after `limit_s`); a pid this namespace does not
+    see counts as gone."""
+    import os
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass  # exists, someone else's
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    return  # exited, not yet reaped by its parent
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.02)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ environment. Parsing is pure (environment passed in) and errors name the setting
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from meshd.decisions.cache import Eviction
 from meshd.decisions.ids import instance_id_problem
 from meshd.decisions.placement.constraints import TypeConstraints
 from meshd.kv import target as kv_target
+from meshd.kv.embedded import URL_FILE as ETCD_URL_FILE
 from meshd.kv.target import EtcdTarget
 from meshd.observability.logs import parse_log_format
 from meshd.observability.metrics import MetricsConfig
@@ -89,6 +91,20 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("peer_port", "MESHD_PEER_PORT", "--peer-port", "internal peer gRPC port", "8080"),
     Setting("advertise_host", "MESHD_ADVERTISE_HOST", "--advertise-host", "address peers dial (default: pod IP)"),
     Setting("data_dir", "MESHD_DATA_DIR", "--data-dir", "embedded etcd and local state", "./.meshd"),
+    Setting(
+        "join",
+        "MESHD_JOIN",
+        "--join",
+        "the data directory of a meshd on this host: use its embedded etcd (a second instance beside it)",
+    ),
+    Setting(
+        "ports",
+        "MESHD_PORTS",
+        "--ports",
+        "auto: every port not set is a free one (printed at start) and the default instance id ends "
+        "with the gRPC port; fixed: the defaults",
+        "fixed",
+    ),
     Setting("zone", "MM_ZONE", "--zone", "zone reported in the instance record", ""),
     Setting(
         "type_constraints", "MM_TYPE_CONSTRAINTS", "--type-constraints", "JSON: model type -> required/preferred labels"
@@ -433,6 +449,44 @@ def _kv_prefix(name: str, value: str) -> str:
     return value
 
 
+AUTO_PORTS = ("grpc_port", "peer_port", "http_port", "probe_port", "prestop_port")
+
+
+def _free_ports(raw: dict[str, str | None], given: set[str], env: Mapping[str, str]) -> None:
+    """MESHD_PORTS=auto: every port the user did not set becomes a free one (the metrics port
+    too, when metrics are on by default), and the default instance id ends with the gRPC port,
+    so a second instance on a host needs no other setting."""
+    missing = [dest for dest in AUTO_PORTS if dest not in given]
+    metrics = "metrics" not in given
+    with contextlib.ExitStack() as held:  # held open together: no port handed out twice
+        ports = []
+        for _ in range(len(missing) + metrics):
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("0.0.0.0", 0))
+            ports.append(sock.getsockname()[1])
+    for dest, port in zip(missing, ports, strict=False):
+        raw[dest] = str(port)
+    if metrics:
+        raw["metrics"] = f"prometheus:port={ports[-1]}"
+    if "instance_id" not in given and not env.get("WKUBE_POD_NAME"):
+        raw["instance_id"] = f"{default_instance_id()}-{raw['grpc_port']}"
+
+
+def _joined_etcd(what: str, data_dir: Path) -> str:
+    """The client URL the embedded etcd of the meshd using `data_dir` wrote there."""
+    url_file = data_dir / ETCD_URL_FILE
+    try:
+        url = url_file.read_text(encoding="utf-8").strip()
+    except OSError:
+        raise ConfigError(
+            f"{what}: {url_file} not found: is a meshd with its embedded etcd running on {data_dir}? "
+            "(or set KV_STORE to an etcd)"
+        ) from None
+    if not url:
+        raise ConfigError(f"{what}: {url_file} is empty")
+    return url
+
+
 def default_instance_id() -> str:
     # Upstream uses the last 12 characters of the pod name.
     return socket.gethostname()[-12:] or "meshd"
@@ -458,9 +512,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     raw: dict[str, str | None] = {}
+    given: set[str] = set()  # settings the user gave (flag or environment), not defaults
     for s in SETTINGS:
         flag_value = getattr(args, s.dest, None) if args is not None else None
         raw[s.dest] = flag_value if flag_value is not None else env.get(s.env) or s.default
+        if flag_value is not None or env.get(s.env):
+            given.add(s.dest)
 
     def name(dest: str) -> str:
         s = next(x for x in SETTINGS if x.dest == dest)
@@ -471,6 +528,12 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         assert value is not None
         return value
 
+    if _choice(name("ports"), need("ports"), ("fixed", "auto")) == "auto":
+        _free_ports(raw, given, env)
+    if raw["join"]:
+        if "kv_store" in given:
+            raise ConfigError(f"give {name('kv_store')} or {name('join')}, not both")
+        raw["kv_store"] = f"etcd:{_joined_etcd(name('join'), Path(raw['join']))}"
     runtime = f"unix:{raw['runtime_socket']}" if raw["runtime_socket"] else need("runtime_port")
     serving = (
         f"unix:{raw['serving_socket']}"
@@ -541,7 +604,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
     if config.metrics.https and config.tls is None and not meshtls.can_self_sign():
         raise ConfigError(
             f"{name('metrics')}: scheme=https needs the instance certificate ({meshtls.CERT_ENV} and "
-            f"{meshtls.KEY_ENV}) or, for a self-signed one, the cryptography package (pip install 'meshd[tls]')"
+            f"{meshtls.KEY_ENV}) or, for a self-signed one, the cryptography package (a dependency of meshd)"
         )
     return _upstream_pod(config, raw, env, name)
 

@@ -165,8 +165,11 @@ async def drive(
         print(f"  errors           {errors}" + (f" {tally.errors}" if errors else ""))
         hops = sum(s.requests for s in stats) - args.requests  # arrivals from peers
         print(f"  peer hops        {hops} ({hops / args.requests:.0%} of requests)")
-        print(f"  cache hits       {sum(s.hits for s in stats)}")
-        print(f"  cache misses     {sum(s.misses for s in stats)}")
+        # Counted on the instance that served each request: a request sent on to a peer's copy
+        # that was still loading is neither (it waited for a load it did not start).
+        print(f"  cache hits       {sum(s.hits for s in stats)} (requests that found their model loaded)")
+        print(f"  cache misses     {sum(s.misses for s in stats)} (requests that waited for a load here)")
+        print("                   the rest joined a load already under way on a peer")
         print(f"  loads            {sum(s.loads for s in stats)}")
         print(f"  evictions        {sum(s.evictions for s in stats)}")
         print(f"  latency p50      {percentile(tally.latencies_ms, 50):.2f} ms")

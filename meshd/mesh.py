@@ -48,6 +48,7 @@ from meshd.decisions.placement.serving import assume_loaded_ms
 from meshd.decisions.placement.view import ClusterView
 from meshd.decisions.publishing import Identity, RpmMeter, instance_record
 from meshd.kv.election import Election
+from meshd.kv.embedded import URL_FILE as ETCD_URL_FILE
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.kv.etcd import EtcdStore
 from meshd.kv.store import KVStore, StoreUnavailable
@@ -158,13 +159,18 @@ def openai_front(
         started = invocations.start()
         code = "OK"
         try:
+            # The timeout bounds routing, loading and the first piece; the answer itself may run
+            # long, so the call to the copy carries no deadline.
             async with asyncio.timeout(remaining_s):
-                return await router.open_answered(spec, request, ids, (), remaining_s)
+                return await router.open_answered(spec, request, ids, (), None)
         except MeshError as e:
             code = e.code.name
             raise
-        except BaseException:
+        except TimeoutError:
             code = "DEADLINE_EXCEEDED"
+            raise
+        except BaseException:
+            code = "CANCELLED"
             raise
         finally:
             invocations.done(spec.path, ids, code, started, len(request), -1)
@@ -846,7 +852,9 @@ class Instance:
             self.embedded.spawn()  # from the loop's thread, which lives as long as meshd: etcd dies with it
             await asyncio.to_thread(self.embedded.wait_serving)
             url = self.embedded.url
-            log.info("embedded etcd pid %s at %s (data %s)", self.embedded.pid, url, data)
+            url_file = cfg.data_dir / ETCD_URL_FILE
+            url_file.write_text(url + "\n", encoding="utf-8")  # for `meshd serve --join` beside it
+            log.info("embedded etcd pid %s at %s (data %s; its address in %s)", self.embedded.pid, url, data, url_file)
             store = EtcdStore.from_url(url)
         deadline = asyncio.get_running_loop().time() + KV_STARTUP_TIMEOUT_S
         while True:
@@ -1062,6 +1070,7 @@ class Instance:
         if self.store is not None:
             await self.store.close()
         if self.embedded is not None:
+            (self.config.data_dir / ETCD_URL_FILE).unlink(missing_ok=True)
             await asyncio.to_thread(self.embedded.stop)
         if self.tracing is not None:
             with contextlib.suppress(Exception):
@@ -1075,6 +1084,36 @@ class Instance:
             await self.probes.stop()
 
 
+def ready_line(instance: Instance) -> str:
+    """Every port the instance listens on, once it serves (with MESHD_PORTS=auto they are new)."""
+    cfg = instance.config
+    ports = [f"grpc port {instance.grpc_port}", f"peer port {instance.peer_port}"]
+    if instance.http_port is not None:
+        ports.append(f"http port {instance.http_port}")
+    if cfg.metrics.enabled:
+        ports.append(f"metrics port {cfg.metrics.port}")
+    if cfg.probe_port is not None:
+        ports.append(f"probe port {cfg.probe_port}")
+    if cfg.prestop_port is not None and cfg.prestop_port != cfg.probe_port:
+        ports.append(f"prestop port {cfg.prestop_port}")
+    return f"meshd {cfg.instance_id} ready: {', '.join(ports)}"
+
+
+def stop_message(signal_name: str, drain: bool, serving: bool, config: Config) -> str:
+    """What a stop signal starts, said when it arrives (a silent drain looks like a hang)."""
+    if not serving:
+        return f"{signal_name}: stopping (start-up not finished: nothing to drain)"
+    if not drain:
+        return f"{signal_name}: stopping now, without a drain (SIGTERM drains)"
+    budget_s = config.shutdown_timeout_ms / 1000
+    grace_s = min(config.drain_grace_ms / 1000, budget_s)
+    return (
+        f"{signal_name}: draining for up to {budget_s:g} s (SHUTDOWN_TIMEOUT_MS): models held here are loaded "
+        f"elsewhere while requests are still served, the ports stay open at least {grace_s:g} s "
+        "(MESHD_DRAIN_GRACE_MS), then the instance stops"
+    )
+
+
 async def serve(config: Config) -> None:
     """Run one instance until SIGTERM or SIGINT."""
     instance = Instance(config)
@@ -1086,6 +1125,8 @@ async def serve(config: Config) -> None:
         nonlocal drain
         # SIGTERM (Kubernetes stopping the pod) drains; SIGINT (Ctrl-C) stops at once.
         drain = drain and sig is signal.SIGTERM
+        if not stop.is_set():  # said once: a preStop hook and the kubelet's SIGTERM both land here
+            log.info("%s", stop_message(sig.name, drain, instance.serving, config))
         stop.set()
 
     async def on_prestop() -> None:
@@ -1111,12 +1152,9 @@ async def serve(config: Config) -> None:
             drain = False
             return
         starting.result()  # start-up's error, if it failed
-        http = f", http port {instance.http_port}" if instance.http_port is not None else ""
-        print(
-            f"meshd {config.instance_id} ready: grpc port {instance.grpc_port}, peer port {instance.peer_port}{http}",
-            flush=True,
-        )
+        print(ready_line(instance), flush=True)
         await stop.wait()
-        log.info("stopping")
     finally:
+        began = loop.time()
         await instance.stop(drain=drain and stop.is_set())
+        log.info("meshd %s stopped (%.1f s after the signal)", config.instance_id, loop.time() - began)

@@ -135,19 +135,29 @@ class OpenAIHttp:
                     await response.write(data)  # as it came: one SSE event at a time
         except MeshError as e:
             log.info("OpenAI call %s ended early: %s", request.path, e.message)
-            await _end_with_error(response, e.code, e.message, streaming)
+            if not await _end_with_error(request, response, e.code, e.message, streaming):
+                return response
         except grpc.aio.AioRpcError as e:  # the engine's runtime (or the peer) ended the call
             log.info("OpenAI call %s ended early: %s", request.path, e.details())
-            await _end_with_error(response, e.code(), e.details() or e.code().name, streaming)
+            if not await _end_with_error(request, response, e.code(), e.details() or e.code().name, streaming):
+                return response
         await response.write_eof()
         return response
 
 
-async def _end_with_error(response: web.StreamResponse, code: grpc.StatusCode, message: str, streaming: bool) -> None:
-    """Tell a client whose answer already started that it will not finish."""
+async def _end_with_error(
+    request: web.Request, response: web.StreamResponse, code: grpc.StatusCode, message: str, streaming: bool
+) -> bool:
+    """Tell a client whose answer already started that it will not finish: a stream gets one
+    error event (True: finish the response); a JSON body cannot be mended, so its connection
+    is cut (False), and the client sees an incomplete body, never a wrong one."""
+    if not streaming:
+        if request.transport is not None:
+            request.transport.abort()
+        return False
     body = error_body(http_status(code.name), f"the answer ended early: {message}", "stream_interrupted")
-    text = json.dumps(body)
-    await response.write((f"data: {text}\n\n" if streaming else text).encode())
+    await response.write(f"data: {json.dumps(body)}\n\n".encode())
+    return True
 
 
 def _mesh_error(e: MeshError) -> web.Response:

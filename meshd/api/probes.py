@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -60,7 +61,9 @@ class ProbeServer:
         log.info("pre-stop hook called: shutting down")
         # Shielded: the caller hanging up (its hook timed out) must not cancel the shutdown.
         await asyncio.shield(self.prestop())
-        return web.Response(text="STOPPED\n")
+        # The pid, so `meshd stop wait` can also wait for the process to end: the kubelet's
+        # SIGTERM follows the hook at once, and one landing before the exit ends it as Error/143.
+        return web.Response(text=f"STOPPED {os.getpid()}\n")
 
     async def start(self) -> None:
         """Listen (OSError naming the port when it is taken)."""

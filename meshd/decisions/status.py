@@ -59,12 +59,25 @@ def recent_failures(failed_in: Mapping[str, int], now_ms: int, expiry_ms: int) -
 
 
 def given_up_message(model_id: str, record: ModelRecord, recent: Sequence[str]) -> str:
-    """A load failure's answer (upstream: INTERNAL): the runtime's newest message first, where
-    and how often after it. `recent`: the instances where it failed lately (not empty)."""
+    """A load failure's answer (upstream: INTERNAL): the runtime's newest message, then where
+    it failed lately. `recent`: the instances where it failed lately (not empty)."""
     newest = max(recent, key=lambda i: record.failed_in.get(i, 0))
-    first = record.fails.get(newest, {}).get("msg", "load failed")
-    where = "; ".join(f"{i}: {record.fails.get(i, {}).get('msg', 'load failed')}" for i in recent)
-    return f"{first} (model {model_id!r} failed to load on {len(recent)} instances recently: {where})"
+    fails = {i: record.fails.get(i, {}).get("msg", "load failed") for i in recent}
+    return load_failure_message(model_id, fails, fails[newest], " recently")
+
+
+def load_failure_message(model_id: str, fails: Mapping[str, str], first: str, when: str = "") -> str:
+    """`first` once, then how many instances failed and where, each message said once with
+    the instances that gave it (every attempt failing alike is one line, not one per attempt)."""
+    by_message: dict[str, list[str]] = {}
+    for instance, message in fails.items():
+        by_message.setdefault(message, []).append(instance)
+    count = f"{len(fails)} instance{'s' if len(fails) != 1 else ''}"
+    if len(by_message) == 1:
+        where = ", ".join(sorted(fails))
+    else:
+        where = "; ".join(f"{', '.join(sorted(ids))}: {message}" for message, ids in by_message.items())
+    return f"{first} (model {model_id!r} failed to load on {count}{when}: {where})"
 
 
 def failed_everywhere(
@@ -83,9 +96,9 @@ def failed_everywhere(
     if recent and excluded <= set(recent):
         return given_up_message(model_id, record, recent)
     if told and excluded <= set(recent) | told.keys():
-        where = "; ".join(f"{i}: {why}" for i, why in told.items())
-        first = next(iter(told.values()))
-        return f"{first} (model {model_id!r} failed to load on {len(told)} instances: {where})"
+        fails = {i: record.fails.get(i, {}).get("msg", "load failed") for i in recent if i in excluded}
+        fails.update(told)
+        return load_failure_message(model_id, fails, next(iter(told.values())))
     return None
 
 

@@ -28,6 +28,9 @@ from meshd.process.child import popen_args
 # this in production as its default etcd, and must not depend on test helpers.
 
 _HOST = "127.0.0.1"
+# Written into the data directory of a meshd whose embedded etcd runs (its client URL), so a
+# second meshd on the host finds it (`meshd serve --join DIR`); removed when it stops.
+URL_FILE = "etcd-url"
 
 
 def free_port() -> int:

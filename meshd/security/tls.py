@@ -230,8 +230,8 @@ def _no_prompt() -> bytes:
 def self_signed_server_context(host: str = "localhost") -> ssl.SSLContext:
     """A server context with a certificate made now and signed by itself: for MM_METRICS
     `scheme=https` without an MM_TLS_* certificate (modelmesh-serving's pods ask for https
-    metrics by default; Prometheus scrapes such pods without verifying). Needs cryptography
-    (`meshd[tls]`): ImportError otherwise."""
+    metrics by default; Prometheus scrapes such pods without verifying). cryptography is a
+    core dependency for this."""
     import datetime
     import tempfile
 

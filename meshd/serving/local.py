@@ -285,6 +285,7 @@ class LocalModels:
         if self.cache.get(model_id) is entry:
             log.warning("runtime lost %s; dropping the copy", model_id)
             self._remove(model_id)
+            self._drop_adapters_of(model_id)
             self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
             # Unload anyway (NOT_FOUND counts as done): a runtime that was about to bring the
             # copy back (an adapter restoring after a crash) must not keep one nobody counts.
@@ -339,9 +340,15 @@ class LocalModels:
     def drop(self, model_id: str) -> None:
         """Unload the local copy (model unregistered). A load under way unloads when it ends."""
         entry = self._remove(model_id)
+        self._drop_adapters_of(model_id)
         if entry is not None and entry.state is not State.LOADING:
             self._unload_later(model_id, entry)
             self.on_change()
+
+    def _drop_adapters_of(self, base: str) -> None:
+        """A base gone from here takes its adapters with it (they lived in its engine)."""
+        adapters = [self._remove(a) for a, b in list(self.bases.items()) if b == base]
+        self._evict_all([e for e in adapters if e is not None])
 
     # ---- loading -------------------------------------------------------------------
     def _want(self, model_id: str, last_used_ms: int) -> None:
@@ -383,9 +390,9 @@ class LocalModels:
                     await space.wait()
 
     def _keep(self, model_id: str) -> frozenset[str]:
-        """What making room for `model_id` may not evict: an adapter's base (it loads into it)."""
-        base = self.bases.get(model_id)
-        return frozenset((base,)) if base is not None else frozenset()
+        """What making room may not evict: every base whose adapters are loaded or loading here
+        (they live in its engine; the adapters go first, by the cache's own order)."""
+        return frozenset(self.bases.values()) if self.bases else frozenset()
 
     def _space_changed(self) -> None:
         event, self._space = self._space, asyncio.Event()
@@ -473,6 +480,9 @@ class LocalModels:
         finally:
             if slot_held:
                 self.queue.release()
+            done = self.cache.get(model_id)
+            if done is None or done.state is not State.LOADED:
+                self.bases.pop(model_id, None)  # an adapter that did not load holds its base no more
             self._loading.pop(model_id, None)
             self._wanted_last_used.pop(model_id, None)
             self._space_changed()  # the entry is now evictable, failed or gone
@@ -514,7 +524,7 @@ class LocalModels:
         if size:
             self.metrics.loaded_model_size(size, model_id)
         if size and self.cache.get(model_id) is not None:
-            self._evict_all(self.cache.resize(model_id, to_units(size)))
+            self._evict_all(self.cache.resize(model_id, to_units(size), self._keep(model_id)))
 
     def _failure_message(self, model_id: str, record: ModelRecord) -> str:
         msg = record.fails.get(self.instance_id, {}).get("msg")

@@ -257,7 +257,8 @@ class Router:
         """One request message, its answer a stream: routed like a unary call until the first
         answer arrives (a copy or peer failing before then is tried no more and the request
         goes elsewhere, as nothing has reached the client yet), then relayed as it comes.
-        `remaining_s` bounds routing and the first answer only (an LLM answer may run long)."""
+        `remaining_s` is the whole call's deadline (None: none); the caller bounds routing and
+        the first answer itself (an LLM answer may run long)."""
         deadline = _deadline_after(remaining_s)
         self.local.counters.requests += 1
         model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
@@ -608,14 +609,14 @@ class Router:
         """One request message to the runtime through a loaded local copy, its answers a stream
         (a unary-stream call: one message needs no request relay); holds one slot while open."""
         started = await self._enter(entry)
-        self._count_served(entry)
-        if self.note_served:
-            SERVED.set((model_id, self.self_id))
-        if spec.inject:
-            request = inject_id(request, spec.inject, model_id)
-        if self.tracing is not None:
-            metadata = self.tracing.inject(metadata)
         try:
+            self._count_served(entry)
+            if self.note_served:
+                SERVED.set((model_id, self.self_id))
+            if spec.inject:
+                request = inject_id(request, spec.inject, model_id)
+            if self.tracing is not None:
+                metadata = self.tracing.inject(metadata)
             call = self.runtime_calls.unary_stream(spec.path)(request, metadata=metadata, timeout=remaining_s)
         except BaseException:
             self._leave(entry, started, timed=False)

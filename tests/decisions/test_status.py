@@ -72,11 +72,20 @@ def test_a_request_turned_away_only_by_load_failures_is_a_load_failure() -> None
     # By the record: the newest failure's message first, then every instance's.
     message = failed_everywhere("m", {"a", "b"}, rec, ["a", "b"], {})
     assert message == "oom (model 'm' failed to load on 2 instances recently: a: bad weights; b: oom)"
+    # The same message everywhere is said once, with where.
+    same = ModelRecord(type="t", failed_in={"a": 1, "b": 2}, fails={"a": {"msg": "no file"}, "b": {"msg": "no file"}})
+    assert failed_everywhere("m", {"a", "b"}, same, ["a", "b"], {}) == (
+        "no file (model 'm' failed to load on 2 instances recently: a, b)"
+    )
+    one = ModelRecord(type="t", failed_in={"a": 1}, fails={"a": {"msg": "no file"}})
+    assert (
+        failed_everywhere("m", {"a"}, one, ["a"], {}) == "no file (model 'm' failed to load on 1 instance recently: a)"
+    )
     # One instance turned it away for another reason (unreachable, say): churn, not a load failure.
     assert failed_everywhere("m", {"a", "b", "c"}, rec, ["a", "b"], {}) is None
     # ... unless that peer said its load failed before its record write reached this mirror.
     told = failed_everywhere("m", {"a", "b", "c"}, rec, ["a", "b"], {"c": "no such file"})
-    assert told == "no such file (model 'm' failed to load on 1 instances: c: no such file)"
+    assert told == "no such file (model 'm' failed to load on 3 instances: a: bad weights; b: oom; c: no such file)"
     # Nothing tried, or nothing failed: not this rule's answer.
     assert failed_everywhere("m", set(), rec, ["a", "b"], {"c": "x"}) is None
     assert failed_everywhere("m", {"a"}, ModelRecord(type="t"), [], {}) is None

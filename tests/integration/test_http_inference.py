@@ -114,3 +114,19 @@ def test_curl_json_and_binary_inference(start_node: NodeFactory, models: list[Ge
     wrong = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1.0, 2.0, 3.0]}]}
     status, _, body = curl(url, "-d", json.dumps(wrong))
     assert status == 400 and "shape" in json.loads(body)["error"], body
+
+
+def test_a_model_that_cannot_load_says_why_once(start_node: NodeFactory, tmp_path: Path) -> None:
+    """Every attempt failing alike is one reason, said once, with how many instances tried."""
+    a = start_node()
+    missing = tmp_path / "no-such-model.json"
+    a.mm.registerModel(
+        mm.RegisterModelRequest(modelId="ghost", modelInfo=mm.ModelInfo(type="demo", path=str(missing))), timeout=30
+    )
+    doc = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    url = f"{a.node.http_url}/v2/models/ghost/infer"
+    status, _, body = curl(url, "-H", "Content-Type: application/json", "-d", json.dumps(doc))
+    assert status == 500, body
+    message = json.loads(body)["error"]
+    assert message.count(str(missing)) == 1, message
+    assert message.endswith("(model 'ghost' failed to load on 1 instance recently: inst-a)"), message

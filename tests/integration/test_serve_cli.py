@@ -76,8 +76,14 @@ def test_embedded_etcd_keeps_records_across_restarts_and_stops_with_meshd(tmp_pa
                     # Second run: the record written by the first is still there.
                     status = stub.getModelStatus(mm.GetStatusRequest(modelId=model.id), timeout=10).status
                     assert status == mm.ModelStatusInfo.NOT_LOADED
+                assert (tmp_path / "data" / "etcd-url").read_text().startswith("http://127.0.0.1:")  # for --join
                 code = meshd.stop(sig=stop_signal)
                 assert code == (0 if stop_signal == signal.SIGTERM else -signal.SIGKILL), meshd.log_tail()
+                if stop_signal == signal.SIGTERM:  # a drain says it started, how long it may take, and its end
+                    log = meshd.log_path.read_text()
+                    assert "SIGTERM: draining for up to 30 s (SHUTDOWN_TIMEOUT_MS)" in log, meshd.log_tail()
+                    assert re.search(r"meshd solo stopped \([\d.]+ s after the signal\)", log), meshd.log_tail()
+                    assert not (tmp_path / "data" / "etcd-url").exists(), "its etcd is gone: so is its address"
                 wait_until(lambda: not pid_alive(etcd_pids[-1]), 15, "the embedded etcd to stop")
                 etcd_pids.pop()  # gone: its pid may be anyone's now
         finally:  # an etcd that outlived its meshd (the failure this test looks for) is stopped too

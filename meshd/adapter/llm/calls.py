@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
 EXIT_GRACE_S = 0.2
 JSON_HEADERS = {"Content-Type": "application/json"}
+# An engine that stops answering without exiting must not hold a call forever: it connects at
+# once, and a silence this long between two pieces of an answer (prefill included) ends the call.
+ENGINE_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
 
 
 class EngineGone(Exception):
@@ -64,7 +67,7 @@ async def _post(engines: Engines, served: Served, path: str, body: dict[str, Any
     url = served.owner.engine.base_url + path
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     try:
-        return await engines.http().post(url, data=data, headers=JSON_HEADERS, timeout=aiohttp.ClientTimeout())
+        return await engines.http().post(url, data=data, headers=JSON_HEADERS, timeout=ENGINE_TIMEOUT)
     except aiohttp.ClientError as e:
         raise EngineGone(await _gone(served, e)) from None
 
@@ -113,9 +116,14 @@ class OpenAICalls(llm_pb2_grpc.OpenAIServicer):  # type: ignore[misc]
         try:
             response = await _post(self.engines, served, request.path, raw)
             async with response:
-                yield llm_pb2.HttpChunk(status=response.status, content_type=response.headers.get("Content-Type", ""))
+                # The first chunk waits for the first piece of the answer (after the prefill), so
+                # an engine failing before it is rerouted by meshd, not reported to the client.
+                pieces = response.content.iter_any()  # as they arrive: one SSE event or more
+                first = await anext(pieces, b"")
+                content_type = response.headers.get("Content-Type", "")
+                yield llm_pb2.HttpChunk(status=response.status, content_type=content_type, data=first)
                 sent = True
-                async for piece in response.content.iter_any():  # as it arrives: one SSE event or more
+                async for piece in pieces:
                     yield llm_pb2.HttpChunk(data=piece)
         except EngineGone as e:
             await abort(context, grpc.StatusCode.UNAVAILABLE, str(e))

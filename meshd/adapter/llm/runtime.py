@@ -48,7 +48,8 @@ class AdapterSlotsFull(Exception):
 
 
 class BaseNotLoaded(Exception):
-    """An adapter's base model is not loaded here (FAILED_PRECONDITION)."""
+    """An adapter's base model is not loaded (or is restarting) here: UNAVAILABLE, so meshd
+    does not count it as the adapter's failure."""
 
 
 INJECTED = (
@@ -199,7 +200,10 @@ class Engines:
         if served is None:
             return False
         if served.base is not None:
-            await self._adapter_call(served, UNLOAD_ADAPTER_PATH, {"lora_name": model_id}, missing_ok=True)
+            try:
+                await self._adapter_call(served, UNLOAD_ADAPTER_PATH, {"lora_name": model_id}, missing_ok=True)
+            except EngineStartError as e:  # its engine is down or gone: the adapter went with it
+                log.warning("unloading adapter %s: %s", model_id, e)
             log.info("unloaded adapter %s from %s", model_id, served.base.model_id)
             return True
         for adapter in [a for a in self.served.values() if a.base is served]:  # they go with their base
@@ -209,6 +213,13 @@ class Engines:
         await served.engine.stop()
         log.info("unloaded %s", model_id)
         return True
+
+    def _forget(self, served: Served) -> None:
+        """A model given up: it and the adapters in its engine are reported gone."""
+        for adapter in self.adapters_of(served):
+            self.served.pop(adapter.model_id, None)
+        if self.served.get(served.model_id) is served:
+            del self.served[served.model_id]
 
     def adapters_of(self, base: Served) -> list[Served]:
         return [a for a in self.served.values() if a.base is base]
@@ -221,9 +232,15 @@ class Engines:
             raise ValueError(
                 f'adapter {model_id!r} names no base model (its key needs {{"meshd": {{"base_model": ...}}}})'
             )
+        async with self._locks.setdefault(f"base:{base_id}", asyncio.Lock()):  # slots counted one at a time
+            return await self._load_adapter_into(model_id, path, base_id)
+
+    async def _load_adapter_into(self, model_id: str, path: str, base_id: str) -> Served:
         base = self.served.get(base_id)
         if base is None or base.base is not None:
             raise BaseNotLoaded(f"adapter {model_id!r}: its base model {base_id!r} is not loaded here")
+        if base.state is State.RESTARTING:
+            raise BaseNotLoaded(f"adapter {model_id!r}: {base.restarting_message()}")
         held = self.adapters_of(base)
         if len(held) >= self.config.adapter_slots:
             names = ", ".join(sorted(a.model_id for a in held))
@@ -237,6 +254,8 @@ class Engines:
         size = max(1, sum(f.stat().st_size for f in adapter_path.rglob("*") if f.is_file()))
         served = Served(model_id, ADAPTER_TYPE, str(adapter_path), base.engine, size, base=base)
         await self._adapter_call(served, LOAD_ADAPTER_PATH, {"lora_name": model_id, "lora_path": str(adapter_path)})
+        if self.served.get(base_id) is not base:  # the base went meanwhile: so did the adapter
+            raise BaseNotLoaded(f"adapter {model_id!r}: its base model {base_id!r} was unloaded meanwhile")
         self.served[model_id] = served
         log.info("loaded adapter %s into the engine of %s", model_id, base_id)
         return served
@@ -277,8 +296,7 @@ class Engines:
                         policy.window_s,
                         served.last_exit,
                     )
-                    if self.served.get(served.model_id) is served:
-                        del self.served[served.model_id]
+                    self._forget(served)
                     return
                 served.back_at = time.monotonic() + delay + served.started_s
                 log.warning(
@@ -287,12 +305,13 @@ class Engines:
                     served.last_exit,
                     delay,
                 )
+                await served.engine.stop()  # what the leader left behind (vLLM's workers) goes too
                 await asyncio.sleep(delay)
                 engine = self._engine(served.model_id, Path(served.path))
                 served.engine = engine
                 try:
                     await engine.start(self.http(), self.config.loading_timeout_ms / 1000)
-                except EngineStartError as e:
+                except Exception as e:  # a failed start counts as one more exit
                     served.last_exit = str(e)[:300]
                     continue
                 break
@@ -303,7 +322,7 @@ class Engines:
                     await self._adapter_call(adapter, LOAD_ADAPTER_PATH, body)
                 except EngineStartError as e:
                     log.warning("adapter %s is gone with its engine: %s", adapter.model_id, e)
-                    del self.served[adapter.model_id]
+                    self.served.pop(adapter.model_id, None)
             served.state = State.READY
             served.size_bytes = max(1, engine.rss_bytes())
             log.info("the engine of %s is back on port %d", served.model_id, engine.port)
@@ -321,8 +340,8 @@ class LlmRuntime(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
             served = await self.engines.load(request.modelId, request.modelType, request.modelPath, request.modelKey)
         except AdapterSlotsFull as e:
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        except BaseNotLoaded as e:
-            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except BaseNotLoaded as e:  # not the adapter's fault: meshd loads it again, the base first
+            await abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
         except ValueError as e:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except FileNotFoundError as e:
