@@ -116,6 +116,7 @@ MESHD_ADDRESS=localhost:$second_grpc meshd models register model-0001 --type dem
 curl -sf localhost:HTTP/v2/models/model-0001/infer -H 'Content-Type: application/json' \\
   -d '{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'; echo
 meshd instances list
+kill %4 %3 %2 %1; wait || true
 """.replace("HTTP", str(http_port))
     env = {
         **os.environ,
