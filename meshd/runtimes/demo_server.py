@@ -239,9 +239,11 @@ class ModelRuntimeServicer(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
             try:
                 model = await asyncio.to_thread(_read_model, request.modelPath)
             except (OSError, ValueError) as e:
+                # An OSError names the file itself; its reason alone keeps the path said once.
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
                 raise RpcFailure(
                     grpc.StatusCode.FAILED_PRECONDITION,
-                    f"cannot load model {model_id} from {request.modelPath!r}: {e}",
+                    f"cannot load model {model_id} from {request.modelPath!r}: {reason}",
                 ) from e
             # The modelKey wins, then the model file's own load time, then --load-delay-ms.
             delay_ms = key_delay if key_delay is not None else (model.load_ms or self.config.load_delay_ms)
