@@ -117,7 +117,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 def engine_port(model_id: str) -> int:
-    """The port of the llama.cpp engine meshd's runtime started for `model_id`."""
+    """The port of the engine meshd's runtime started for `model_id` (llama.cpp's alias, vLLM's
+    served name, or our own engine's name), found by its command line."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -125,7 +126,7 @@ def engine_port(model_id: str) -> int:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        for flag in (b"--model_alias", b"--served-model-name"):  # llama.cpp's, vLLM's
+        for flag in (b"--model_alias", b"--served-model-name", b"--name"):
             if flag in argv and argv[argv.index(flag) + 1] == model_id.encode() and b"--port" in argv:
                 return int(argv[argv.index(b"--port") + 1])
     raise RuntimeError(f"no engine found for {model_id}")
@@ -176,7 +177,7 @@ async def relay_rows(a: argparse.Namespace, node: Node, model_id: str) -> list[s
     body = {"model": model_id, "prompt": words, "stream": True}
     meshd_url = f"{node.http_url}/v1/completions"
     await drive(meshd_url, body, 2, 1)  # loads it
-    direct_url = f"http://127.0.0.1:{fake_port(model_id)}/v1/completions"
+    direct_url = f"http://127.0.0.1:{engine_port(model_id)}/v1/completions"
     out = {}
     for name, url in (("direct", direct_url), ("meshd", meshd_url)):
         shots, _ = await drive(url, body, max(4, a.requests // 4), 1)
@@ -190,23 +191,6 @@ async def relay_rows(a: argparse.Namespace, node: Node, model_id: str) -> list[s
     added99 = pct(out["meshd"], 0.99) - pct(out["direct"], 0.99)
     rows.append(f"relay added  p50 {added50:+.3f} ms  p99 {added99:+.3f} ms (each piece, engine -> client)")
     return rows
-
-
-def fake_port(model_id: str) -> int:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (
-            b"meshd.testing.fake_llm" in argv
-            and b"--name" in argv
-            and argv[argv.index(b"--name") + 1] == model_id.encode()
-        ):
-            return int(argv[argv.index(b"--port") + 1])
-    raise RuntimeError(f"no fake engine for {model_id}")
 
 
 async def cold_row(node: Node, mesh: LocalMesh, model_id: str, max_tokens: int) -> str:

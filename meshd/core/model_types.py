@@ -5,6 +5,7 @@ repository directory (telling a folder's type from its server config).
 """
 
 import json
+from typing import Any
 
 # Model type (lower case) -> MLServer runtime class, as modelmesh-serving's runtimes name them.
 MLSERVER_IMPLEMENTATIONS = {
@@ -42,14 +43,21 @@ ADAPTER_TYPE = "lora"
 ADAPTER_SLOTS_FULL = "adapter slots full"
 
 
-def base_model_of(key: str) -> str | None:
-    """The base model an adapter's key names (None: not an adapter, or no such field)."""
+def key_object(key: str) -> dict[str, Any] | None:
+    """The model key as a JSON object, or None when it is not one (keys are opaque to meshd,
+    JSON by convention; too deeply nested JSON counts as not an object)."""
     if not key or not key.lstrip().startswith("{"):
         return None
     try:
         obj = json.loads(key)
     except (ValueError, RecursionError):
         return None
-    own = obj.get("meshd") if isinstance(obj, dict) else None
+    return obj if isinstance(obj, dict) else None
+
+
+def base_model_of(key: str) -> str | None:
+    """The base model an adapter's key names (None: not an adapter, or no such field)."""
+    obj = key_object(key)
+    own = obj.get("meshd") if obj is not None else None
     base = own.get("base_model") if isinstance(own, dict) else None
     return base if isinstance(base, str) and base else None

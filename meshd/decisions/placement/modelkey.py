@@ -24,23 +24,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from meshd.core.model_types import key_object
 from meshd.decisions.placement.scaling import DEFAULT_POLICY, ModelPolicy
+
+__all__ = ["key_object", "policy_from_key"]
 
 MESHD_KEY = "meshd"
 DISK_SIZE_KEY = "disk_size_bytes"  # written by modelmesh-serving's controller
 FIELDS = ("min_copies", "max_copies", "size_bytes", "base_model")  # base_model: a LoRA adapter's (core.model_types)
-
-
-def key_object(key: str) -> dict[str, Any] | None:
-    """The model key as a JSON object, or None when it is not one (keys are opaque to meshd,
-    JSON by convention; too deeply nested JSON counts as not an object)."""
-    if not key or not key.lstrip().startswith("{"):
-        return None
-    try:
-        obj = json.loads(key)
-    except (ValueError, RecursionError):
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 def _count(raw: Any, name: str) -> int:
