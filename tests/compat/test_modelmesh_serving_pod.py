@@ -9,7 +9,9 @@ MM_LABELS, MM_TYPE_CONSTRAINTS_PATH and MM_DATAPLANE_CONFIG_PATH on a mounted Co
 INTERNAL_GRPC_PORT = the adapter, INTERNAL_SERVING_GRPC_PORT = the model server), the adapter
 (`meshd adapter`) in front of a real MLServer, the probes polled over HTTP as the kubelet does,
 and at shutdown the runtime containers' preStop (GET :8090/prestop) and the mm container's
-own (`stop.sh wait`). Ports the controller fixes (8033, 8089, 8090, 2112, the adapter's)
+own (`stop.sh wait`), which must return only once meshd is gone. mm's meshd is a plain
+`pip install` of this checkout (conftest.py): the controller's https metrics with no TLS secret
+work from that. Ports the controller fixes (8033, 8089, 8090, 2112, the adapter's)
 are free ports here, so tests can share the host; each is set by its upstream variable.
 
 The flows: setVModel with owner, autoDeleteTargetModel and loadNow; getVModelStatus polled to
@@ -25,7 +27,6 @@ import os
 import shutil
 import ssl
 import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -129,6 +130,7 @@ class Pod:
     mlserver_pid_file: Path
     configmap: Path
     models: list[TrainedModel]
+    meshd_bin: Path  # where mm's `meshd` is (a plain install)
 
     def http(self, port: int, path: str, timeout: float = 5.0) -> int:
         try:
@@ -151,7 +153,7 @@ def mlserver_env() -> Path:
 
 
 @pytest.fixture
-def pod(mlserver_env: Path, tmp_path: Path, etcd_server: object) -> Iterator[Pod]:
+def pod(mlserver_env: Path, tmp_path: Path, etcd_server: object, plain_meshd: Path) -> Iterator[Pod]:
     models = train_sklearn_models(mlserver_env, tmp_path / "models", 2)
     # The etcd secret, mounted as the controller mounts it (controllers/modelmesh/etcd.go).
     secret = tmp_path / "opt/kserve/mmesh/etcd/etcd_connection"
@@ -191,9 +193,21 @@ def pod(mlserver_env: Path, tmp_path: Path, etcd_server: object) -> Iterator[Pod
     procs = Children(tmp_path / "logs")
     pid_file = tmp_path / "mlserver.pid"
     try:
-        meshd = procs.start("mm", [sys.executable, "-m", "meshd", "serve"], env)
+        # mm's meshd: a plain install, with the controller's https metrics and no TLS secret.
+        meshd = procs.start("mm", [str(plain_meshd / "meshd"), "serve"], env)
         pod = Pod(
-            procs, meshd, None, env, grpc_port, probe_port, prestop_port, metrics_port, pid_file, configmap, models
+            procs,
+            meshd,
+            None,
+            env,
+            grpc_port,
+            probe_port,
+            prestop_port,
+            metrics_port,
+            pid_file,
+            configmap,
+            models,
+            plain_meshd,
         )
         # The kubelet's probes, before the runtime is up: live, not ready.
         wait_until(lambda: pod.http(probe_port, "/live") == 200 or not meshd.alive(), 60, "/live")
@@ -338,7 +352,7 @@ def test_the_controllers_flows_on_a_pod_it_would_start(pod: Pod) -> None:
     hook = threading.Thread(target=lambda: answers.append(pod.http(pod.prestop_port, "/prestop", timeout=120)))
     hook.start()
     wait_until(lambda: pod.http(pod.probe_port, "/ready") != 200, 30, "/ready to drop once the drain starts")
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `meshd` from this venv
+    path = f"{pod.meshd_bin}{os.pathsep}{os.environ.get('PATH', '')}"  # mm's own `meshd`
     stop_sh = ROOT / "deploy" / "image" / "stop.sh"
     assert shutil.which("meshd", path=path), "meshd must be on PATH for stop.sh"
     done_sh = subprocess.run(
