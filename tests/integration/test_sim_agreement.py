@@ -1,7 +1,8 @@
 """The simulator against a real mesh: three meshd instances with reference runtimes play a
 short Zipf trace; the simulator replays the same trace (same arrival times, same instance
 for each request) on the same fleet; loads and hit ratio agree within 10 %, plus one standard
-deviation of the simulated runs (the real run is a single draw, `agrees`).
+deviation of the simulated runs (the real run is a single draw, `agrees`). A negative control
+runs in the suite: the RATE mesh's run replayed with LRU must not agree.
 
 The real run's figures are counted, not estimated: loads are the runtimes' own count of
 models loaded, and a request is a miss when a load finished while it was in flight
@@ -61,7 +62,7 @@ def agrees(real: float, simulated: list[float]) -> bool:
     deviation of the simulated runs: the real run is one draw of the same random placement
     picks (and of timing the replay does not reproduce), not a mean, so its own spread counts
     (GDSF, measured: 192-211 loads over five real runs, a sd of 4-6 over simulated seeds). A
-    simulator replaying LRU for a RATE mesh still fails it."""
+    simulator replaying LRU for a RATE mesh fails it (the negative control below)."""
     mean = statistics.fmean(simulated)
     return abs(mean - real) <= 0.10 * real + statistics.pstdev(simulated)
 
@@ -135,3 +136,16 @@ def test_the_simulator_and_a_real_mesh_agree_on_loads_and_hit_ratio(
     assert failed == 0, report
     assert agrees(real_loads, [r.loads for r in runs]), report
     assert agrees(real_hit_ratio, [r.hit_ratio for r in runs]), report
+    if eviction is Eviction.RATE:
+        # The negative control: the same real run against a simulator replaying the wrong
+        # policy (LRU for this RATE mesh) must not agree, or the band could pass anything.
+        wrong = [
+            simulate(
+                replay,
+                Fleet(3, PER_INSTANCE * units, load_jitter=0.0, default_model_units=units, seed=seed),
+                as_configured(Eviction.LRU),
+                ingress=ingress,
+            ).loads
+            for seed in range(SEEDS)
+        ]
+        assert not agrees(real_loads, wrong), f"{report}; LRU replayed: {wrong} loads, which should not agree"
