@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb
+from meshd.core import tensor_bytes
 
 # datatype -> struct code of one element (little-endian); BYTES and BF16 are handled apart.
 FIXED: dict[str, str] = {
@@ -203,13 +204,10 @@ def flatten(data: object) -> list[Any]:
 def encode(datatype: str, values: list[Any], what: str) -> bytes:
     """Raw little-endian bytes of JSON elements (BYTES: length-prefixed UTF-8 strings)."""
     if datatype == "BYTES":
-        parts = []
         for v in values:
             if not isinstance(v, str):
                 raise BadTensor(f"{what}: BYTES elements must be strings (got {type(v).__name__})")
-            b = v.encode("utf-8")
-            parts.append(struct.pack("<I", len(b)) + b)
-        return b"".join(parts)
+        return tensor_bytes.join_bytes([v.encode("utf-8") for v in values])
     if datatype == "BOOL":
         if not all(isinstance(v, bool) for v in values):
             raise BadTensor(f"{what}: BOOL elements must be true or false")
@@ -235,18 +233,10 @@ def raw_count(datatype: str, raw: bytes, what: str) -> int:
 
 def split_bytes(raw: bytes, what: str) -> list[bytes]:
     """BYTES elements of raw tensor bytes (each a 4-byte little-endian length and its bytes)."""
-    out: list[bytes] = []
-    at = 0
-    while at < len(raw):
-        if at + 4 > len(raw):
-            raise BadTensor(f"{what}: BYTES data ends inside an element's length")
-        (n,) = struct.unpack_from("<I", raw, at)
-        at += 4
-        if at + n > len(raw):
-            raise BadTensor(f"{what}: a BYTES element of {n} bytes runs past the data")
-        out.append(raw[at : at + n])
-        at += n
-    return out
+    try:
+        return tensor_bytes.split_bytes(raw)
+    except ValueError as e:
+        raise BadTensor(f"{what}: {e}") from None
 
 
 def decode(datatype: str, raw: bytes, what: str) -> list[Any]:
@@ -356,7 +346,7 @@ def _contents(tensor: pb.ModelInferResponse.InferOutputTensor, what: str) -> lis
 
 
 def _pack_bytes(values: list[bytes]) -> bytes:
-    return b"".join(struct.pack("<I", len(v)) + v for v in values)
+    return tensor_bytes.join_bytes(list(values))
 
 
 def _texts(values: list[bytes], what: str) -> list[str]:

@@ -8,10 +8,10 @@ streamed answer is one response per piece, `finish_reason` set on the last.
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb
+from meshd.core.tensor_bytes import join_bytes, split_bytes
 
 TEXT_INPUT = "text_input"
 STREAMING = "streaming"
@@ -80,19 +80,10 @@ def _param(key: str, value: pb.InferParameter) -> Any:
 
 
 def _raw_bytes(raw: bytes) -> list[bytes]:
-    """KServe's raw BYTES layout: each element a 4-byte little-endian length, then its bytes."""
-    out: list[bytes] = []
-    at = 0
-    while at < len(raw):
-        if at + 4 > len(raw):
-            raise BadTextRequest(f"{TEXT_INPUT}: truncated raw BYTES contents")
-        (n,) = struct.unpack_from("<I", raw, at)
-        at += 4
-        if at + n > len(raw):
-            raise BadTextRequest(f"{TEXT_INPUT}: truncated raw BYTES contents")
-        out.append(raw[at : at + n])
-        at += n
-    return out
+    try:
+        return split_bytes(raw)
+    except ValueError as e:
+        raise BadTextRequest(f"{TEXT_INPUT}: truncated raw BYTES contents ({e})") from None
 
 
 def infer_response(model_name: str, request_id: str, text: str, finish_reason: str | None) -> pb.ModelInferResponse:
@@ -100,8 +91,7 @@ def infer_response(model_name: str, request_id: str, text: str, finish_reason: s
     response = pb.ModelInferResponse(model_name=model_name, id=request_id)
     for name, value in ((TEXT_OUTPUT, text), (FINISH_REASON, finish_reason or "")):
         response.outputs.add(name=name, datatype="BYTES", shape=[1])
-        data = value.encode()
-        response.raw_output_contents.append(struct.pack("<I", len(data)) + data)
+        response.raw_output_contents.append(join_bytes([value.encode()]))
     return response
 
 
