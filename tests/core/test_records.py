@@ -111,16 +111,3 @@ def test_decoder_is_total_on_arbitrary_json_objects(obj: dict[str, object]) -> N
         return
     # Whatever decoded re-encodes and decodes to the same record.
     assert ModelRecord.decode(rec.encode()) == rec
-
-
-def test_raw_bytes_elements_round_trip_and_cut_data_is_refused() -> None:
-    import pytest
-
-    from meshd.core.tensor_bytes import join_bytes, split_bytes
-
-    elements = [b"", b"a", "é".encode(), b"\x00" * 300]
-    assert split_bytes(join_bytes(elements)) == elements
-    with pytest.raises(ValueError, match="inside an element's length"):
-        split_bytes(b"\x01\x00")
-    with pytest.raises(ValueError, match="runs past"):
-        split_bytes(b"\x05\x00\x00\x00ab")
