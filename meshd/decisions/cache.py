@@ -43,7 +43,7 @@ from __future__ import annotations
 import enum
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from meshd.decisions.gate import Gate
@@ -529,3 +529,12 @@ class Popularity:
 
     def of(self, model_id: str) -> float:
         return self._counts.get(model_id, 0.0)
+
+
+def adapter_slot_victim(
+    base: str, bases: Mapping[str, str], entry: Callable[[str], CacheEntry | None]
+) -> CacheEntry | None:
+    """Which LoRA adapter of `base` gives up its engine slot when they are all taken: the
+    loaded one used longest ago (None: none loaded). `bases`: adapter -> its base model."""
+    loaded = [e for e in (entry(a) for a, b in bases.items() if b == base) if e is not None and e.state is State.LOADED]
+    return min(loaded, key=lambda e: e.last_used_ms) if loaded else None

@@ -29,7 +29,7 @@ from meshd.core.clock import Clock, wall_ms
 from meshd.core.errors import LoadFailed, MeshError, NotFound, ResourceExhausted, Unavailable
 from meshd.core.model_types import ADAPTER_SLOTS_FULL, base_model_of
 from meshd.core.records import ModelRecord
-from meshd.decisions.cache import CacheEntry, Eviction, Popularity, State, WeightedLRU, to_units
+from meshd.decisions.cache import CacheEntry, Eviction, Popularity, State, WeightedLRU, adapter_slot_victim, to_units
 from meshd.decisions.gate import queue_bound
 from meshd.decisions.janitor import Repairs, plan_repairs
 from meshd.decisions.placement.liveness import counted_for_max_copies
@@ -534,14 +534,9 @@ class LocalModels:
     async def _free_adapter_slot(self, base: str) -> bool:
         """Evict the least recently used loaded adapter of `base` here (its engine holds all
         the adapters it takes); False when there is none to evict."""
-        loaded = [
-            e
-            for e in (self.cache.get(m) for m, b in self.bases.items() if b == base)
-            if e is not None and e.state is State.LOADED
-        ]
-        if not loaded:
+        victim = adapter_slot_victim(base, self.bases, self.cache.get)
+        if victim is None:
             return False
-        victim = min(loaded, key=lambda e: e.last_used_ms)
         entry = self._remove(victim.model_id)
         if entry is None:
             return False

@@ -374,3 +374,17 @@ def test_what_admission_must_keep_is_never_evicted() -> None:
     refused = cache.admit("big", 5, 400, 400, keep=frozenset({"base"}))
     assert not refused.admitted and cache.get("base") is not None
     assert [v.model_id for v in cache.resize("adapter", 4, keep=frozenset({"base"}))] == []
+
+
+def test_an_adapter_slot_goes_to_the_loaded_adapter_of_that_base_used_longest_ago() -> None:
+    from meshd.decisions.cache import adapter_slot_victim
+
+    cache = WeightedLRU(20)
+    loaded(cache, "a1", 1, 300)
+    loaded(cache, "a2", 1, 100)  # the oldest of base b
+    loaded(cache, "c1", 1, 50)  # older, but another base's
+    cache.admit("a3", 1, 10, 10)  # still loading: holds no slot to give
+    bases = {"a1": "b", "a2": "b", "a3": "b", "c1": "other"}
+    victim = adapter_slot_victim("b", bases, cache.get)
+    assert victim is not None and victim.model_id == "a2"
+    assert adapter_slot_victim("nobody", bases, cache.get) is None
