@@ -23,11 +23,11 @@ from pathlib import Path
 import grpc
 
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
-from meshd.adapter import gpu, layout, sizing
+from meshd.adapter import gpu, layout, running, sizing
 from meshd.adapter.layout import Layout, MLServerLayout, TritonLayout
 from meshd.adapter.server import Adapter, AdapterConfig, ModelServer
 from meshd.adapter.supervisor import Supervisor, SupervisorConfig
-from meshd.observability.logs import parse_log_format, setup_logging
+from meshd.observability.logs import setup_logging
 from meshd.process.child import resolve
 
 log = logging.getLogger("meshd.adapter")
@@ -209,10 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.port is None and a.socket is None:
         print("meshd adapter: give --port and/or --socket for the SPI endpoint", file=sys.stderr)
         return 2
-    try:
-        log_format = parse_log_format(a.log_format or os.environ.get("MESHD_LOG_FORMAT") or "text")
-    except ValueError as e:
-        print(f"meshd adapter: MESHD_LOG_FORMAT (--log-format) {e}", file=sys.stderr)
+    log_format = running.log_format("meshd adapter", a.log_format, os.environ)
+    if log_format is None:
         return 2
     setup_logging(a.log_level, log_format)
     config = config_from(a, os.environ, gpu_memory(a, os.environ))
@@ -227,16 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except FileNotFoundError:
             print(f"meshd adapter: the model server command {command[0]!r} is not an executable", file=sys.stderr)
             return 2
-    try:
-        try:
-            import uvloop
-        except ImportError:
-            return asyncio.run(serve(a, config))
-        code: int = uvloop.run(serve(a, config))
-        return code
-    except (OSError, RuntimeError) as e:  # an unusable repository, a port taken: one clear line
-        print(f"meshd adapter: {e}", file=sys.stderr)
-        return 1
+    return running.run("meshd adapter", serve(a, config))
 
 
 if __name__ == "__main__":

@@ -22,10 +22,11 @@ import grpc
 from meshd._proto.inference import grpc_predict_v2_pb2_grpc as pb_grpc
 from meshd._proto.meshd import llm_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+from meshd.adapter import running
 from meshd.adapter.llm.calls import OpenAICalls, TextInference
 from meshd.adapter.llm.engines import PRESETS, RestartPolicy, check_template
 from meshd.adapter.llm.runtime import Engines, LlmConfig, LlmRuntime
-from meshd.observability.logs import parse_log_format, setup_logging
+from meshd.observability.logs import setup_logging
 
 log = logging.getLogger("meshd.llm")
 
@@ -161,10 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.port is None and a.socket is None:
         print("meshd llm-runtime: give --port and/or --socket", file=sys.stderr)
         return 2
-    try:
-        log_format = parse_log_format(a.log_format or os.environ.get("MESHD_LOG_FORMAT") or "text")
-    except ValueError as e:
-        print(f"meshd llm-runtime: MESHD_LOG_FORMAT (--log-format) {e}", file=sys.stderr)
+    log_format = running.log_format("meshd llm-runtime", a.log_format, os.environ)
+    if log_format is None:
         return 2
     try:
         config = config_from(a, os.environ)
@@ -172,16 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     setup_logging(a.log_level, log_format)
-    try:
-        try:
-            import uvloop
-        except ImportError:
-            return asyncio.run(serve(a, config))
-        code: int = uvloop.run(serve(a, config))
-        return code
-    except (OSError, RuntimeError) as e:
-        print(f"meshd llm-runtime: {e}", file=sys.stderr)
-        return 1
+    return running.run("meshd llm-runtime", serve(a, config))
 
 
 if __name__ == "__main__":
