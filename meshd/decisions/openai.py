@@ -13,6 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from meshd.core.errors import InvalidArgument
+from meshd.decisions.ids import check_id
+
 # Paths meshd carries to an LLM engine, and the gRPC method that carries them (protos/meshd/llm.proto).
 OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 CALL_METHOD = "/meshd.llm.OpenAI/Call"
@@ -72,6 +75,10 @@ def parse_request(raw: bytes) -> OpenAIRequest:
         raise BadRequest("the body names no 'model'", param="model", code="missing_model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must be a non-empty string", param="model")
+    try:
+        check_id(model, "'model'")  # it becomes an etcd key: not empty, bounded, printable UTF-8
+    except InvalidArgument as e:
+        raise BadRequest(e.message, param="model") from None
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest(f"'stream' must be true or false, not {json.dumps(stream)}", param="stream")

@@ -23,6 +23,9 @@ def test_a_request_names_its_model_and_may_stream() -> None:
         (b'{"model": ""}', "invalid_request", "model", "non-empty string"),
         (b'{"model": 3}', "invalid_request", "model", "non-empty string"),
         (b'{"model": "m", "stream": "yes"}', "invalid_request", "stream", "true or false"),
+        (b'{"model": "\\ud800"}', "invalid_request", "model", "not valid UTF-8"),
+        (b'{"model": "a\\u0000b"}', "invalid_request", "model", "control characters"),
+        (b'{"model": "' + b"m" * 2000 + b'"}', "invalid_request", "model", "the limit is 1024"),
     ],
 )
 def test_malformed_requests_are_refused_with_the_reason(raw: bytes, code: str, param: str | None, words: str) -> None:
