@@ -107,6 +107,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("zone", "MM_ZONE", "--zone", "zone reported in the instance record", ""),
     Setting(
+        "service_version",
+        "SERVICE_VERSION",
+        "--service-version",
+        "this deployment's version (upstream's NAME-YYYYMMDD-N or dotted): during a rolling update "
+        "placement prefers the newest (default: meshd's own)",
+        "",
+    ),
+    Setting(
         "type_constraints", "MM_TYPE_CONSTRAINTS", "--type-constraints", "JSON: model type -> required/preferred labels"
     ),
     Setting(
@@ -376,6 +384,7 @@ class Config:
     data_dir: Path
     runtime_ready_timeout_s: float
     zone: str = ""
+    service_version: str = ""  # "" -> meshd's own version
     instance_ttl_s: int = 20
     drain_grace_ms: int = 10_000
     default_vmodel_owner: str = ""
@@ -567,6 +576,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         data_dir=Path(need("data_dir")),
         runtime_ready_timeout_s=float(_int(name("runtime_ready_timeout_s"), need("runtime_ready_timeout_s"), 1)),
         zone=raw["zone"] or "",
+        service_version=raw["service_version"] or "",
         default_vmodel_owner=raw["default_vmodel_owner"] or "",
         type_constraints=_type_constraints(raw["type_constraints"], raw["type_constraints_path"]),
         scaleup_rpm_threshold=_int(name("scaleup_rpm_threshold"), need("scaleup_rpm_threshold"), 1),

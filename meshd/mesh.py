@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 
+from meshd import __version__
 from meshd._proto.meshd import admin_pb2, peer_pb2
 from meshd._proto.mmesh import model_mesh_pb2
 from meshd.api.admin import MeshAdminServicer
@@ -39,11 +40,12 @@ from meshd.config import Config
 from meshd.core.clock import wall_ms
 from meshd.core.errors import DeadlineExceeded, MeshError, NotFound
 from meshd.core.records import NATIVE_ADDRESS, NODE_LOCATION, RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
-from meshd.decisions.cache import State, to_units
+from meshd.decisions.cache import CacheEntry, State, to_units
 from meshd.decisions.ids import ModelInfo
 from meshd.decisions.openai import CALL_METHOD
 from meshd.decisions.placement.constraints import TypeConstraints, no_home_message
 from meshd.decisions.placement.liveness import departed_for_ms
+from meshd.decisions.placement.modelkey import at_max_copies
 from meshd.decisions.placement.serving import assume_loaded_ms
 from meshd.decisions.placement.view import ClusterView
 from meshd.decisions.publishing import Identity, RpmMeter, instance_record
@@ -374,7 +376,14 @@ class Instance:
         prefix = cfg.key_prefix
         local = self.local
         watch = RuntimeWatch(local, cfg.runtime_check_ms / 1000)
-        me = Identity(cfg.instance_id, f"{cfg.advertise_host}:{cfg.peer_port}", cfg.zone, cfg.labels, wall_ms())
+        me = Identity(
+            cfg.instance_id,
+            f"{cfg.advertise_host}:{cfg.peer_port}",
+            cfg.zone,
+            cfg.labels,
+            wall_ms(),
+            cfg.service_version or __version__,
+        )
         meter = RpmMeter()
 
         def build() -> InstanceRecord:
@@ -979,6 +988,7 @@ class Instance:
 
         pending: list[str] = []
         homeless = 0
+        handover: list[CacheEntry] = []
         log.info("draining %d models", len(held))
         for entry in held:
             model_id = entry.model_id
@@ -989,6 +999,10 @@ class Instance:
                 await self.copies.refresh([model_id])
                 if elsewhere(model_id) > 0:
                     continue
+                record = local.registry.get(model_id)
+                if record is not None and at_max_copies(record.key, len(record.instance_ids)):
+                    handover.append(entry)  # after the others: their loads run meanwhile
+                    continue
                 if await self.router.place(model_id, exclude=me, last_used_ms=entry.last_used_ms) is None:
                     log.warning("no other instance can take %s; it goes with this one", model_id)
                     homeless += 1
@@ -996,6 +1010,22 @@ class Instance:
                 pending.append(model_id)
             except Exception as e:
                 log.warning("could not place %s elsewhere: %s", model_id, e)
+        for entry in handover:
+            model_id = entry.model_id
+            left_s = deadline - loop.time()
+            try:
+                # At its max copies: no other instance may load it while this runtime holds it,
+                # so it leaves here first (runtime, then record) and its requests wait for the
+                # new copy (Router._after_release), never two runtimes holding it at once.
+                log.info("handing %s over: at its max copies, it leaves this runtime first", model_id)
+                await asyncio.wait_for(local.unload_now(model_id), max(left_s, 0.0))
+                if await self.router.place(model_id, exclude=me, last_used_ms=entry.last_used_ms) is None:
+                    log.warning("no other instance can take %s; it goes with this one", model_id)
+                    homeless += 1
+                    continue
+                pending.append(model_id)
+            except Exception as e:
+                log.warning("could not hand %s over: %s", model_id, e)
         while pending and loop.time() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
             try:

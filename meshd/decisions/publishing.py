@@ -9,8 +9,10 @@ writing; the simulator publishes on the same rules.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from enum import Enum
 
 from meshd import __version__
@@ -21,8 +23,25 @@ PUBLISH_MIN_INTERVAL_MS = 2_000  # upstream: >= 2 s apart
 PUBLISH_MAX_INTERVAL_MS = 40_000  # upstream: every 40 s when changed
 
 
+# Upstream's service version forms (`-v` of its start.sh: the build-version file or
+# SERVICE_VERSION): `<name>-YYYYMMDD-N` and the older `YYYYMMDD-HHMM[-N]`, both numbered as the
+# date's epoch milliseconds plus N, so a mixed mesh orders them as upstream does.
+_UPSTREAM_VERSION = re.compile(r".+-(\d{8})-(\d+)")
+_UPSTREAM_VERSION_OLD = re.compile(r"(\d{8}-\d{4})(?:-(\d+))?")
+
+
 def numeric_version(version: str) -> int:
-    """`1.2.3` -> 10203, so newer versions compare greater (placement prefers them)."""
+    """The instance record's `vers`: newer versions compare greater (placement prefers them).
+
+    Upstream's forms as upstream numbers them; otherwise dotted, `1.2.3` -> 10203."""
+    for pattern, fmt in ((_UPSTREAM_VERSION, "%Y%m%d"), (_UPSTREAM_VERSION_OLD, "%Y%m%d-%H%M")):
+        m = pattern.fullmatch(version)
+        if m:
+            try:
+                when = datetime.strptime(m.group(1), fmt).replace(tzinfo=UTC)
+            except ValueError:
+                break
+            return int(when.timestamp() * 1000) + int(m.group(2) or 0)
     parts = [int(p) if p.isdigit() else 0 for p in version.split(".")[:3]]
     parts += [0] * (3 - len(parts))
     return parts[0] * 10_000 + parts[1] * 100 + parts[2]
@@ -35,6 +54,7 @@ class Identity:
     zone: str
     labels: tuple[str, ...]
     start_ms: int
+    version: str = __version__  # SERVICE_VERSION; meshd's own by default
 
 
 def instance_record(
@@ -57,7 +77,7 @@ def instance_record(
         rpm=rpm,
         shutdown=shutdown,
         start_time=me.start_ms,
-        version=numeric_version(__version__),
+        version=numeric_version(me.version),
         location=me.location,
         zone=me.zone,
         labels=list(me.labels),

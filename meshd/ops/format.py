@@ -81,6 +81,19 @@ def percent(part: int, whole: int) -> str:
     return NONE if whole <= 0 else f"{100 * part / whole:.0f}%"
 
 
+UPSTREAM_VERSION_FLOOR = 1_000_000_000_000  # epoch ms of 2001: no dotted version reaches it
+
+
 def version(numeric: int) -> str:
-    """10203 -> `1.2.3` (how instance records carry meshd's version)."""
-    return NONE if numeric <= 0 else f"{numeric // 10_000}.{numeric // 100 % 100}.{numeric % 100}"
+    """10203 -> `1.2.3` (how instance records carry meshd's version); upstream's form, a date's
+    epoch milliseconds plus a build number, -> `YYYYMMDD-HHMM-N`."""
+    if numeric <= 0:
+        return NONE
+    if numeric >= UPSTREAM_VERSION_FLOOR:
+        build = numeric % 60_000
+        try:
+            when = dt.datetime.fromtimestamp((numeric - build) / 1000, tz=dt.UTC)
+        except (OverflowError, ValueError, OSError):
+            return str(numeric)
+        return f"{when:%Y%m%d-%H%M}-{build}"
+    return f"{numeric // 10_000}.{numeric // 100 % 100}.{numeric % 100}"

@@ -46,7 +46,7 @@ from meshd.decisions.placement.loading import (
     under_pressure,
     within_deadline,
 )
-from meshd.decisions.placement.modelkey import policy_from_key
+from meshd.decisions.placement.modelkey import at_max_copies, policy_from_key
 from meshd.decisions.placement.view import ClusterView
 from meshd.decisions.status import failure_expired
 from meshd.observability.metrics import NO_METRICS, Metrics
@@ -590,8 +590,12 @@ class LocalModels:
     async def _unload(self, model_id: str, entry: CacheEntry | None, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
+        # A capped copy leaves the runtime before it leaves the record: the record is what
+        # lets another instance load it, so two runtimes never hold it at once.
+        capped = entry is not None and self.capped(model_id)
         if entry is not None:
-            await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
+            if not capped:
+                await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
             if self.before_unload is not None:
                 await self._quiet(self.before_unload(model_id))
             waited = 0.0
@@ -605,6 +609,22 @@ class LocalModels:
         except Exception as e:
             self.metrics.unload_failure()
             log.warning("unload of %s failed: %s", model_id, e)
+        finally:
+            if capped:
+                await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
+
+    def capped(self, model_id: str) -> bool:
+        """Whether the model has a max copies (its key's policy)."""
+        record = self.registry.get(model_id)
+        return record is not None and at_max_copies(record.key, 1)
+
+    def releasing(self, model_id: str) -> asyncio.Task[None] | None:
+        """The unload under way of a capped copy no longer served here but still in its
+        record (a request waits for it: only then may another instance load the model)."""
+        task = self._unloading.get(model_id)
+        if task is None or model_id in self.cache or not self.capped(model_id):
+            return None
+        return task
 
     async def _quiet(self, work: Awaitable[object]) -> None:
         """Registry bookkeeping that must not break the caller (logged, repaired later)."""

@@ -317,6 +317,7 @@ class Router:
         """Try copies (or loads) until one serves; `busy`: refusals for a full queue so far,
         `tried`: what was tried already (the local copy), for the final message."""
         record = await self.record(model_id)
+        await self._after_release(model_id)
         if not tried:  # on arrival, not on a retry: what the load queue reads as popularity
             self.local.popularity.count(model_id)
             if self.noticed is not None:
@@ -415,6 +416,14 @@ class Router:
             f"model {model_id!r}: no instance could serve it after {len(tried)} attempts: "
             + ("; ".join(tried) or "no live instance")
         )
+
+    async def _after_release(self, model_id: str) -> None:
+        """Wait while this runtime gives up a capped copy still in the model's record: until
+        it is gone a load elsewhere is refused (max copies), and the request would spend its
+        attempts on refusals."""
+        releasing = self.local.releasing(model_id)
+        if releasing is not None:
+            await asyncio.shield(releasing)
 
     async def _holders(self, model_id: str) -> dict[str, int]:
         """The model's holders as etcd has them now (a strong read; none if unreadable)."""
@@ -656,6 +665,7 @@ class Router:
             except MeshError as e:
                 raise PeerRefusal(NOT_HERE, e.message) from None
         if entry is None or entry.state is not State.LOADED:
+            await self._after_release(model_id)  # the sender may load it elsewhere once it is gone
             raise PeerRefusal(NOT_HERE, f"no loaded copy of {model_id!r} on {self.self_id}")
         self.local.counters.hits += 1
         self.local.cache.touch(model_id, self.local.clock())

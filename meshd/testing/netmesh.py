@@ -32,6 +32,8 @@ class NetNode:
     addr: str
     meshd: Child
     runtime: Child
+    runtime_args: list[str] = field(default_factory=list)
+    settings: dict[str, str | int] = field(default_factory=dict)
 
     @property
     def target(self) -> str:
@@ -52,6 +54,8 @@ class NetMesh:
     service: str
     etcd_members: list[str] = field(default_factory=list)  # host names
     nodes: dict[str, NetNode] = field(default_factory=dict)
+    etcd_argv: dict[str, list[str]] = field(default_factory=dict)
+    etcd_procs: dict[str, Child] = field(default_factory=dict)  # the running process of each member
 
     def etcd_url(self, member: str) -> str:
         return f"http://{self.lab.hosts[member].addr}:{ETCD_CLIENT_PORT}"
@@ -76,10 +80,16 @@ class NetMesh:
                 "--initial-cluster", cluster, "--initial-cluster-state", "new",
                 "--initial-cluster-token", self.lab.tag, "--unsafe-no-fsync",
             ]  # fmt: skip
-            self.lab.children.start(name, self.lab.argv(name, argv))
+            self.etcd_argv[name] = argv
+            self.etcd_procs[name] = self.lab.children.start(name, self.lab.argv(name, argv))
         self.etcd_members = names
         for name in names:
             wait_until(functools.partial(self.etcd_healthy, name), START_TIMEOUT_S, f"{name} healthy")
+
+    def restart_etcd(self, member: str) -> Child:
+        """The member again, on its data directory (its cluster flags are ignored then)."""
+        self.etcd_procs[member] = self.lab.children.start(member, self.lab.argv(member, self.etcd_argv[member]))
+        return self.etcd_procs[member]
 
     def etcd_healthy(self, member: str) -> bool:
         try:
@@ -91,12 +101,30 @@ class NetMesh:
     def add_node(self, instance_id: str, addr: str, runtime_args: list[str], settings: dict[str, str | int]) -> NetNode:
         host = instance_id
         self.lab.add_host(host, addr)
+        runtime = self._runtime(host, addr, runtime_args)
+        meshd = self._meshd(instance_id, host, addr, settings)
+        node = NetNode(instance_id, host, addr, meshd, runtime, runtime_args, settings)
+        self.nodes[instance_id] = node
+        return node
+
+    def restart_runtime(self, node: NetNode) -> None:
+        """The node's runtime again, on its host and port (the old one stopped or killed)."""
+        node.runtime = self._runtime(node.host, node.addr, node.runtime_args)
+
+    def restart_meshd(self, node: NetNode) -> None:
+        """The node's meshd again, with its settings (the old one stopped or killed)."""
+        node.meshd = self._meshd(node.instance_id, node.host, node.addr, node.settings)
+
+    def _runtime(self, host: str, addr: str, runtime_args: list[str]) -> Child:
         runtime = self.lab.children.start(
             f"{host}-runtime",
             self.lab.argv(host, [sys.executable, "-m", "meshd.runtimes.demo", "--host", "0.0.0.0",
                                  "--port", str(RUNTIME_PORT), *runtime_args]),
         )  # fmt: skip
         self._wait_port(runtime, addr, RUNTIME_PORT)
+        return runtime
+
+    def _meshd(self, instance_id: str, host: str, addr: str, settings: dict[str, str | int]) -> Child:
         env = env_for(
             {
                 "service_name": self.service,
@@ -115,9 +143,7 @@ class NetMesh:
         meshd = self.lab.children.start(instance_id, self.lab.argv(host, [sys.executable, "-m", "meshd", "serve"]), env)
         meshd.teardown_signal = signal.SIGINT  # tearing a test mesh down: no drain
         self._wait_port(meshd, addr, GRPC_PORT)
-        node = NetNode(instance_id, host, addr, meshd, runtime)
-        self.nodes[instance_id] = node
-        return node
+        return meshd
 
     @staticmethod
     def _wait_port(child: Child, addr: str, port: int) -> None:
@@ -132,12 +158,12 @@ class NetMesh:
         self.lab.close()
 
 
-def start_netmesh(workdir: Path, service: str) -> NetMesh:
+def start_netmesh(workdir: Path, service: str, etcd_members: int = 3) -> NetMesh:
     """An open lab with the etcd cluster running; the caller adds nodes and `stop()`s it."""
     lab = NetLab(workdir).open()
     mesh = NetMesh(lab, service)
     try:
-        mesh.start_etcd()
+        mesh.start_etcd(etcd_members)
     except BaseException:
         lab.close()
         raise

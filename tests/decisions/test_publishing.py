@@ -41,6 +41,23 @@ def test_record_reflects_the_cache() -> None:
     assert numeric_version("1.2.3") > numeric_version("1.1.9") > numeric_version("0.9")
 
 
+def test_upstream_service_versions_number_as_upstream_does() -> None:
+    # start.sh's SERVICE_VERSION forms: the date's epoch milliseconds plus the build number.
+    assert numeric_version("modelmesh-20230512-7") == 1_683_849_600_000 + 7
+    assert numeric_version("20170515-0930-2") == 1_494_840_600_000 + 2
+    assert numeric_version("20170515-0930") == 1_494_840_600_000
+    assert numeric_version("mm-20231301-1") == 0  # no 13th month: not upstream's form, nor dotted
+    assert numeric_version("modelmesh-20240101-1") > numeric_version("modelmesh-20231231-9") > numeric_version("9.9.9")
+
+
+def test_the_record_carries_the_configured_version() -> None:
+    cache = WeightedLRU(100)
+    newer = Identity("i2", "10.0.0.2:8080", "", (), 5, "2.0.0")
+    older = Identity("i3", "10.0.0.3:8080", "", (), 5, "1.9.0")
+    new, old = (instance_record(me, cache, 1, 0, 0, False, 6) for me in (newer, older))
+    assert new.version > old.version
+
+
 def test_publish_cadence() -> None:
     cache = WeightedLRU(100)
     first = instance_record(ME, cache, 2, 0, 0, False, 1000)

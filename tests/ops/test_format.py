@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from meshd.decisions.publishing import numeric_version
 from meshd.ops.format import ago, block, duration, indent, percent, size, table, timestamp, version
 
 
@@ -75,6 +76,8 @@ def test_ago_and_timestamp() -> None:
 def test_percent_and_version() -> None:
     assert percent(1, 4) == "25%" and percent(1, 0) == "-"
     assert version(10203) == "1.2.3" and version(100) == "0.1.0" and version(0) == "-"
+    assert version(numeric_version("modelmesh-20230512-7")) == "20230512-0000-7"  # upstream's form
+    assert version(2**64 - 1) == str(2**64 - 1)
 
 
 @pytest.mark.parametrize("ms", [9223372036854775807, 2**64 - 1])

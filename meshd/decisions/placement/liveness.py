@@ -88,11 +88,11 @@ def recently_departed(
 
 
 def counted_for_max_copies(view: ClusterView) -> frozenset[str]:
-    """The instances whose copies count toward a model's max copies: live and not shutting
-    down, or departed moments ago; in either case not lapsed (found unreachable here, and
-    etcd confirms it stopped renewing its lease)."""
-    serving = {i.instance_id for i in view.serving}
-    return frozenset((serving | set(view.departed)) - view.lapsed)
+    """The instances whose copies count toward a model's max copies: live (shutting down
+    too: a draining instance's runtime still holds its copies until it hands them over), or
+    departed moments ago; in either case not lapsed (found unreachable here, and etcd
+    confirms it stopped renewing its lease)."""
+    return frozenset((set(view.instances) | set(view.departed)) - view.lapsed)
 
 
 class LeaseVerdict(enum.Enum):

@@ -71,3 +71,13 @@ def policy_from_key(key: str) -> ModelPolicy:
     if size_bytes is not None and size_bytes <= 0:
         raise ValueError(f'"meshd".size_bytes must be > 0, got {size_bytes}')
     return ModelPolicy(min_copies, max_copies, size_bytes, disk_size)
+
+
+def at_max_copies(key: str, holders: int) -> bool:
+    """Whether `holders` copies already use all the copies the key's policy allows (a key
+    that does not parse caps nothing: registration refused it)."""
+    try:
+        cap = policy_from_key(key).max_copies
+    except ValueError:
+        return False
+    return 0 < cap <= holders

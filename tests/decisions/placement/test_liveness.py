@@ -105,3 +105,9 @@ def test_a_peer_call_is_trusted_from_an_instance_gone_less_than_the_grace() -> N
     assert trusted_peer(v, "cut-off", gone_since_ms=NOW - 60_000)
     assert not trusted_peer(v, "cut-off", gone_since_ms=NOW - PEER_GONE_GRACE_MS)
     assert not trusted_peer(v, "cut-off", gone_since_ms=None)
+
+
+def test_a_draining_holder_counts_toward_max_copies_until_it_leaves_the_record() -> None:
+    # Its runtime still holds the copy: another load of a capped model would make two.
+    v = ClusterView(self_id="me", now_ms=NOW, instances={"me": inst("me"), "x": inst("x", shutdown=True)})
+    assert counted_for_max_copies(v) == {"me", "x"}

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshd.decisions.placement.modelkey import policy_from_key
+from meshd.decisions.placement.modelkey import at_max_copies, policy_from_key
 from meshd.decisions.placement.scaling import DEFAULT_POLICY, ModelPolicy
 
 
@@ -113,3 +113,10 @@ def test_valid_iff_policy_constructs(meshd: dict[str, int]) -> None:
             policy_from_key(key(meshd=meshd))
     else:
         assert policy_from_key(key(meshd=meshd)) == expected
+
+
+def test_at_max_copies_only_for_a_cap_that_the_holders_reach() -> None:
+    capped = '{"meshd": {"max_copies": 2}}'
+    assert at_max_copies(capped, 2) and at_max_copies(capped, 3) and not at_max_copies(capped, 1)
+    assert not at_max_copies("", 5) and not at_max_copies('{"meshd": {"min_copies": 2}}', 5)
+    assert not at_max_copies('{"meshd": {"max_copies": -1}}', 5)  # refused at registration; caps nothing
