@@ -95,7 +95,7 @@ from meshd.runtimes.models import (  # noqa: E402
     unpack_f32,
 )
 from meshd.testing.cluster import LocalMesh, MeshClient, Node, StartFailed  # noqa: E402
-from meshd.testing.procs import Child, Children, free_port  # noqa: E402
+from meshd.testing.procs import Child, Children, free_port, free_ports  # noqa: E402
 from meshd.testing.venvs import ensure_venv  # noqa: E402
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -128,12 +128,15 @@ class Workload:
         return round(statistics.fmean(m.size_bytes or 0 for m in self.models.values()))
 
 
-def draw_models(n: int, seed: int) -> list[DemoModel]:
-    """N linear models (4 inputs, 2 outputs; bias[0] = index) with drawn size, load and service time."""
+def draw_models(n: int, seed: int, equal_sizes: bool = True) -> list[DemoModel]:
+    """N linear models (4 inputs, 2 outputs; bias[0] = index) with drawn load and service time,
+    and one size (8 MiB: a count of models and their bytes are then the same capacity) or a
+    drawn one (`equal_sizes` False)."""
     rng = random.Random(f"peers-models:{seed}")
     out = []
     for index in range(n):
-        size_mib = min(32.0, max(2.0, rng.lognormvariate(math.log(8.0), 0.6)))
+        drawn = min(32.0, max(2.0, rng.lognormvariate(math.log(8.0), 0.6)))  # drawn either way: same stream
+        size_mib = 8.0 if equal_sizes else drawn
         load_ms = round((40 + 10 * size_mib) * rng.uniform(0.5, 1.5), 1)
         service_ms = round(rng.uniform(2.0, 8.0), 2)
         weights = tuple(tuple(round(rng.uniform(-1, 1), 4) for _ in range(4)) for _ in range(2))
@@ -155,7 +158,7 @@ def plan(models: dict[str, DemoModel], ids: Sequence[str], rng: random.Random) -
 def build_workload(directory: Path, args: argparse.Namespace) -> Workload:
     directory.mkdir(parents=True, exist_ok=True)
     models: dict[str, DemoModel] = {}
-    for index, model in enumerate(draw_models(args.models, args.seed)):
+    for index, model in enumerate(draw_models(args.models, args.seed, args.model_sizes == "equal")):
         model_id = f"model-{index:04d}"
         model.save(directory / f"{model_id}.json")
         models[model_id] = model
@@ -300,6 +303,7 @@ class TraceResult:
     rss_all: int
     rss_models: int
     model_work_s: float
+    held: int = 0  # models loaded across the system at the end of the trace
 
     @property
     def rps(self) -> float:
@@ -429,6 +433,10 @@ class System:
     async def loads(self) -> int:
         raise NotImplementedError
 
+    async def held(self) -> int:
+        """Models loaded across the system now."""
+        raise NotImplementedError
+
     def kill_one(self) -> str:
         raise NotImplementedError
 
@@ -469,6 +477,7 @@ async def run_traces(
             s1.rss_all,
             s1.rss_models,
             loads * per_load_s + len(planned) * per_req_s,
+            await system.held(),
         )
         log(
             f"  [{n}] {trace}: {r.rps:.0f} req/s, p99 {r.lat(99):.0f} ms, {loads} loads, "
@@ -544,6 +553,9 @@ class MeshdSystem(System):
     async def loads(self) -> int:
         return sum([int((await c.stats()).loads) for c in self.clients])
 
+    async def held(self) -> int:
+        return sum([len((await c.stats()).loadedModels) for c in self.clients])
+
     def kill_one(self) -> str:
         node = self.nodes[-1]
         node.runtime.send_signal(signal.SIGKILL)
@@ -570,7 +582,11 @@ def run_meshd(workload: Workload, args: argparse.Namespace, workdir: Path, costs
             "--log-level",
             "WARNING",
         ]
-        nodes = [mesh.add_node(f"peers-{i}", runtime_args=runtime_args) for i in range(PROCESSES)]
+        # Metrics on, as a deployment runs it (Ray keeps its own metrics and access logs on).
+        nodes = [
+            mesh.add_node(f"peers-{i}", runtime_args=runtime_args, settings={"metrics": f"prometheus:port={port}"})
+            for i, port in enumerate(free_ports(PROCESSES))
+        ]
         log("  [meshd] up: " + "; ".join(f"meshd {n.meshd.pid} runtime {n.runtime.pid}" for n in nodes))
 
         async def go() -> tuple[list[TraceResult], KillResult | None]:
@@ -612,10 +628,21 @@ class RaySystem(System):
         return [p for p in descendants(self.driver.pid) if cmdline(p).startswith("ray::ServeReplica")]
 
     async def loads(self) -> int:
+        return self._sum("loads")
+
+    async def held(self) -> int:
+        live = set(self.model_pids())
+        return self._sum("held", lambda stats: int(stats.get("pid", 0)) in live)
+
+    def _sum(self, key: str, counted: Callable[[dict[str, Any]], bool] = lambda _: True) -> int:
+        # Each replica flushes its counters every 0.1 s (off its load path): wait one flush.
+        time.sleep(0.3)
         total = 0
         for path in self.stats_dir.glob("replica-*.json"):
             with contextlib.suppress(OSError, ValueError):
-                total += int(json.loads(path.read_text())["loads"])
+                stats = json.loads(path.read_text())
+                if counted(stats):
+                    total += int(stats[key])
         return total
 
     def kill_one(self) -> str:
@@ -726,6 +753,12 @@ def fmt(v: float, spec: str) -> str:
     return "-" if v != v else format(v, spec)
 
 
+def spread(values: Sequence[float]) -> str:
+    """min-max over the runs ("-" for one run)."""
+    vals = [v for v in values if v == v]
+    return f"{min(vals):.0f}-{max(vals):.0f}" if len(vals) > 1 else "-"
+
+
 def report(
     runs: list[dict[str, tuple[list[TraceResult], KillResult | None]]],
     args: argparse.Namespace,
@@ -750,14 +783,16 @@ def report(
         f"{'--meshd-cache-mib' if args.meshd_cache_mib else f'{args.cache_models} x mean size'} = "
         f"{meshd_capacity(args, workload) / MIB:.0f} MiB; Ray max_num_models_per_replica "
         f"{args.cache_models}); meshd loading threads "
-        f"{args.meshd_loading_threads or 'runtime default'}; zipf {args.zipf:g}; concurrency {args.concurrency}; "
+        f"{args.meshd_loading_threads or 'runtime default (2)'} (Ray: 1 per replica, its multiplex lock); "
+        f"model sizes {args.model_sizes}; meshd metrics on; zipf {args.zipf:g}; concurrency {args.concurrency}; "
         f"{len(workload.warmup)} warm-up, {args.requests} per trace, seed {args.seed}"
     )
     out.append("")
     hdr = (
         f"{'trace':<6} {'system':<6} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} {'loads':>6} "
         f"{'hit%':>6} {'errors':>6} {'wrong':>5} {'layer ms/req':>12} {'model-proc ms/req':>17} "
-        f"{'client ms/req':>13} {'RSS MiB':>8} {'model-proc RSS':>14}"
+        f"{'client ms/req':>13} {'RSS MiB':>8} {'model-proc RSS':>14} {'held':>5} "
+        f"{'req/s range':>11} {'p99 range':>11} {'loads range':>11}"
     )
     out.append(hdr)
     out.append("-" * len(hdr))
@@ -775,14 +810,17 @@ def report(
                 f"{fmt(med([r.model_proc_cpu_s / r.requests * 1e3 for r in rs]), '17.2f')} "
                 f"{fmt(med([r.client_cpu_s / r.requests * 1e3 for r in rs]), '13.2f')} "
                 f"{fmt(med([r.rss_all / MIB for r in rs]), '8.0f')} "
-                f"{fmt(med([r.rss_models / MIB for r in rs]), '14.0f')}"
+                f"{fmt(med([r.rss_models / MIB for r in rs]), '14.0f')} "
+                f"{fmt(med([r.held for r in rs]), '5.0f')} "
+                f"{spread([r.rps for r in rs]):>11} {spread([r.lat(99) for r in rs]):>11} "
+                f"{spread([r.loads for r in rs]):>11}"
             )
     out.append("")
     out.append(
         "hit% = 1 - loads/requests; layer ms/req = CPU of every process of the system (meshd: etcd, 3 meshd, "
         "3 runtimes; Ray: driver, GCS, raylet, agents, controller, proxy, 3 replicas) minus the model work, "
         "per request; model-proc = the 3 runtimes / the 3 replicas alone (model work included); "
-        "RSS at the end of the trace"
+        "RSS at the end of the trace; held = models loaded across the system at the end; ranges: min-max over runs"
     )
     if "meshd" in systems and "ray" in systems:
         for trace in TRACES:
@@ -838,16 +876,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--meshd-loading-threads",
         type=int,
-        default=0,
-        help="loads each meshd runtime runs at once (default: the reference runtime's 2); Ray's "
-        "replicas start every multiplexed load as its request asks (async), up to --concurrency",
+        default=1,
+        help="loads each meshd runtime runs at once (default 1: Ray Serve's multiplexing loads one model at "
+        "a time per replica, under one asyncio.Lock in serve/multiplex.py; 0: the reference runtime's 2)",
+    )
+    p.add_argument(
+        "--model-sizes",
+        choices=("equal", "drawn"),
+        default="equal",
+        help="equal (default): every model 8 MiB, so Ray's count and meshd's bytes are the same capacity; "
+        "drawn: lognormal 2-32 MiB",
     )
     p.add_argument("--requests", type=int, help="measured requests per trace (default 2000; --quick 200)")
     p.add_argument("--warmup", type=int, help="warm-up requests (default 500; --quick 50)")
     p.add_argument("--kill-requests", type=int, help="requests of the kill run, 0 = none (default 2000; --quick 0)")
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
     p.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent (default 1.0)")
-    p.add_argument("--runs", type=int, default=1, help="runs of each system; the table shows medians (default 1)")
+    p.add_argument(
+        "--runs",
+        type=int,
+        help="runs of each system, order alternating; medians with the spread (default 3; --quick 1)",
+    )
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--systems", default="meshd,ray", help="comma-separated subset of meshd,ray (default both)")
     p.add_argument(
@@ -862,6 +911,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "requests": (200, 2000),
         "warmup": (50, 500),
         "kill_requests": (0, 2000),
+        "runs": (1, 3),
     }
     for k, (quick, full) in defaults.items():
         if getattr(a, k) is None:

@@ -15,8 +15,9 @@ answered `{"model": id, "y": [[floats]]}`. A model is the model file bench/peers
 (meshd.runtimes.models format): its load takes `load_ms` and then allocates and writes
 `size_bytes` (held until Ray evicts the model), each request takes `service_ms`.
 
-Each replica writes its counters (loads, evictions) to `<stats-dir>/replica-<pid>.json`
-after every load and eviction. The ready file gets this process's pid once the application
+Each replica counts loads and evictions in memory and a thread of its own writes them (and
+`held`, loads less evictions) to `<stats-dir>/replica-<pid>.json` every 0.1 s: no file work in
+`get_model`, which Serve runs under its per-replica multiplex lock (one load at a time). The ready file gets this process's pid once the application
 serves. SIGTERM or SIGINT shuts Serve and Ray down.
 """
 
@@ -28,6 +29,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +50,23 @@ def build_app(models_dir: str, stats_dir: str, replicas: int, max_models: int, m
         def __init__(self) -> None:
             self.counts = {"loads": 0, "evictions": 0}
             self.stats_path = Path(stats_dir) / f"replica-{os.getpid()}.json"
-            self._write()
+            self._flush()
+            # The bench's counters go to disk from a thread of their own, every 0.1 s: file work
+            # inside get_model would run under Serve's multiplex lock and slow every load.
+            threading.Thread(target=self._flusher, daemon=True).start()
 
-        def _write(self) -> None:
+        def _flusher(self) -> None:
+            written: dict[str, int] = {}
+            while True:
+                time.sleep(0.1)
+                if self.counts != written:
+                    written = dict(self.counts)
+                    self._flush()
+
+        def _flush(self) -> None:
+            counts = dict(self.counts)
             tmp = self.stats_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"pid": os.getpid(), **self.counts}))
+            tmp.write_text(json.dumps({"pid": os.getpid(), **counts, "held": counts["loads"] - counts["evictions"]}))
             tmp.replace(self.stats_path)
 
         @serve.multiplexed(max_num_models_per_replica=max_models)
@@ -65,7 +79,6 @@ def build_app(models_dir: str, stats_dir: str, replicas: int, max_models: int, m
             )
             held = await model_work.load(work)
             self.counts["loads"] += 1
-            self._write()
             return Loaded(self, spec, work, held)
 
         async def __call__(self, request: Request) -> dict[str, Any]:
@@ -87,7 +100,6 @@ def build_app(models_dir: str, stats_dir: str, replicas: int, max_models: int, m
             if self.held is not None:
                 self.held = None
                 self.owner.counts["evictions"] += 1
-                self.owner._write()
 
     return Models.bind()
 

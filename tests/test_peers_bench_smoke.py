@@ -19,8 +19,11 @@ import peers  # noqa: E402 - bench/ is not a package
 def test_defaults_and_quick() -> None:
     a = peers.parse_args([])
     assert (a.models, a.cache_models, a.concurrency, a.system_list) == (300, 16, 16, ["meshd", "ray"])
+    # Equal footing by default: one load at a time per serving process (Ray's multiplex lock),
+    # models of one size (a count and bytes are the same capacity), medians of three runs.
+    assert (a.meshd_loading_threads, a.model_sizes, a.runs) == (1, "equal", 3)
     q = peers.parse_args(["--quick", "--systems", "meshd"])
-    assert (q.models, q.cache_models, q.kill_requests, q.system_list) == (40, 4, 0, ["meshd"])
+    assert (q.models, q.cache_models, q.kill_requests, q.system_list, q.runs) == (40, 4, 0, ["meshd"], 1)
     assert peers.parse_args(["--quick", "--requests", "77"]).requests == 77
 
 
@@ -47,7 +50,13 @@ def test_workload_is_seeded_and_the_same_for_both_clients(tmp_path: Path) -> Non
     assert [p.model_id for p in w1.traces["zipf"]] == [p.model_id for p in w2.traces["zipf"]]
     assert w1.models == w2.models
     m = w1.models["model-0003"]
-    assert m.bias[0] == 3.0 and m.hold_memory and 2 << 20 <= (m.size_bytes or 0) <= 32 << 20
+    assert m.bias[0] == 3.0 and m.hold_memory and m.size_bytes == 8 << 20
+    assert {x.size_bytes for x in w1.models.values()} == {8 << 20}
+    drawn = peers.build_workload(tmp_path / "c", peers.parse_args(["--quick", "--model-sizes", "drawn"]))
+    assert len({x.size_bytes for x in drawn.models.values()}) > 1
+    assert all(2 << 20 <= (x.size_bytes or 0) <= 32 << 20 for x in drawn.models.values())
+    # The same draws otherwise: the size, and the load time that follows from it, differ.
+    assert [x.service_ms for x in drawn.models.values()] == [x.service_ms for x in w1.models.values()]
     assert 2.0 <= m.service_ms <= 8.0 and m.load_ms > 0
     assert len(w1.traces["shift"]) == a.requests
 
