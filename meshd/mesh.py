@@ -446,6 +446,7 @@ class Instance:
             tracing=self.tracing,
             note_served=self.metrics.enabled or cfg.log_each_invoke,  # what Invocations reads
         )
+        router.runtime_unreachable = watch.suspect
         self.copies = CopyCounter(registry, cluster, self.local, self.peers)
 
         async def before_rejoin() -> None:

@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 
 # Two refused connections could be a restart in progress; three in a row is a runtime that is not there.
 DOWN_AFTER_PROBES = 3
+# After a call to the runtime failed to connect, the probes come this far apart, not at the
+# interval: a dead runtime's copies leave the records in about half a second, so a capped
+# model is loaded elsewhere before its requests run out of attempts.
+SUSPECT_PROBE_GAP_S = 0.2
+RELEASE_WAIT_S = 3.0  # how long a suspicion waits for the dropped copies to leave the records
 PROBE_TIMEOUT_S = 5.0
 # A slow answer is a loaded runtime, not a dead one: dropping its copies would make it purge
 # and reload everything (the recovery calls runtimeStatus).
@@ -78,6 +83,7 @@ class RuntimeWatch:
         self.interval_s = interval_s
         self.on_change = on_change  # up/down changed: publish the instance record soon
         self.health = RuntimeHealth()
+        self._suspicion: asyncio.Task[None] | None = None
 
     @property
     def up(self) -> bool:
@@ -90,6 +96,31 @@ class RuntimeWatch:
                 await self.check()
             except Exception:
                 log.exception("runtime check failed")
+
+    async def suspect(self) -> None:
+        """A call to the runtime failed to connect: probe now and again shortly (one round for
+        every caller at once). If the runtime is down, its copies are dropped and this returns
+        once they have left the records (at most `RELEASE_WAIT_S`), so the caller's retry can
+        load a capped model elsewhere instead of being refused at its max copies."""
+        if self._suspicion is None or self._suspicion.done():
+            self._suspicion = asyncio.get_running_loop().create_task(self._confirm())
+        await asyncio.shield(self._suspicion)
+
+    async def _confirm(self) -> None:
+        for n in range(DOWN_AFTER_PROBES):
+            if not self.health.up:
+                break
+            if n:
+                await asyncio.sleep(SUSPECT_PROBE_GAP_S)
+            try:
+                await self.check()
+            except Exception:
+                log.exception("runtime check failed")
+                return
+            if self.health.up and self.health.misses == 0:
+                return  # it answered: the failed call was something else
+        if not self.health.up:
+            await self.local.copies_released(RELEASE_WAIT_S)
 
     async def check(self) -> None:
         probe = await (self._probe() if self.health.up else self._probe_ready())

@@ -21,6 +21,11 @@ def grpc_target(endpoint: str) -> str:
     return ep
 
 
+# gRPC's reconnect backoff grows to 120 s by default; a local runtime that restarts, or a peer
+# whose partition healed, should be reached again within seconds.
+_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2_000)]
+
+
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -45,6 +50,7 @@ def peer_channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
         ("grpc.http2.ping_timeout_ms", PEER_PING_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),  # else pings stop during a long silent call
+        *_RECONNECT,
     ]
 
 
@@ -88,10 +94,6 @@ def internal_server_options(max_message_bytes: int, max_headers_bytes: int) -> l
         ("grpc.keepalive_permit_without_calls", 1),
     ]
 
-
-# gRPC's reconnect backoff grows to 120 s by default; a local runtime that restarts should
-# be reached again within seconds.
-_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2_000)]
 
 
 def open_channel(endpoint: str, max_message_bytes: int) -> grpc.aio.Channel:

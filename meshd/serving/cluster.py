@@ -109,6 +109,11 @@ class Cluster:
             self._probes[instance_id] = task
             task.add_done_callback(self._probe_done)
 
+    def note_reachable(self, instance_id: str) -> None:
+        """A call to `instance_id` just succeeded: it is reachable again, whatever was noted."""
+        self._unreachable.forget(instance_id)
+        self._lapsed.forget(instance_id)
+
     def _probe_done(self, task: asyncio.Task[None]) -> None:
         for iid, t in list(self._probes.items()):
             if t is task:

@@ -130,6 +130,7 @@ class LocalModels:
         self._loading: dict[str, asyncio.Future[CacheEntry]] = {}
         self._wanted_last_used: dict[str, int] = {}  # newest use asked of a load not yet admitted
         self._unloading: dict[str, asyncio.Task[None]] = {}
+        self._releases: set[asyncio.Task[None]] = set()  # record removals of a gone runtime's copies
         self._tasks: set[asyncio.Task[None]] = set()
         self._space = asyncio.Event()  # replaced and set whenever room may have appeared
         # The native data plane's `withdraw`: its route goes and its requests end before an unload.
@@ -302,8 +303,17 @@ class LocalModels:
         for entry in self.cache.entries():
             if entry.state is not State.FAILED:
                 self._remove(entry.model_id)
-                self._spawn(self._remove_copy_bounded(entry.model_id))
+                task = asyncio.get_running_loop().create_task(self._remove_copy_bounded(entry.model_id))
+                self._tasks.add(task)
+                self._releases.add(task)
+                task.add_done_callback(self._tasks.discard)
+                task.add_done_callback(self._releases.discard)
         self.on_change()
+
+    async def copies_released(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) until the copies a gone runtime held have left the records."""
+        if self._releases:
+            await asyncio.wait(list(self._releases), timeout=timeout_s)
 
     def runtime_back(self) -> None:
         """The runtime answered READY again, having purged its models: start from an empty

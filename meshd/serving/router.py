@@ -24,7 +24,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol, TypeVar
 
 import grpc
@@ -148,6 +148,8 @@ class Router:
         self.forwarded = 0  # external requests served by a peer (share of peer hops)
         # The native data plane: told of each model routed here without a local copy (its peer routes).
         self.noticed: Callable[[str], None] | None = None
+        # Probes the runtime at once after it refused a call (meshd.loops.runtime_watch).
+        self.runtime_unreachable: Callable[[], Awaitable[None]] | None = None
 
     # ---- lookups ---------------------------------------------------------------------
     async def place(
@@ -327,6 +329,10 @@ class Router:
         exhausted_why = ""  # the last such refusal's reason
         refused_load: set[str] = set()  # peers excluded only for refusing a load at max copies
         failed_now: dict[str, str] = {}  # instances whose load failed for this request: why
+        # Holders found unreachable that etcd says are alive, asked once more: a partition
+        # that healed leaves its mark for a while, and a capped model has no other copy.
+        retry: list[str] = []
+        retried: set[str] = set()
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
             view = self.cluster.view()
@@ -335,14 +341,18 @@ class Router:
             local_loaded = entry is not None and entry.state is State.LOADED and self.self_id not in excluded
             # choose_copy itself ignores excluded and dead holders: no filtered copy here.
             copies = {**known, **record.instance_ids} if known else record.instance_ids
-            target = choose_copy(
-                view,
-                copies,
-                self.inflight,
-                excluded,
-                self.cluster.assume_loaded_ms,
-                local_loaded,
-                balanced,
+            target = (
+                retry.pop()
+                if retry
+                else choose_copy(
+                    view,
+                    copies,
+                    self.inflight,
+                    excluded,
+                    self.cluster.assume_loaded_ms,
+                    local_loaded,
+                    balanced,
+                )
             )
             mode = "serve"
             if target is None:
@@ -364,7 +374,10 @@ class Router:
                 if target == self.self_id:
                     return await attempt.here(record)
                 self.forwarded += 1
-                return await attempt.peer(target, mode)
+                answer = await attempt.peer(target, mode)
+                if target in retried:
+                    self.cluster.note_reachable(target)
+                return answer
             except Refused as e:
                 log.info("rerouting %s away from %s: %s", model_id, target, e)
                 tried.append(f"{target} ({mode}): {e}")
@@ -387,11 +400,19 @@ class Router:
                     # Holders just found unreachable: whether they are gone or only cut off from
                     # here (etcd's word on their leases) decides whether a copy may load.
                     await self.cluster.settle(holders, SETTLE_WAIT_S)
-                    if target != self.self_id and holders and set(holders) <= self.cluster.view().unreachable:
+                    settled = self.cluster.view()
+                    if target != self.self_id and holders and set(holders) <= settled.unreachable:
                         # That peer counts a holder this instance found unreachable: do not ask
                         # it to load again; load where the evidence is (here, as a last resort).
                         excluded.add(target)
                         refused_load.add(target)
+                    again = [
+                        h
+                        for h in holders
+                        if h in settled.unreachable and h not in settled.lapsed and h not in retried | excluded
+                    ]
+                    retried.update(again)
+                    retry.extend(again)
                 if e.busy and EXHAUSTED_PREFIX in str(e):  # no loading thread in time there
                     exhausted += 1
                     exhausted_why = _exhausted_reason(str(e))
@@ -561,9 +582,16 @@ class Router:
                 # the runtime's own answer and goes to the client, the copy untouched.
                 self.local.lost(model_id, entry)
                 raise Refused(f"the runtime no longer has {model_id!r}", exclude=False) from None
+            await self.runtime_refused(code)
             raise runtime_failure(code, e.details()) from None
         finally:
             self._leave(entry, started)
+
+    async def runtime_refused(self, code: grpc.StatusCode) -> None:
+        """The runtime answered UNAVAILABLE: have it probed now (`runtime_unreachable`), so
+        that a dead runtime's copies leave the records before the request is rerouted."""
+        if code == grpc.StatusCode.UNAVAILABLE and self.runtime_unreachable is not None:
+            await self.runtime_unreachable()
 
     async def open_entry_stream(
         self,
@@ -846,6 +874,7 @@ class _Answered:
             if means_model_missing(code, details) and await router.local.runtime.has_model(self.model_id) is False:
                 router.local.lost(self.model_id, entry)
                 raise Refused(f"the runtime no longer has {self.model_id!r}", exclude=False) from None
+            await router.runtime_refused(code)
             raise runtime_failure(code, details) from None
 
     async def here(self, record: ModelRecord) -> Answered:

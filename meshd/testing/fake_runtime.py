@@ -60,6 +60,7 @@ class FakeRuntime:
             raise FakeRpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
 
     async def probe(self, model_id: str, timeout_s: float) -> None:
+        self.log.append(("probe", model_id))
         self._answer()
         if self.busy:
             raise FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")

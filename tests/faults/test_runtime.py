@@ -120,3 +120,29 @@ def test_runtime_stopped_gracefully_under_traffic_fails_nothing(
         time.sleep(0.5)
     assert not lost_in_flight(data_plane, traffic.failures, in_flight=4), traffic.failures[:5]
     assert traffic.served["inst-a"] > 10
+
+
+def test_killed_runtime_of_a_capped_models_holder_fails_no_request_through_the_others(
+    fault_mesh: FaultMesh, models: list[GeneratedModel]
+) -> None:
+    """Found by the chaos soak (issue 34): the holder's runtime killed, a model capped at one
+    copy was refused everywhere ("its max copies are on inst-a") until the runtime watch's
+    third probe, up to 3 x MESHD_RUNTIME_CHECK_MS later. A call the runtime refuses now has
+    it probed at once; the dead runtime's copies leave the records before the call is
+    rerouted, so the capped model loads elsewhere at the first retry."""
+    a, b, c = (fault_mesh.add(f"inst-{n}") for n in "abc")  # the default 5 s runtime checks
+    capped = models[0]
+    info = mm.ModelInfo(type="demo", path=str(capped.path), key='{"meshd": {"max_copies": 1}}')
+    a.mm.registerModel(mm.RegisterModelRequest(modelId=capped.id, modelInfo=info), timeout=30)
+    load_on(a, capped.id)
+    with Traffic([b, c], [capped]) as traffic:
+        time.sleep(0.5)
+        a.node.runtime.kill()
+        wait_until(
+            answers(lambda: set(fault_mesh.records()[capped.id]["instanceIds"]) & {"inst-b", "inst-c"} != set()),
+            WAIT_S,
+            "the capped model reloaded elsewhere",
+        )
+        time.sleep(1.0)
+    assert traffic.successes > 20
+    assert not traffic.failures, traffic.failures[:5]

@@ -162,3 +162,26 @@ async def test_recovery_starts_from_an_empty_cache(rig: Rig) -> None:
     entry = await rig.local.ensure("a", rig.registry.get("a"))  # type: ignore[arg-type]
     assert entry.state is State.LOADED and "a" in rig.runtime.loaded
     assert [op for op in rig.runtime.log if op == ("load", "a")] == [("load", "a")] * 2
+
+
+async def test_a_suspicion_confirms_a_dead_runtime_at_once_and_waits_for_its_copies_to_leave(rig: Rig) -> None:
+    """A call refused by the runtime (router.runtime_refused): probes now, a few in quick
+    succession, not at the interval; every caller shares the one round, and it returns once
+    the copies have left the records (a capped model may then load elsewhere)."""
+    await loaded(rig, "a", "b")
+    watch = RuntimeWatch(rig.local, 3600.0)  # the interval never comes in this test
+    rig.runtime.down = True
+    await asyncio.wait_for(asyncio.gather(watch.suspect(), watch.suspect()), 30)  # a guard, not a timing check
+    assert not watch.up and not rig.local.runtime_up
+    for m in ("a", "b"):  # gone from the records in etcd (the store), not only from the mirror
+        assert "me" not in (await rig.registry.fetch(m)).instance_ids
+    probes = [e for e in rig.runtime.log if e[0] == "probe"]
+    assert len(probes) == DOWN_AFTER_PROBES, probes  # one round for both callers
+
+
+async def test_a_suspicion_of_a_runtime_that_answers_changes_nothing(rig: Rig) -> None:
+    await loaded(rig, "a")
+    watch = RuntimeWatch(rig.local, 3600.0)
+    await watch.suspect()  # the runtime answers the first probe: the failed call was something else
+    assert watch.up and holds(rig, "a")
+    assert len([e for e in rig.runtime.log if e[0] == "probe"]) == 1

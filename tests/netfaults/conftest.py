@@ -205,6 +205,7 @@ class Answer:
     ingress: str
     model_id: str
     error: str  # "" when the answer was right
+    sent: float = 0.0
 
 
 class Traffic(ClientThreads[NetClient]):
@@ -232,13 +233,14 @@ class Traffic(ClientThreads[NetClient]):
                 continue
             model_id = order[i % len(order)]
             i += 1
+            sent = time.monotonic()
             try:
                 got = client.infer(model_id)
                 error = "" if _close(got, self._expected[model_id]) else "wrong answer"
             except grpc.RpcError as e:
                 error = f"{e.code().name}: {e.details()}"
             with self._lock:
-                self.answers.append(Answer(time.monotonic(), client.iid, model_id, error))
+                self.answers.append(Answer(time.monotonic(), client.iid, model_id, error, sent))
 
     def between(self, start: float, end: float) -> list[Answer]:
         with self._lock:
@@ -318,6 +320,7 @@ class Row:
     failed_spared: int = 0  # models with another copy, through instances the fault spared
     failed_hit: int = 0  # ... through the instance it hit
     failed_single: int = 0  # the model with one copy (max 1), any ingress
+    failed_after_agreement: int = 0  # any model, sent once the mesh agreed again after the heal
     served: int = 0
     requests: int = 0
     converge_s: float = 0.0
@@ -385,6 +388,7 @@ class Fault:
     row: Row = field(init=False)
     started: float = 0.0
     healed: float = 0.0
+    agreed: float = float("inf")  # when the mesh agreed again after the heal
 
     def __post_init__(self) -> None:
         self.row = Row(self.name)
@@ -403,6 +407,7 @@ class Fault:
         """Wait for agreement (timed), then keep watching a little with everything counted."""
         try:
             wait_until(self.net.converged, WAIT_S, f"agreement after {self.name}", interval_s=0.2)
+            self.agreed = time.monotonic()
         except TimeoutError:
             self.row.errors.append(f"no agreement {WAIT_S:.0f} s after the heal: {self.net.agreement()[:5]}")
         self.row.converge_s = round(time.monotonic() - self.healed, 1)
@@ -420,6 +425,8 @@ class Fault:
         for a in everything:
             if not a.error:
                 continue
+            if a.sent >= self.agreed:
+                row.failed_after_agreement += 1
             if a.model_id not in multi:
                 row.failed_single += 1
             elif a.ingress == self.hit:
