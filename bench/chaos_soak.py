@@ -24,12 +24,14 @@ a shuffled deck of every kind, so a short run still meets many kinds:
 
 A failed request is excused when its ingress was the instance a fault hit, from the fault's
 start until that instance serves again (what a request in flight on a killed process, or sent
-to it before its balancer noticed, meets), and, during a partition, through any instance for
-the first TTL + 5 s (until the partition is noticed). Every other failure counts, as does
-every wrong answer and every record lost or changed.
+to it before its balancer noticed, meets), and, for a model capped at one copy, through any
+instance while its holder is cut off or frozen, for TTL + 5 s (until its lease lapses: no
+second copy may load before). Every
+other failure counts, as does every wrong answer and every record lost or changed.
 
 Printed every 5 minutes and at the end: requests, failures by cause (excused or not), wrong
-answers, the longest time any model went without a successful answer (and the fault then),
+answers, the longest time any model went from one right answer to the next through the
+instances no fault hit (and the fault under way then),
 records lost, the RSS of every process and each meshd's RSS slope over the second half. The
 seed is printed first: `--seed` replays the same faults at the same times. Exit status 1 on
 any wrong answer, lost record or failure not excused.
@@ -135,8 +137,15 @@ class Fault:
             return True
         return kind == "capped" and self.start <= a.end and a.start <= self.capped_unavailable_until
 
+    def active_until(self) -> float:
+        return max(self.recovered, self.healed) + QUIET_AFTER_HEAL_S
+
     def active(self, at: float) -> bool:
-        return self.start <= at <= max(self.recovered, self.healed) + QUIET_AFTER_HEAL_S
+        return self.start <= at <= self.active_until()
+
+    def hit_ingress(self, a: Answer) -> bool:
+        """Sent through the instance this fault hit, while it was hit."""
+        return a.ingress == self.target and self.start <= a.end and a.start <= self.recovered
 
 
 @dataclass
@@ -177,8 +186,8 @@ class Soak:
     stop: threading.Event = field(default_factory=threading.Event)
 
     # ---- traffic ---------------------------------------------------------------------
-    def send(self, n: int) -> None:
-        rng = random.Random(f"{self.rng.random()}-{n}")
+    def send(self, seed: int) -> None:
+        rng = random.Random(seed)  # drawn before any thread starts: `--seed` replays the same requests
         ids = sorted(self.models)
         while not self.stop.wait(0.01):
             now = time.monotonic()
@@ -341,9 +350,11 @@ class Soak:
         ]
         excused_set = {id(a) for a in excused}
         unexcused = [a for a in failed if a.error != "wrong answer" and id(a) not in excused_set]
-        # Unavailable as the mesh is seen through the instances no fault hit.
-        longest, longest_model, longest_at = _longest_outage([a for a in answers if id(a) not in excused_set])
-        during = [f for f in faults if f.start <= longest_at <= (f.recovered or f.healed) + QUIET_AFTER_HEAL_S]
+        # Unavailable as the mesh is seen through the instances no fault hit: the longest time
+        # from one right answer for a model to the next (failing or waiting in between).
+        spared = [a for a in answers if not any(f.hit_ingress(a) for f in faults)]
+        longest, longest_model, longest_at = _longest_gap(spared)
+        during = [f for f in faults if f.start <= longest_at + longest and longest_at <= f.active_until()]
         out: dict[str, Any] = {
             "elapsed_s": round(self.elapsed(), 1),
             "requests": len(answers),
@@ -404,23 +415,19 @@ def _close(a: list[list[float]], b: list[list[float]]) -> bool:
     )
 
 
-def _longest_outage(answers: Sequence[Answer]) -> tuple[float, str, float]:
-    """The longest time a model went from one right answer to the next while requests for it
-    failed in between: (seconds, model, when it began)."""
-    by_model: dict[str, list[Answer]] = {}
-    for a in sorted(answers, key=lambda a: a.end):
-        by_model.setdefault(a.model_id, []).append(a)
+def _longest_gap(answers: Sequence[Answer]) -> tuple[float, str, float]:
+    """The longest time a model went from one right answer to the next: (seconds, model, when
+    the gap began). Requests for every model go out many times a second, so a gap of seconds
+    is a model failing or waiting, not one left unasked."""
+    last_ok: dict[str, float] = {}
     best = (0.0, "", 0.0)
-    for model_id, seq in by_model.items():
-        last_ok: float | None = None
-        failed_since = False
-        for a in seq:
-            if a.error:
-                failed_since = True
-            else:
-                if last_ok is not None and failed_since and a.end - last_ok > best[0]:
-                    best = (a.end - last_ok, model_id, last_ok)
-                last_ok, failed_since = a.end, False
+    for a in sorted(answers, key=lambda a: a.end):
+        if a.error:
+            continue
+        before = last_ok.get(a.model_id)
+        if before is not None and a.end - before > best[0]:
+            best = (a.end - before, a.model_id, before)
+        last_ok[a.model_id] = a.end
     return best
 
 
@@ -449,7 +456,8 @@ def run(minutes: float, seed: int, workdir: Path, report_every_s: float) -> dict
             wait_until(functools.partial(_answers, clients[INSTANCES[0]], m, expected[m]), 60, f"{m} served")
         soak.t0 = time.monotonic()
         end = soak.t0 + minutes * 60
-        threads = [threading.Thread(target=soak.send, args=(n,), daemon=True) for n in range(CLIENT_THREADS)]
+        seeds = [rng.randrange(1 << 62) for _ in range(CLIENT_THREADS)]
+        threads = [threading.Thread(target=soak.send, args=(seed,), daemon=True) for seed in seeds]
         for t in threads:
             t.start()
         deck: list[str] = []

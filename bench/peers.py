@@ -55,6 +55,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -583,9 +584,10 @@ def run_meshd(workload: Workload, args: argparse.Namespace, workdir: Path, costs
             "WARNING",
         ]
         # Metrics on, as a deployment runs it (Ray keeps its own metrics and access logs on).
+        metrics_ports = free_ports(PROCESSES)
         nodes = [
             mesh.add_node(f"peers-{i}", runtime_args=runtime_args, settings={"metrics": f"prometheus:port={port}"})
-            for i, port in enumerate(free_ports(PROCESSES))
+            for i, port in enumerate(metrics_ports)
         ]
         log("  [meshd] up: " + "; ".join(f"meshd {n.meshd.pid} runtime {n.runtime.pid}" for n in nodes))
 
@@ -605,9 +607,62 @@ def run_meshd(workload: Workload, args: argparse.Namespace, workdir: Path, costs
                     await c.close()
 
         out = asyncio_run(go())
+        log("  [meshd] where requests waited (whole run): " + waits(metrics_ports))
         if any(r.tally.n_errors or r.tally.wrong for r in out[0]):
             dump_logs(mesh, log)
         return out
+
+
+WAIT_HISTOGRAMS = {
+    "loading queue": "modelmesh_loading_queue_delay_milliseconds",
+    "load": "modelmesh_loadmodel_milliseconds",
+    "cache miss": "modelmesh_cache_miss_milliseconds",
+}
+
+
+def waits(ports: Sequence[int]) -> str:
+    """p50/p99 of meshd's own wait histograms, summed over the instances, and the loads each ran."""
+    texts = []
+    for port in ports:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+                texts.append(resp.read().decode())
+        except OSError as e:
+            return f"metrics unreadable: {e}"
+    parts = []
+    for label, name in WAIT_HISTOGRAMS.items():
+        buckets: dict[float, float] = {}
+        for text in texts:
+            for le, count in histogram_buckets(text, name).items():
+                buckets[le] = buckets.get(le, 0.0) + count
+        parts.append(f"{label} p50 {bucket_quantile(buckets, 0.5)} p99 {bucket_quantile(buckets, 0.99)} ms")
+    loads = [histogram_buckets(t, WAIT_HISTOGRAMS["load"]).get(math.inf, 0.0) for t in texts]
+    return "; ".join(parts) + f"; loads per instance {[int(x) for x in loads]}"
+
+
+def histogram_buckets(text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of a Prometheus histogram, summed over its label sets."""
+    out: dict[float, float] = {}
+    prefix = f"{name}_bucket{{"
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels, _, value = line.rpartition(" ")
+        le = labels.split('le="', 1)[1].split('"', 1)[0]
+        bound = math.inf if le == "+Inf" else float(le)
+        out[bound] = out.get(bound, 0.0) + float(value)
+    return out
+
+
+def bucket_quantile(buckets: dict[float, float], q: float) -> str:
+    """The upper bound of the bucket holding quantile q ("<= X"), from cumulative counts."""
+    total = buckets.get(math.inf, 0.0)
+    if not total:
+        return "-"
+    for bound in sorted(buckets):
+        if buckets[bound] >= q * total:
+            return f"<={bound:g}"
+    return "-"
 
 
 class RaySystem(System):

@@ -16,9 +16,9 @@ answered `{"model": id, "y": [[floats]]}`. A model is the model file bench/peers
 `size_bytes` (held until Ray evicts the model), each request takes `service_ms`.
 
 Each replica counts loads and evictions in memory and a thread of its own writes them (and
-`held`, loads less evictions) to `<stats-dir>/replica-<pid>.json` every 0.1 s: no file work in
-`get_model`, which Serve runs under its per-replica multiplex lock (one load at a time). The ready file gets this process's pid once the application
-serves. SIGTERM or SIGINT shuts Serve and Ray down.
+`held`, loads less evictions) to `<stats-dir>/replica-<pid>.json` every 0.1 s: no file work
+in `get_model`, which Serve runs under its per-replica multiplex lock (one load at a time). The ready file gets
+this process's pid once the application serves. SIGTERM or SIGINT shuts Serve and Ray down.
 """
 
 from __future__ import annotations

@@ -646,7 +646,7 @@ def report(results: Results, settings: Settings, command: str, elapsed_s: float)
     for name, figures, goal in goals:
         if figures:
             # The goal is judged on the stricter of the two denominators.
-            worst = max(figures["cm"], figures["cmd"])
+            worst = max((v for v in (figures["cm"], figures["cmd"]) if v == v), default=float("nan"))
             met = "met" if goal is not None and worst <= goal else "NOT met"
             verdict = "" if goal is None else f" (goal <= {goal:.1f}: {met})"
             out.append(
@@ -677,7 +677,7 @@ def native_goals(summary: dict[tuple[str, int], dict[str, float]], tiny: str, bi
         also = ""
         if field_name == "cn":  # judged on the stricter of the two denominators
             also = f" (over the direct run's runtime CPU: {figures['cnd']:.2f})"
-            value = max(value, figures["cnd"])
+            value = max((v for v in (value, figures["cnd"]) if v == v), default=float("nan"))
         met = value >= goal if at_least else value <= goal
         sign = ">=" if at_least else "<="
         out.append(f"{name}: {figures[field_name]:.2f}{also} (goal {sign} {goal:g}: {'met' if met else 'NOT met'})")

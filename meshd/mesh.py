@@ -1063,8 +1063,11 @@ class Instance:
                 await self.election.stop()  # leadership passes now, not after the drain
         if drain and self.local is not None and self.servers:
             await self.drain(max(grace - DRAIN_RESERVE_S, 0.0))
-            # Leave the records first so peers stop routing here, then let requests in
-            # flight finish, then disappear.
+            # Capped copies still here leave the runtime before their records (one copy too
+            # many otherwise); the rest leave the records first so peers stop routing here,
+            # then requests in flight finish, then the instance goes.
+            with contextlib.suppress(Exception):
+                await self.local.release_capped(DRAIN_RESERVE_S / 2)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.local.deregister_copies(), DRAIN_RESERVE_S)
         # Still serving: held copies locally (they stay loaded), the rest through peers.

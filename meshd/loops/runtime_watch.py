@@ -31,9 +31,11 @@ log = logging.getLogger(__name__)
 # Two refused connections could be a restart in progress; three in a row is a runtime that is not there.
 DOWN_AFTER_PROBES = 3
 # After a call to the runtime failed to connect, the probes come this far apart, not at the
-# interval: a dead runtime's copies leave the records in about half a second, so a capped
-# model is loaded elsewhere before its requests run out of attempts.
-SUSPECT_PROBE_GAP_S = 0.2
+# interval: a dead runtime's copies leave the records in about a second, so a capped model is
+# loaded elsewhere before its requests run out of attempts. The misses then span a second: a
+# connection reset that heals sooner (the channel reconnects within 0.2-0.5 s) is not taken
+# for a dead runtime, whose copies would all be dropped and reloaded.
+SUSPECT_PROBE_GAP_S = 0.5
 RELEASE_WAIT_S = 3.0  # how long a suspicion waits for the dropped copies to leave the records
 PROBE_TIMEOUT_S = 5.0
 # A slow answer is a loaded runtime, not a dead one: dropping its copies would make it purge
@@ -84,6 +86,10 @@ class RuntimeWatch:
         self.on_change = on_change  # up/down changed: publish the instance record soon
         self.health = RuntimeHealth()
         self._suspicion: asyncio.Task[None] | None = None
+        # One check at a time: the periodic loop and a suspicion both probe, and a probe's
+        # answer must be judged against the state it was asked in (a late "answered" from a
+        # copy probe must not read as a down runtime's recovery, which needs runtimeStatus).
+        self._checking = asyncio.Lock()
 
     @property
     def up(self) -> bool:
@@ -123,6 +129,10 @@ class RuntimeWatch:
             await self.local.copies_released(RELEASE_WAIT_S)
 
     async def check(self) -> None:
+        async with self._checking:
+            await self._check()
+
+    async def _check(self) -> None:
         probe = await (self._probe() if self.health.up else self._probe_ready())
         self.health, action = judge(self.health, probe)
         if action is Action.CHECK_COPIES:

@@ -95,6 +95,5 @@ def internal_server_options(max_message_bytes: int, max_headers_bytes: int) -> l
     ]
 
 
-
 def open_channel(endpoint: str, max_message_bytes: int) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(grpc_target(endpoint), options=[*channel_options(max_message_bytes), *_RECONNECT])

@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 ADAPTER_DEFAULT_BYTES = 64 << 20
 
 UNLOAD_INFLIGHT_WAIT_S = 120.0  # upstream waits ~2 min for in-flight requests before unloading
+CAPPED_UNLOAD_TRIES = 3  # a capped copy's unload is retried before its record lets another load it
+CAPPED_UNLOAD_RETRY_S = 1.0
 INFLIGHT_POLL_S = 0.05
 RECORD_REMOVALS_AT_ONCE = 8  # a runtime gone with etcd down too: each removal may wait seconds
 
@@ -614,13 +616,19 @@ class LocalModels:
                 waited += INFLIGHT_POLL_S
         started = time.monotonic()
         try:
-            await self.runtime.unload(model_id)
-            self.metrics.unload((time.monotonic() - started) * 1000, model_id)
-        except Exception as e:
-            self.metrics.unload_failure()
-            log.warning("unload of %s failed: %s", model_id, e)
+            for attempt in range(CAPPED_UNLOAD_TRIES if capped else 1):
+                try:
+                    await self.runtime.unload(model_id)
+                    self.metrics.unload((time.monotonic() - started) * 1000, model_id)
+                    break
+                except Exception as e:
+                    self.metrics.unload_failure()
+                    log.warning("unload of %s failed: %s", model_id, e)
+                    if capped and attempt + 1 < CAPPED_UNLOAD_TRIES:
+                        # Its record holds the cap until the runtime lets the copy go.
+                        await asyncio.sleep(CAPPED_UNLOAD_RETRY_S)
         finally:
-            if capped:
+            if capped:  # also when the runtime never confirmed: a record kept forever serves nobody
                 await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
 
     def capped(self, model_id: str) -> bool:
@@ -658,7 +666,9 @@ class LocalModels:
         entries = self.cache.entries()
         repairs = plan_repairs(self.instance_id, dict(table.items()), entries, table.corrupt, live, leaving)
         for mid in repairs.remove_from_records:
-            if mid not in self.cache:  # still true after the awaits before it
+            # Still true after the awaits before it; and not a capped copy still leaving the
+            # runtime (its record goes once the runtime let it go).
+            if mid not in self.cache and mid not in self._unloading:
                 await self._quiet(self.registry.remove_copy(mid, self.instance_id))
         for mid in repairs.add_to_records:
             entry = self.cache.get(mid)
@@ -685,8 +695,7 @@ class LocalModels:
 
     def _serving(self) -> AbstractSet[str] | None:
         """The instances whose copies count toward max copies (None: no cluster view yet):
-        live and not shutting down, or departed moments ago, and not found unreachable
-        (placement.liveness)."""
+        live (shutting down too), or departed moments ago, and not lapsed (placement.liveness)."""
         if self.cluster_view is None:
             return None
         return counted_for_max_copies(self.cluster_view())
@@ -713,13 +722,29 @@ class LocalModels:
         for entry in self.cache.entries():
             await self._quiet(self.registry.remove_copy(entry.model_id, self.instance_id))
 
+    async def release_capped(self, timeout_s: float) -> None:
+        """Unload every capped copy still held, each leaving the runtime before its record, and
+        wait for that (at most `timeout_s`): a stopping instance must not leave a capped model's
+        record while its runtime still holds it (another could load it: one copy too many)."""
+        for entry in self.cache.entries():
+            if entry.state is State.LOADED and self.capped(entry.model_id):
+                self.shed(entry.model_id)
+        unloading = list(self._unloading.values())
+        if unloading:
+            await asyncio.wait(unloading, timeout=timeout_s)
+
     async def close(self, deregister: bool = True) -> None:
-        """Stop background work; with `deregister`, remove this instance's copies from records."""
+        """Stop background work; with `deregister`, remove this instance's copies from records
+        (also those whose unload was cut short here)."""
+        cut_short = list(self._unloading)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if deregister:
             await self.deregister_copies()
+            for model_id in cut_short:
+                if model_id not in self.cache:
+                    await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
 
 
 def _resolve(fut: asyncio.Future[CacheEntry], outcome: CacheEntry | BaseException) -> None:

@@ -21,6 +21,7 @@ from a peer that chose this instance: serve the local copy, or load it first whe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -87,6 +88,12 @@ PLACE_TIMEOUT_S = 10.0
 # The longest a request waits for etcd's word on holders found unreachable (a live one
 # renews its lease every 2 s at most, so the word comes sooner).
 SETTLE_WAIT_S = 5.0
+# How long a request waits for this runtime to be confirmed down (about 1 s of probes, then the
+# copies' record removals) before it is rerouted anyway.
+RUNTIME_CONFIRM_WAIT_S = 5.0
+# How long a request waits for a capped copy leaving this runtime (its unload waits for the
+# copy's requests in flight) before it is routed anyway.
+RELEASE_WAIT_S = 10.0
 
 GRPC_MASKED_STATUS = "Internal error from Core"  # grpc/grpc#36066, see open_entry_stream
 _RUNTIME_HOP = {"meshd.hop": "runtime"}  # the runtime call's span attribute
@@ -341,6 +348,8 @@ class Router:
             local_loaded = entry is not None and entry.state is State.LOADED and self.self_id not in excluded
             # choose_copy itself ignores excluded and dead holders: no filtered copy here.
             copies = {**known, **record.instance_ids} if known else record.instance_ids
+            while retry and (retry[-1] in excluded or retry[-1] in view.lapsed):
+                retry.pop()  # found gone, or refused, since it was queued for another try
             target = (
                 retry.pop()
                 if retry
@@ -444,7 +453,9 @@ class Router:
         attempts on refusals."""
         releasing = self.local.releasing(model_id)
         if releasing is not None:
-            await asyncio.shield(releasing)
+            # Bounded: the unload waits for the copy's requests in flight (long streams, too).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(releasing), RELEASE_WAIT_S)
 
     async def _holders(self, model_id: str) -> dict[str, int]:
         """The model's holders as etcd has them now (a strong read; none if unreadable)."""
@@ -582,16 +593,20 @@ class Router:
                 # the runtime's own answer and goes to the client, the copy untouched.
                 self.local.lost(model_id, entry)
                 raise Refused(f"the runtime no longer has {model_id!r}", exclude=False) from None
-            await self.runtime_refused(code)
+            await self.runtime_refused(code, remaining_s)
             raise runtime_failure(code, e.details()) from None
         finally:
             self._leave(entry, started)
 
-    async def runtime_refused(self, code: grpc.StatusCode) -> None:
+    async def runtime_refused(self, code: grpc.StatusCode, remaining_s: float | None) -> None:
         """The runtime answered UNAVAILABLE: have it probed now (`runtime_unreachable`), so
-        that a dead runtime's copies leave the records before the request is rerouted."""
-        if code == grpc.StatusCode.UNAVAILABLE and self.runtime_unreachable is not None:
-            await self.runtime_unreachable()
+        that a dead runtime's copies leave the records before the request is rerouted; waited
+        for at most `RUNTIME_CONFIRM_WAIT_S` and the request's time left."""
+        if code != grpc.StatusCode.UNAVAILABLE or self.runtime_unreachable is None:
+            return
+        wait_s = RUNTIME_CONFIRM_WAIT_S if remaining_s is None else min(RUNTIME_CONFIRM_WAIT_S, remaining_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.runtime_unreachable()), max(0.0, wait_s))
 
     async def open_entry_stream(
         self,
@@ -874,7 +889,7 @@ class _Answered:
             if means_model_missing(code, details) and await router.local.runtime.has_model(self.model_id) is False:
                 router.local.lost(self.model_id, entry)
                 raise Refused(f"the runtime no longer has {self.model_id!r}", exclude=False) from None
-            await router.runtime_refused(code)
+            await router.runtime_refused(code, _left(st.deadline))
             raise runtime_failure(code, details) from None
 
     async def here(self, record: ModelRecord) -> Answered:

@@ -237,3 +237,31 @@ async def test_requests_that_join_a_load_count_as_uses(eviction: Eviction) -> No
         assert (entry.uses if eviction is Eviction.GDSF else entry.score) == 4  # no eviction yet: no decay
     finally:
         await r.close()
+
+
+async def test_a_capped_copy_leaves_the_runtime_before_its_record_and_the_janitor_waits_for_it(rig: Rig) -> None:
+    """Issue 34: the record is what lets another instance load a capped model, so it names
+    this instance until the runtime has let the copy go; a janitor run meanwhile leaves it."""
+    rec = await rig.registry.register("c", ModelInfo("demo", "/c", key='{"meshd": {"max_copies": 1}}'), rig.now[0])
+    await rig.local.ensure("c", rec)
+    rig.runtime.unload_delay_s = 0.2
+    assert rig.local.shed("c")
+    await settle()
+    assert "c" in rig.runtime.loaded  # still unloading
+    assert "me" in (await rig.registry.fetch("c")).instance_ids
+    assert rig.local.releasing("c") is not None
+    await rig.local.reconcile()
+    assert "me" in (await rig.registry.fetch("c")).instance_ids  # the janitor left it
+    await asyncio.gather(*rig.local._tasks, return_exceptions=True)
+    assert "c" not in rig.runtime.loaded and "me" not in (await rig.registry.fetch("c")).instance_ids
+    assert rig.local.releasing("c") is None
+
+
+async def test_an_uncapped_copy_leaves_its_record_first(rig: Rig) -> None:
+    rec = await rig.register("u")
+    await rig.local.ensure("u", rec)
+    rig.runtime.unload_delay_s = 0.2
+    assert rig.local.shed("u")
+    await settle()
+    assert "u" in rig.runtime.loaded and "me" not in (await rig.registry.fetch("u")).instance_ids
+    assert rig.local.releasing("u") is None  # nobody waits: other copies may load at once
