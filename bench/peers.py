@@ -451,7 +451,9 @@ async def run_traces(
     n = system.name
     if workload.warmup:
         warm = await drive(workload.warmup, call, args.concurrency, progress(f"[{n}] warm-up", len(workload.warmup)))
-        log(f"  [{n}] warm-up: {warm.ok} ok, {warm.n_errors} errors, {warm.wrong} wrong")
+        log(f"  [{n}] warm-up: {warm.ok} ok, {warm.n_errors} errors {dict(warm.errors)}, {warm.wrong} wrong")
+        for e in warm.first_errors[:2]:
+            log(f"    {e}")
     results = []
     for trace in TRACES:
         planned = workload.traces[trace]
