@@ -5,8 +5,9 @@
 Three meshd instances, each with its reference runtime, and one etcd, every process on a
 host of its own (network namespaces: `meshd.testing.netns`, root needed). Models of three
 kinds: two copies (`min_copies: 2`), loaded on demand (one copy) and capped (`max_copies: 1`).
-Client threads send checked requests throughout, each through a random instance that their
-balancer has not seen fail in the last few seconds.
+Client threads send checked requests throughout, each through the instance with the fewest
+requests in flight from the client (a balancer's least-request rule) among those it has not
+seen fail in the last few seconds.
 
 A fault starts every 20-40 s (the next no sooner than the last has healed), drawn in turn from
 a shuffled deck of every kind, so a short run still meets many kinds:
@@ -182,6 +183,7 @@ class Soak:
     registered: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (path, key)
     lost: set[str] = field(default_factory=set)
     skip_until: dict[str, float] = field(default_factory=dict)
+    outstanding: Counter[str] = field(default_factory=Counter)  # requests in flight per ingress
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -193,7 +195,13 @@ class Soak:
             now = time.monotonic()
             with self.lock:
                 usable = [i for i in INSTANCES if self.skip_until.get(i, 0.0) <= now] or list(INSTANCES)
-            ingress, model_id = rng.choice(usable), rng.choice(ids)
+                # Least outstanding requests (Envoy's LEAST_REQUEST): a frozen or cut-off
+                # instance keeps the requests it holds and gets no more, as behind a balancer;
+                # picked at random it would soon hold every client thread.
+                fewest = min(self.outstanding[i] for i in usable)
+                ingress = rng.choice([i for i in usable if self.outstanding[i] == fewest])
+                self.outstanding[ingress] += 1
+            model_id = rng.choice(ids)
             start = time.monotonic()
             try:
                 ok = _close(self.clients[ingress].infer(model_id), self.expected[model_id])
@@ -202,6 +210,7 @@ class Soak:
                 error = f"{e.code().name}: {(e.details() or '')[:160]}"
             end = time.monotonic()
             with self.lock:
+                self.outstanding[ingress] -= 1
                 self.answers.append(Answer(start, end, ingress, model_id, error))
                 if error and error != "wrong answer":
                     self.skip_until[ingress] = end + BALANCER_SKIP_S

@@ -17,7 +17,7 @@ import pytest
 from meshd.testing.netns import LabUnavailable, NetLab
 
 BENCH = Path(__file__).resolve().parent.parent.parent / "bench" / "chaos_soak.py"
-SEED = 20261126  # its first faults: a frozen meshd, a partition, a SIGTERM restart, etcd stopped
+SEED = 144  # its first faults: a frozen meshd, a partition, etcd stopped, a runtime killed, etcd killed
 MINUTES = 3
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
