@@ -9,10 +9,10 @@ writing; the simulator publishes on the same rules.
 
 from __future__ import annotations
 
+import calendar
 import re
 from collections import deque
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from enum import Enum
 
 from meshd import __version__
@@ -34,14 +34,15 @@ def numeric_version(version: str) -> int:
     """The instance record's `vers`: newer versions compare greater (placement prefers them).
 
     Upstream's forms as upstream numbers them; otherwise dotted, `1.2.3` -> 10203."""
-    for pattern, fmt in ((_UPSTREAM_VERSION, "%Y%m%d"), (_UPSTREAM_VERSION_OLD, "%Y%m%d-%H%M")):
+    for pattern in (_UPSTREAM_VERSION, _UPSTREAM_VERSION_OLD):
         m = pattern.fullmatch(version)
         if m:
-            try:
-                when = datetime.strptime(m.group(1), fmt).replace(tzinfo=UTC)
-            except ValueError:
-                break
-            return int(when.timestamp() * 1000) + int(m.group(2) or 0)
+            digits = m.group(1).replace("-", "")  # YYYYMMDD or YYYYMMDDHHMM
+            y, mo, d = int(digits[:4]), int(digits[4:6]), int(digits[6:8])
+            hh, mm = (int(digits[8:10]), int(digits[10:12])) if len(digits) == 12 else (0, 0)
+            if not (1 <= mo <= 12 and 1 <= d <= calendar.monthrange(y, mo)[1] and hh < 24 and mm < 60):
+                break  # not a date: not upstream's form
+            return calendar.timegm((y, mo, d, hh, mm, 0)) * 1000 + int(m.group(2) or 0)
     parts = [int(p) if p.isdigit() else 0 for p in version.split(".")[:3]]
     parts += [0] * (3 - len(parts))
     return parts[0] * 10_000 + parts[1] * 100 + parts[2]
