@@ -990,6 +990,15 @@ class Instance:
         pending: list[str] = []
         homeless = 0
         handover: list[CacheEntry] = []
+        router = self.router
+
+        async def place_elsewhere(entry: CacheEntry) -> None:
+            nonlocal homeless
+            if await router.place(entry.model_id, exclude=me, last_used_ms=entry.last_used_ms) is None:
+                log.warning("no other instance can take %s; it goes with this one", entry.model_id)
+                homeless += 1
+            else:
+                pending.append(entry.model_id)
         log.info("draining %d models", len(held))
         for entry in held:
             model_id = entry.model_id
@@ -1004,11 +1013,7 @@ class Instance:
                 if record is not None and at_max_copies(record.key, len(record.instance_ids)):
                     handover.append(entry)  # after the others: their loads run meanwhile
                     continue
-                if await self.router.place(model_id, exclude=me, last_used_ms=entry.last_used_ms) is None:
-                    log.warning("no other instance can take %s; it goes with this one", model_id)
-                    homeless += 1
-                    continue
-                pending.append(model_id)
+                await place_elsewhere(entry)
             except Exception as e:
                 log.warning("could not place %s elsewhere: %s", model_id, e)
         for entry in handover:
@@ -1020,11 +1025,7 @@ class Instance:
                 # new copy (Router._after_release), never two runtimes holding it at once.
                 log.info("handing %s over: at its max copies, it leaves this runtime first", model_id)
                 await asyncio.wait_for(local.unload_now(model_id), max(left_s, 0.0))
-                if await self.router.place(model_id, exclude=me, last_used_ms=entry.last_used_ms) is None:
-                    log.warning("no other instance can take %s; it goes with this one", model_id)
-                    homeless += 1
-                    continue
-                pending.append(model_id)
+                await place_elsewhere(entry)
             except Exception as e:
                 log.warning("could not hand %s over: %s", model_id, e)
         while pending and loop.time() < deadline:

@@ -338,8 +338,8 @@ class Router:
         failed_now: dict[str, str] = {}  # instances whose load failed for this request: why
         # Holders found unreachable that etcd says are alive, asked once more: a partition
         # that healed leaves its mark for a while, and a capped model has no other copy.
-        retry: list[str] = []
-        retried: set[str] = set()
+        retry: list[str] | None = None  # made only when a refusal names such holders
+        retried: frozenset[str] = frozenset()
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
             view = self.cluster.view()
@@ -420,8 +420,9 @@ class Router:
                         for h in holders
                         if h in settled.unreachable and h not in settled.lapsed and h not in retried | excluded
                     ]
-                    retried.update(again)
-                    retry.extend(again)
+                    if again:
+                        retried = retried | set(again)
+                        retry = [*(retry or ()), *again]
                 if e.busy and EXHAUSTED_PREFIX in str(e):  # no loading thread in time there
                     exhausted += 1
                     exhausted_why = _exhausted_reason(str(e))
