@@ -20,6 +20,7 @@ from typing import TypeVar
 from meshd.decisions.cache import Eviction
 from meshd.decisions.ids import instance_id_problem
 from meshd.decisions.placement.constraints import TypeConstraints
+from meshd.decisions.publishing import numeric_version
 from meshd.kv import target as kv_target
 from meshd.kv.embedded import URL_FILE as ETCD_URL_FILE
 from meshd.kv.target import EtcdTarget
@@ -451,6 +452,13 @@ def parse_kv_store(value: str) -> EtcdTarget:
         raise ConfigError(str(e)) from None
 
 
+def _service_version(name: str, value: str) -> str:
+    """The version as given, if its number fits the record's `vers` (upstream: a Java long)."""
+    if value and not 0 <= numeric_version(value) < 2**63:
+        raise ConfigError(f"{name}={value[:60]!r}: its number does not fit in a 64-bit signed integer")
+    return value
+
+
 def _kv_prefix(name: str, value: str) -> str:
     # Upstream refuses these too: the prefix is one path segment.
     if not value or any(c == "/" or c.isspace() for c in value):
@@ -576,7 +584,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         data_dir=Path(need("data_dir")),
         runtime_ready_timeout_s=float(_int(name("runtime_ready_timeout_s"), need("runtime_ready_timeout_s"), 1)),
         zone=raw["zone"] or "",
-        service_version=raw["service_version"] or "",
+        service_version=_service_version(name("service_version"), raw["service_version"] or ""),
         default_vmodel_owner=raw["default_vmodel_owner"] or "",
         type_constraints=_type_constraints(raw["type_constraints"], raw["type_constraints_path"]),
         scaleup_rpm_threshold=_int(name("scaleup_rpm_threshold"), need("scaleup_rpm_threshold"), 1),

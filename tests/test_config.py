@@ -390,3 +390,9 @@ def test_instance_id_is_the_pod_names_tail_as_upstreams() -> None:
         "9c7b5d-x2x7k"
     )
     assert load_config(None, {"WKUBE_POD_NAME": "p", "MESHD_INSTANCE_ID": "mine"}).instance_id == "mine"
+
+
+def test_a_service_version_whose_number_overflows_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match=r"SERVICE_VERSION.*64-bit"):
+        load_config(None, {"SERVICE_VERSION": "9" * 30})
+    assert load_config(None, {"SERVICE_VERSION": "modelmesh-20230512-7"}).service_version == "modelmesh-20230512-7"

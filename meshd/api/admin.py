@@ -51,7 +51,7 @@ def instance_message(s: InstanceSummary) -> Any:
         lruTimeMs=r.lru_time,
         shutdown=r.shutdown,
         startTimeMs=r.start_time,
-        version=r.version,
+        version=min(max(r.version, 0), 2**64 - 1),  # another's record may hold any number
         loadingThreads=r.loading_threads,
         loadingInProgress=r.loading_in_progress,
         leader=s.leader,
