@@ -109,7 +109,8 @@ def test_runtime_stopped_gracefully_under_traffic_fails_nothing(
         load_on(a, m.id)
         load_on(b, m.id)
     # Several threads per instance, so that calls are arriving at a's runtime as it stops.
-    with Traffic([a, a, a, a, b, c, c], shared, pace_s=0.0) as traffic:
+    clients = [a, a, a, a, b, c, c]
+    with Traffic(clients, shared, pace_s=0.0) as traffic:
         time.sleep(0.5)
         assert a.node.runtime.stop() == 0  # SIGTERM: the runtime stops its server itself
         wait_until(
@@ -118,7 +119,10 @@ def test_runtime_stopped_gracefully_under_traffic_fails_nothing(
             "the stopped runtime's copies to leave the records",
         )
         time.sleep(0.5)
-    assert not lost_in_flight(data_plane, traffic.failures, in_flight=4), traffic.failures[:5]
+    # a's threads and c's (c holds no copy and forwards to a or b) can each have one request at
+    # a's runtime as it stops; b's thread is served by b's own copies.
+    reaching_a = sum(1 for node in clients if node is not b)
+    assert not lost_in_flight(data_plane, traffic.failures, in_flight=reaching_a), traffic.failures[:5]
     assert traffic.served["inst-a"] > 10
 
 
