@@ -389,11 +389,9 @@ class Instance:
         def build() -> InstanceRecord:
             now = wall_ms()
             rpm = meter.rpm(local.counters.served, now)  # forwarded requests are not load here
-            q = local.queue
             # A runtime that does not answer takes no models: placement skips "shutting down" ones.
             stopping = self.shutting_down or not watch.up
-            loading = q.busy + q.waiting if local.load_queue else q.in_progress  # waiting loads hold no room
-            record = instance_record(me, local.cache, q.threads, loading, rpm, stopping, now)
+            record = instance_record(me, local.cache, local.queue.threads, local.loads_in_progress, rpm, stopping, now)
             if not watch.up:  # tells operators a dead runtime from a drain
                 record.extra[RUNTIME_DOWN] = True
             if cfg.location:  # MM_LOCATION (the node's address); `loc` is the address peers dial
@@ -999,6 +997,7 @@ class Instance:
                 homeless += 1
             else:
                 pending.append(entry.model_id)
+
         log.info("draining %d models", len(held))
         for entry in held:
             model_id = entry.model_id

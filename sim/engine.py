@@ -582,6 +582,8 @@ class Simulation:
             if not candidates:
                 return None
             return candidates[self.placement_rng.randrange(len(candidates))].instance_id
+        if self.policy.load_queue:  # the router's own queue as it is now, not as published
+            view = view.with_own_loads(self._loads_in_progress(inst))
         target = choose_load_target(view, req, self.placement_rng)
         if target is not None and self.policy.spread_recent_loads:
             inst.placed.add(view.now_ms, target)
@@ -765,12 +767,16 @@ class Simulation:
         if forwarded:
             self.insts[origin].inflight[holder.instance_id] -= 1
 
+    def _loads_in_progress(self, inst: _Instance) -> int:
+        """LocalModels.loads_in_progress: running, and with the load queue those waiting too."""
+        return inst.loading + len(inst.pending) + len(inst.queue) if self.policy.load_queue else inst.loading
+
     # ---- periodic work -----------------------------------------------------------------
     def _publish(self, t: int, force: bool = False) -> None:
         """InstancePublisher: each instance's record, on upstream's cadence."""
         for inst in self.insts:
             rpm = inst.rpm.rpm(inst.served, t)
-            loading = inst.loading + len(inst.pending) + len(inst.queue) if self.policy.load_queue else inst.loading
+            loading = self._loads_in_progress(inst)
             record = instance_record(inst.identity, inst.cache, self.fleet.loading_threads, loading, rpm, False, t)
             if force or publish_due(inst.record, record, inst.record_ms, t, inst.changed_since_publish):
                 inst.record, inst.record_ms, inst.changed_since_publish = record, t, False

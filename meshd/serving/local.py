@@ -256,6 +256,13 @@ class LocalModels:
                 return exhausted_message(model_id, why, wait)
         return None
 
+    @property
+    def loads_in_progress(self) -> int:
+        """Loads under way here, as the instance record reports them: with the load queue,
+        those waiting for a thread too (they hold no room, but a new load starts after them)."""
+        q = self.queue
+        return q.busy + q.waiting if self.load_queue else q.in_progress
+
     def pending(self, model_id: str) -> asyncio.Future[CacheEntry] | None:
         """The load under way here, if any (join it with asyncio.shield)."""
         return self._loading.get(model_id)

@@ -492,7 +492,7 @@ class Router:
             recent_placements=self._placed.counts(view.now_ms),
             start_soonest=self.local.load_queue,
         )
-        target = choose_load_target(view, request, self.rng)
+        target = choose_load_target(view.with_own_loads(self.local.loads_in_progress), request, self.rng)
         if target is not None:
             self._placed.add(view.now_ms, target)
         return target

@@ -21,9 +21,10 @@ The choice, as upstream makes it (notes in /work/shared/reference/upstream-model
    many instances with the same stale view spread out instead of piling onto one pod.
 
 meshd's own rule (`LoadRequest.start_soonest`, with its value load queue) replaces step 2:
-every eligible instance is a candidate, and after step 5 only those whose load queue is
-shortest stay, of those the ones with a quarter of their capacity free when any has it,
-then those this instance sent the fewest loads to lately.
+every eligible instance is a candidate, and before step 5 only those whose load queue is
+shortest stay (the deciding instance's own queue as it is now, `ClusterView.with_own_loads`),
+after it the ones with a quarter of their capacity free when any has it, then those this
+instance sent the fewest loads to lately.
 """
 
 from __future__ import annotations
@@ -400,7 +401,6 @@ def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) 
     if req.prefer_self and not req.start_soonest and any(i.instance_id == view.self_id for i in near):
         return view.self_id
     last_used_ago = 0 if req.last_used_ms is None else view.now_ms - req.last_used_ms
-    remaining = drop_hot(near, hot_factor(last_used_ago, req.scale_up))
     if req.start_soonest:
         # meshd's rule: a load goes where it can start soonest, among all instances, not
         # only among those whose cache age is near the oldest. Each
@@ -408,8 +408,13 @@ def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) 
         # ages differ widely and the near-best window kept one or two instances), while
         # loads piled on those queued for a thread: in the simulator (zipf, 10 instances,
         # 2 threads) this cut queued loads from 24 % to 1 % and the added p99 by 25-65 %,
-        # with the same hit ratio (docs/simulator.md).
-        remaining = soonest_start(remaining)
+        # with the same hit ratio (docs/simulator.md). The queue comes before the hot filter:
+        # filtered first, the instance serving the most requests took no loads while its
+        # thread was idle and the others' queued (bench/peers.py, one thread per runtime:
+        # loads 196 / 437 / 415, 49 req/s; queue first: 610 / 613 / 632, 71 req/s).
+        near = soonest_start(near)
+    remaining = drop_hot(near, hot_factor(last_used_ago, req.scale_up))
+    if req.start_soonest:
         # Room is worth a pile-up only when it is plenty (an instance just started): an
         # instance a little under "full" (as most are, between evictions) would take every
         # load until its record caught up, and queue them (measured: added p99 +12-13 %).

@@ -7,6 +7,7 @@ virtual fleet.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -110,3 +111,14 @@ class ClusterView:
 
     def get(self, instance_id: str) -> InstanceView | None:
         return self.instances.get(instance_id)
+
+    def with_own_loads(self, loads_in_progress: int) -> ClusterView:
+        """This view with the deciding instance's loads (running and waiting for a thread) as
+        it knows them now, not as its record said up to 2 s ago. Placement by the load queue
+        (issue 36): with its own queue read from the record, an instance kept loading here
+        while its one thread had a queue, or sent loads away while its thread was idle."""
+        me = self.instances.get(self.self_id)
+        if me is None or me.loading_in_progress == loads_in_progress:
+            return self
+        mine = dataclasses.replace(me, loading_in_progress=loads_in_progress)
+        return dataclasses.replace(self, instances={**self.instances, self.self_id: mine})

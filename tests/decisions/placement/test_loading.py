@@ -25,7 +25,7 @@ from meshd.decisions.placement.loading import (
     update_mean_load_ms,
 )
 from meshd.decisions.placement.rank import LoadRequest, choose_load_target
-from meshd.decisions.placement.view import InstanceView
+from meshd.decisions.placement.view import ClusterView, InstanceView
 from tests.decisions.placement.factories import CAP, full, inst, view
 
 
@@ -163,6 +163,36 @@ def test_meshd_prefers_itself_only_among_the_soonest_to_start() -> None:
     assert _picks(balanced, me_busy, other) == {"b"}
     me_free = full("me", lru_age_ms=60_000, loading_threads=1)
     assert _picks(balanced, me_free, other) == {"me"}
+
+
+def test_meshd_loads_onto_an_idle_thread_even_on_the_instance_serving_the_most() -> None:
+    """The queue comes before the hot filter (issue 36): the busiest server with an idle
+    loading thread takes the load rather than another whose one thread has a queue; with
+    equal queues the hot one is still avoided."""
+    hot = full("hot", lru_age_ms=60_000, loading_threads=1, rpm=3_000)
+    queued = full("q", lru_age_ms=60_000, loading_threads=1, loading_in_progress=3, rpm=400)
+    assert _picks(MESHD, hot, queued) == {"hot"}
+    cool = full("cool", lru_age_ms=60_000, loading_threads=1, rpm=400)
+    assert _picks(MESHD, hot, cool) == {"cool"}
+    assert _picks(UPSTREAM, hot, cool) == {"cool"}
+
+
+def test_the_deciding_instance_counts_its_own_queue_as_it_is_now() -> None:
+    """Its record may say an idle thread 2 s after loads queued there (or the reverse)."""
+    me = full("me", lru_age_ms=60_000, loading_threads=1)
+    other = full("b", lru_age_ms=60_000, loading_threads=1, loading_in_progress=1)
+    balanced = LoadRequest("m", "", 10, start_soonest=True, prefer_self=True)
+    as_recorded = view(me, other)
+    assert choose_load_target(as_recorded, balanced, random.Random(0)) == "me"
+    live = as_recorded.with_own_loads(3)
+    assert live.instances["me"].loading_in_progress == 3 and live.instances["b"] is other
+    assert _each_seed(live, balanced) == {"b"}
+    assert as_recorded.with_own_loads(0) is as_recorded  # nothing to change: the same view
+    assert view(other).with_own_loads(3).instances == view(other).instances  # "me" has no record yet
+
+
+def _each_seed(v: ClusterView, req: LoadRequest) -> set[str | None]:
+    return {choose_load_target(v, req, random.Random(s)) for s in range(60)}
 
 
 def test_meshd_loads_onto_the_newest_version_during_a_rolling_update() -> None:
