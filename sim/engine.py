@@ -583,7 +583,7 @@ class Simulation:
                 return None
             return candidates[self.placement_rng.randrange(len(candidates))].instance_id
         if self.policy.load_queue:  # the router's own queue as it is now, not as published
-            view = view.with_own_loads(self._loads_in_progress(inst))
+            view = view.with_loads({inst.instance_id: self._loads_in_progress(inst)})
         target = choose_load_target(view, req, self.placement_rng)
         if target is not None and self.policy.spread_recent_loads:
             inst.placed.add(view.now_ms, target)

@@ -5,6 +5,7 @@ router chose, marked as a peer call (`meshd-hop`, `meshd-mode`) and counted in f
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import grpc
 from meshd.observability.tracing import Tracing
 from meshd.serving.cluster import Cluster
 from meshd.serving.invocations import SERVED
-from meshd.serving.peer_protocol import ACCEPTED, HOP, MODE, Refused, peer_failure
+from meshd.serving.peer_protocol import ACCEPTED, HOP, MODE, Refused, peer_failure, reported_loads
 from meshd.serving.peers import PeerChannel, Peers
 from meshd.serving.proxy.headers import Metadata
 from meshd.serving.proxy.methods import MethodSpec
@@ -30,6 +31,9 @@ class Forwarder:
         self.tracing = tracing
         self.note_served = note_served  # see Router.note_served
         self.inflight: dict[str, int] = {}  # requests this instance has in flight per peer
+        # Each peer's loads in progress as its last unary answer said (`meshd-loads`), and when
+        # (monotonic ms): placement reads them where they are fresher than the peer's record.
+        self.peer_loads: dict[str, tuple[int, int]] = {}
 
     async def unary(
         self,
@@ -47,22 +51,37 @@ class Forwarder:
             SERVED.set((model_id, target))
         self.inflight[target] = self.inflight.get(target, 0) + 1
         raw = peer.unary(spec.path)
+        made: list[Any] = []
 
         def call(*args: Any, **kwargs: Any) -> Any:
             # Kept to its end even if the peer leaves the mesh (it may still be running it);
             # a frozen peer's keepalive fails it with UNAVAILABLE, rerouted below.
-            return peer.track(raw(*args, **kwargs))
+            made.append(peer.track(raw(*args, **kwargs)))
+            return made[-1]
 
         try:
             if self.tracing is not None:
                 hop = {"meshd.hop": "peer", "meshd.peer": target, "meshd.mode": mode}
-                return await self.tracing.call_unary(call, spec.path, request, md, remaining_s, hop)
-            response: bytes = await call(request, metadata=md, timeout=remaining_s)
+                response: bytes = await self.tracing.call_unary(call, spec.path, request, md, remaining_s, hop)
+            else:
+                response = await call(request, metadata=md, timeout=remaining_s)
+            self._note_loads(target, await made[-1].trailing_metadata())
             return response
         except grpc.aio.AioRpcError as e:
+            self._note_loads(target, e.trailing_metadata())
             raise peer_failure(e.code(), e.details(), e.trailing_metadata(), model_id) from None
         finally:
             self.inflight[target] -= 1
+
+    def _note_loads(self, target: str, trailers: Any) -> None:
+        loads = reported_loads(trailers)
+        if loads is not None:
+            self.peer_loads[target] = (loads, int(time.monotonic() * 1000))
+
+    def fresh_loads(self, within_ms: int) -> dict[str, int]:
+        """Peers' loads in progress as answers said in the last `within_ms`."""
+        now = int(time.monotonic() * 1000)
+        return {peer: loads for peer, (loads, at) in self.peer_loads.items() if now - at <= within_ms}
 
     async def stream(
         self,

@@ -25,6 +25,18 @@ AT_MAX = "at-max"  # not loaded there: the model's max copies are on other insta
 UNKNOWN_PEER = "unknown-peer"
 PASSED_ON = "status"  # the runtime's (or meshd's) own answer: goes to the client as is
 ACCEPTED = "meshd-accepted"  # initial metadata: the peer took the stream, send the messages
+# Trailing metadata on every unary answer: the answering instance's loads in progress
+# (running and queued) as it finishes the call, fresher than its record (issue 36).
+LOADS = "meshd-loads"
+
+
+def reported_loads(trailers: Any) -> int | None:
+    """The `meshd-loads` a peer's answer carried (None: absent or not a count, e.g. an older peer)."""
+    for key, value in trailers or ():
+        if key == LOADS:
+            text = value if isinstance(value, str) else value.decode()
+            return int(text) if text.isdigit() else None
+    return None
 
 
 class Refused(Exception):

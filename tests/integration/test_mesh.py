@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from meshd._proto.inference import grpc_predict_v2_pb2 as v2
 from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.runtimes.models import GeneratedModel, decode_infer_response, generate_models, make_infer_request
@@ -51,6 +52,34 @@ def test_a_model_loaded_on_one_instance_is_served_through_each_other(
     # Served by the one copy: nothing else loaded it.
     assert a.runtime_loaded() == [m.id] and b.runtime_loaded() == [] and c.runtime_loaded() == []
     assert copies(b, m.id) == {"inst-a"}
+
+
+def test_a_peers_answers_carry_its_load_queue(start_node: NodeFactory, models: list[GeneratedModel]) -> None:
+    """Every unary answer on the internal port, served or refused, says the instance's loads
+    in progress (`meshd-loads`): placement reads it in place of the peer's record (issue 36)."""
+    a = start_node("inst-a")
+    start_node("inst-b")  # the peer the calls come from, as a sees it
+    wait_until(lambda: listed_instances(a) >= {"inst-a", "inst-b"}, 15, "inst-a to see inst-b")
+    loaded, absent = models[:2]
+    a.register(loaded)
+    a.register(absent)
+    load_on(a, loaded.id)
+    with grpc.insecure_channel(f"127.0.0.1:{a.node.peer_port}") as ch:
+        infer = ch.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=v2.ModelInferRequest.SerializeToString,
+            response_deserializer=v2.ModelInferResponse.FromString,
+        )
+        as_peer = (("meshd-hop", "inst-b"), ("meshd-mode", "serve"))
+        resp, call = infer.with_call(
+            make_infer_request(loaded.id, ROWS), metadata=(("mm-model-id", loaded.id), *as_peer), timeout=30
+        )
+        assert close_enough(decode_infer_response(resp), expected(loaded, ROWS))
+        assert dict(call.trailing_metadata())["meshd-loads"] == "0"
+        with pytest.raises(grpc.RpcError) as refused:  # serve mode, no copy here: refused, with the count
+            infer(make_infer_request(absent.id, ROWS), metadata=(("mm-model-id", absent.id), *as_peer), timeout=30)
+    trailers = dict(refused.value.trailing_metadata())
+    assert trailers["meshd-reason"] == "not-here" and trailers["meshd-loads"] == "0"
 
 
 def test_concurrent_cold_loads_spread_over_the_instances(start_node: NodeFactory, tmp_path: object) -> None:

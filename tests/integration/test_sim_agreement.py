@@ -1,16 +1,17 @@
 """The simulator against a real mesh: three meshd instances with reference runtimes play a
 short Zipf trace; the simulator replays the same trace (same arrival times, same instance
-for each request) on the same fleet; loads and hit ratio agree within 10 %, plus one standard
-deviation of the simulated runs (the real run is a single draw, `agrees`). A negative control
-runs in the suite: the RATE mesh's run replayed with LRU must not agree.
+for each request) on the same fleet; their loads agree within a fixed band (`agrees`). A
+negative control runs in the suite: the RATE mesh's run replayed with LRU must not agree.
 
 The real run's figures are counted, not estimated: loads are the runtimes' own count of
 models loaded, and a request is a miss when a load finished while it was in flight
-(requests go one at a time, so that load was the one it waited for)."""
+(requests go one at a time, so that load was the one it waited for). The hit ratio is
+printed, not asserted: with one request at a time it is the loads over the requests again."""
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 import time
@@ -57,14 +58,23 @@ def instances(c: Client) -> list[str]:
     return [i.instanceId for i in stub.listInstances(admin.ListInstancesRequest(), timeout=10).instances]
 
 
+# How far one real run may sit from the simulated mean, as a share of the real run: the real
+# run is one draw of random placement picks and of timing the replay does not reproduce.
+# Measured (2026-11-27, three real runs per policy, 12 in all): real minus simulated mean
+# -2.1 % to +8.7 %, root mean square 3.1 %; LRU's three were all above (+0.9, +3.9, +8.7 %:
+# 220, 241, 231 loads against 218-222 simulated), RATE, GDSF and LRFU within -2.1 to +3.5 %.
+# 10 % is about three times that spread; LRU replayed for a RATE mesh is 13-17 % off.
+REAL_RUN_BAND = 0.10
+SEED_ERRORS = 2.0  # ... plus this many standard errors of the simulated mean (its seeds)
+
+
 def agrees(real: float, simulated: list[float]) -> bool:
-    """Whether the simulated runs' mean is within 10 % of the real run, plus one standard
-    deviation of the simulated runs: the real run is one draw of the same random placement
-    picks (and of timing the replay does not reproduce), not a mean, so its own spread counts
-    (GDSF, measured: 192-211 loads over five real runs, a sd of 4-6 over simulated seeds). A
-    simulator replaying LRU for a RATE mesh fails it (the negative control below)."""
+    """Whether the simulated runs' mean is within `REAL_RUN_BAND` of the real run plus
+    `SEED_ERRORS` standard errors of that mean. Fixed: noisier seeds do not widen it beyond
+    their mean's own uncertainty (the seeds' spread itself is not the real run's)."""
     mean = statistics.fmean(simulated)
-    return abs(mean - real) <= 0.10 * real + statistics.pstdev(simulated)
+    standard_error = statistics.stdev(simulated) / math.sqrt(len(simulated))
+    return abs(mean - real) <= REAL_RUN_BAND * real + SEED_ERRORS * standard_error
 
 
 @pytest.mark.parametrize("eviction", list(Eviction), ids=[e.value for e in Eviction])
@@ -135,7 +145,6 @@ def test_the_simulator_and_a_real_mesh_agree_on_loads_and_hit_ratio(
     print(report)
     assert failed == 0, report
     assert agrees(real_loads, [r.loads for r in runs]), report
-    assert agrees(real_hit_ratio, [r.hit_ratio for r in runs]), report
     if eviction is Eviction.RATE:
         # The negative control: the same real run against a simulator replaying the wrong
         # policy (LRU for this RATE mesh) must not agree, or the band could pass anything.

@@ -11,12 +11,14 @@ import pytest
 from meshd.core.errors import InvalidArgument, RuntimeStatusError
 from meshd.serving.peer_protocol import (
     HOP,
+    LOADS,
     MODE,
     REASON,
     UNKNOWN_PEER,
     PeerRefusal,
     Refused,
     peer_failure,
+    reported_loads,
     runtime_failure,
 )
 from meshd.serving.proxy.headers import MODEL_ID
@@ -79,3 +81,11 @@ def test_only_a_peers_load_failure_is_marked_as_one() -> None:
     gone = peer_failure(grpc.StatusCode.UNAVAILABLE, "connection refused", (), "m")
     assert isinstance(here, Refused) and isinstance(gone, Refused)
     assert not here.load_failed and not gone.load_failed
+
+
+def test_a_peers_load_count_is_read_only_when_it_is_a_count() -> None:
+    assert reported_loads(((REASON, "not-here"), (LOADS, "3"))) == 3
+    assert reported_loads(((LOADS, b"0"),)) == 0
+    assert reported_loads(((REASON, "not-here"),)) is None  # an older peer says nothing
+    assert reported_loads(None) is None
+    assert reported_loads(((LOADS, "-1"),)) is None and reported_loads(((LOADS, "many"),)) is None

@@ -112,13 +112,17 @@ class ClusterView:
     def get(self, instance_id: str) -> InstanceView | None:
         return self.instances.get(instance_id)
 
-    def with_own_loads(self, loads_in_progress: int) -> ClusterView:
-        """This view with the deciding instance's loads (running and waiting for a thread) as
-        it knows them now, not as its record said up to 2 s ago. Placement by the load queue
-        (issue 36): with its own queue read from the record, an instance kept loading here
-        while its one thread had a queue, or sent loads away while its thread was idle."""
-        me = self.instances.get(self.self_id)
-        if me is None or me.loading_in_progress == loads_in_progress:
+    def with_loads(self, loads: Mapping[str, int]) -> ClusterView:
+        """This view with the loads in progress (running and waiting for a thread) given for
+        some instances: the deciding instance's own as it knows them now, and peers' as their
+        latest answers said, where records may be 2 s old. Placement by the load queue
+        (issue 36): read from records, an instance kept loading while its one thread had a
+        queue, or sent loads away while its thread idled."""
+        changed = {
+            iid: dataclasses.replace(inst, loading_in_progress=n)
+            for iid, n in loads.items()
+            if (inst := self.instances.get(iid)) is not None and inst.loading_in_progress != n
+        }
+        if not changed:
             return self
-        mine = dataclasses.replace(me, loading_in_progress=loads_in_progress)
-        return dataclasses.replace(self, instances={**self.instances, self.self_id: mine})
+        return dataclasses.replace(self, instances={**self.instances, **changed})

@@ -17,6 +17,7 @@ from meshd.observability.tracing import Activate
 from meshd.serving.peer_protocol import (
     ACCEPTED,
     HOP,
+    LOADS,
     MODE,
     PASSED_ON,
     REASON,
@@ -59,14 +60,15 @@ def parse_peer_metadata(metadata: Any, is_peer: Callable[[str], bool]) -> tuple[
     return model_id, mode, tuple(runtime_md)
 
 
-async def _refuse(context: Any, e: MeshError) -> None:
+async def _refuse(context: Any, e: MeshError, loads: int | None = None) -> None:
     if isinstance(e, PeerRefusal):
         reason = e.reason
     else:
         # Every answer of ours carries a reason, so the peer can tell it from gRPC's
         # own UNAVAILABLE (this instance unreachable) whatever the details say.
         reason = UNKNOWN_MODEL if isinstance(e, NotFound) else PASSED_ON
-    await context.abort(e.code, e.message, trailing_metadata=((REASON, reason),))
+    trailers: Metadata = ((REASON, reason),) if loads is None else ((REASON, reason), (LOADS, str(loads)))
+    await context.abort(e.code, e.message, trailing_metadata=trailers)
 
 
 class PeerInferenceHandler(RawMethodHandler):
@@ -83,10 +85,14 @@ class PeerInferenceHandler(RawMethodHandler):
         async def handle(request: bytes, context: Any) -> bytes:
             try:
                 model_id, mode, metadata = parse_peer_metadata(context.invocation_metadata(), router.is_peer)
-                return await router.serve_forwarded(spec, request, model_id, mode, metadata, context.time_remaining())
+                response = await router.serve_forwarded(
+                    spec, request, model_id, mode, metadata, context.time_remaining()
+                )
             except MeshError as e:
-                await _refuse(context, e)
+                await _refuse(context, e, router.local.loads_in_progress)
                 raise  # unreachable: abort raises
+            context.set_trailing_metadata(((LOADS, str(router.local.loads_in_progress)),))
+            return response
 
         return handle if tracing is None else traced
 

@@ -177,18 +177,22 @@ def test_meshd_loads_onto_an_idle_thread_even_on_the_instance_serving_the_most()
     assert _picks(UPSTREAM, hot, cool) == {"cool"}
 
 
-def test_the_deciding_instance_counts_its_own_queue_as_it_is_now() -> None:
-    """Its record may say an idle thread 2 s after loads queued there (or the reverse)."""
+def test_placement_reads_queues_as_they_are_now_not_as_recorded() -> None:
+    """A record may say an idle thread 2 s after loads queued there (or the reverse): the
+    deciding instance knows its own queue, and peers' answers carry theirs (`meshd-loads`)."""
     me = full("me", lru_age_ms=60_000, loading_threads=1)
     other = full("b", lru_age_ms=60_000, loading_threads=1, loading_in_progress=1)
     balanced = LoadRequest("m", "", 10, start_soonest=True, prefer_self=True)
     as_recorded = view(me, other)
     assert choose_load_target(as_recorded, balanced, random.Random(0)) == "me"
-    live = as_recorded.with_own_loads(3)
+    live = as_recorded.with_loads({"me": 3})
     assert live.instances["me"].loading_in_progress == 3 and live.instances["b"] is other
     assert _each_seed(live, balanced) == {"b"}
-    assert as_recorded.with_own_loads(0) is as_recorded  # nothing to change: the same view
-    assert view(other).with_own_loads(3).instances == view(other).instances  # "me" has no record yet
+    assert as_recorded.with_loads({"me": 0, "b": 1}) is as_recorded  # nothing to change: the same view
+    assert view(other).with_loads({"me": 3}).instances == view(other).instances  # "me" has no record yet
+    # A peer's answer said its queue emptied since its record: it is where a load starts now.
+    answered = as_recorded.with_loads({"me": 2, "b": 0})
+    assert _each_seed(answered, balanced) == {"b"}
 
 
 def _each_seed(v: ClusterView, req: LoadRequest) -> set[str | None]:
