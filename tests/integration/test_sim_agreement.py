@@ -1,7 +1,7 @@
 """The simulator against a real mesh: three meshd instances with reference runtimes play a
 short Zipf trace; the simulator replays the same trace (same arrival times, same instance
 for each request) on the same fleet; their loads agree within a fixed band (`agrees`). A
-negative control runs in the suite: the RATE mesh's run replayed with LRU must not agree.
+negative control runs in the suite: the LRU mesh's run replayed with RATE must not agree.
 
 The real run's figures are counted, not estimated: loads are the runtimes' own count of
 models loaded, and a request is a miss when a load finished while it was in flight
@@ -63,9 +63,9 @@ def instances(c: Client) -> list[str]:
 # Measured (2026-11-27, three real runs per policy, 12 in all): real minus simulated mean
 # -2.1 % to +8.7 %, root mean square 3.1 %; LRU's three were all above (+0.9, +3.9, +8.7 %:
 # 220, 241, 231 loads against 218-222 simulated), RATE, GDSF and LRFU within -2.1 to +3.5 %.
-# 10 % is about three times that spread; LRU replayed for a RATE mesh is 13-17 % off.
+# 10 % is about three times that spread; RATE replayed for an LRU mesh is 15-22 % off.
 REAL_RUN_BAND = 0.10
-SEED_ERRORS = 2.0  # ... plus this many standard errors of the simulated mean (its seeds)
+SEED_ERRORS = 1.0  # ... plus this many standard errors of the simulated mean (its seeds)
 
 
 def agrees(real: float, simulated: list[float]) -> bool:
@@ -145,16 +145,17 @@ def test_the_simulator_and_a_real_mesh_agree_on_loads_and_hit_ratio(
     print(report)
     assert failed == 0, report
     assert agrees(real_loads, [r.loads for r in runs]), report
-    if eviction is Eviction.RATE:
+    if eviction is Eviction.LRU:
         # The negative control: the same real run against a simulator replaying the wrong
-        # policy (LRU for this RATE mesh) must not agree, or the band could pass anything.
+        # policy (RATE for this LRU mesh) must not agree, or the band could pass anything.
+        # Measured: LRU's real runs 220-241 loads, RATE replayed 186-193 (15-22 % off).
         wrong = [
             simulate(
                 replay,
                 Fleet(3, PER_INSTANCE * units, load_jitter=0.0, default_model_units=units, seed=seed),
-                as_configured(Eviction.LRU),
+                as_configured(Eviction.RATE),
                 ingress=ingress,
             ).loads
             for seed in range(SEEDS)
         ]
-        assert not agrees(real_loads, wrong), f"{report}; LRU replayed: {wrong} loads, which should not agree"
+        assert not agrees(real_loads, wrong), f"{report}; RATE replayed: {wrong} loads, which should not agree"
