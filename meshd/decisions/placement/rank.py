@@ -411,7 +411,7 @@ def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) 
         # with the same hit ratio (docs/simulator.md). The queue comes before the hot filter:
         # filtered first, the instance serving the most requests took no loads while its
         # thread was idle and the others' queued (bench/peers.py, one thread per runtime:
-        # loads 196 / 437 / 415, 49 req/s; queue first: 610 / 613 / 632, 71 req/s).
+        # loads 479 / 685 / 655, 49 req/s; queue first: 610 / 613 / 632, 71 req/s).
         near = soonest_start(near)
     remaining = drop_hot(near, hot_factor(last_used_ago, req.scale_up))
     if req.start_soonest:
