@@ -2,7 +2,7 @@
 
     python bench/peers.py [--models N] [--cache-models K] [--requests R] [--warmup W]
                           [--concurrency C] [--zipf S] [--kill-requests R2] [--runs N]
-                          [--systems meshd,ray] [--seed X] [--quick]
+                          [--systems meshd,ray,ray-grpc] [--seed X] [--quick]
 
 The workload (one seed): N models whose size, load time and service time are drawn from one
 distribution (size lognormal around 8 MiB, 2-32 MiB; load time 40 ms + 10 ms per MiB, times a
@@ -21,7 +21,10 @@ The systems, three model-serving processes each, each process allowed K models:
            @serve.multiplexed(max_num_models_per_replica=K), reached through Serve's HTTP
            ingress with the serve_multiplexed_model_id header (bench/peers_ray.py, run in
            its own venv under .venvs/, built by this script on first use: pip install
-           ray[serve]).
+           ray[serve]);
+    ray-grpc  the same, a Ray cluster of its own, reached through Serve's gRPC ingress:
+           KServe V2 ModelInfer, the bytes meshd is sent, with the multiplexed_model_id
+           metadata (one channel, as to one proxy).
 Both run the same model code (meshd.runtimes.model_work). C requests are in flight from one
 client process (uvloop); every answer is checked against the model file (bias[0] is the
 model's index, so an answer from the wrong model is caught).
@@ -96,7 +99,7 @@ from meshd.runtimes.models import (  # noqa: E402
     unpack_f32,
 )
 from meshd.testing.cluster import LocalMesh, MeshClient, Node, StartFailed  # noqa: E402
-from meshd.testing.procs import Child, Children, free_port, free_ports  # noqa: E402
+from meshd.testing.procs import Child, Children, free_ports  # noqa: E402
 from meshd.testing.venvs import ensure_venv  # noqa: E402
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -106,6 +109,8 @@ RAY_VERSION = "2.60.0"
 RAY_START_TIMEOUT_S = 180.0
 MIB = 1 << 20
 TRACES = ("zipf", "shift")
+SYSTEMS = ("meshd", "ray", "ray-grpc")  # ray: Serve's HTTP ingress; ray-grpc: its gRPC ingress
+GRPC_MODEL_HEADER = "multiplexed_model_id"  # where Serve's gRPC ingress reads the model id
 
 
 # ---- the workload ----------------------------------------------------------------------------
@@ -376,14 +381,14 @@ async def drive(
     return tally
 
 
-def grpc_call(channels: Sequence[grpc.aio.Channel]) -> Call:
+def grpc_call(channels: Sequence[grpc.aio.Channel], header: str = "mm-model-id") -> Call:
+    """KServe V2 ModelInfer over gRPC, round-robin over `channels`, the model id in `header`
+    (meshd's `mm-model-id`; Ray Serve's gRPC ingress reads `multiplexed_model_id`)."""
     calls = [ch.unary_unary(INFER) for ch in channels]
 
     async def call(i: int, p: Planned) -> list[float]:
         try:
-            raw = await calls[i % len(calls)](
-                p.grpc_body, metadata=(("mm-model-id", p.model_id),), timeout=RPC_TIMEOUT_S
-            )
+            raw = await calls[i % len(calls)](p.grpc_body, metadata=((header, p.model_id),), timeout=RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
             raise CallFailed(e.code().name, e.details() or "") from None
         try:
@@ -565,6 +570,15 @@ class MeshdSystem(System):
         return f"runtime of {node.instance_id} (pid {node.runtime.pid})"
 
 
+def meshd_settings(args: argparse.Namespace, metrics_port: int) -> dict[str, str | int]:
+    """One meshd's settings: metrics on, as a deployment runs it (Ray keeps its own metrics and
+    access logs on); the eviction order when `--meshd-eviction` names one."""
+    settings: dict[str, str | int] = {"metrics": f"prometheus:port={metrics_port}"}
+    if args.meshd_eviction:
+        settings["eviction"] = args.meshd_eviction
+    return settings
+
+
 def meshd_capacity(args: argparse.Namespace, workload: Workload) -> int:
     """Bytes of models each meshd runtime may hold: `--meshd-cache-mib`, else the model count
     Ray is given times the mean model size."""
@@ -585,10 +599,9 @@ def run_meshd(workload: Workload, args: argparse.Namespace, workdir: Path, costs
             "--log-level",
             "WARNING",
         ]
-        # Metrics on, as a deployment runs it (Ray keeps its own metrics and access logs on).
         metrics_ports = free_ports(PROCESSES)
         nodes = [
-            mesh.add_node(f"peers-{i}", runtime_args=runtime_args, settings={"metrics": f"prometheus:port={port}"})
+            mesh.add_node(f"peers-{i}", runtime_args=runtime_args, settings=meshd_settings(args, port))
             for i, port in enumerate(metrics_ports)
         ]
         log("  [meshd] up: " + "; ".join(f"meshd {n.meshd.pid} runtime {n.runtime.pid}" for n in nodes))
@@ -739,13 +752,16 @@ def ray_python(args: argparse.Namespace) -> Path:
     return ensure_venv("ray-serve", [f"ray[serve]=={args.ray_version}"])
 
 
-def run_ray(workload: Workload, args: argparse.Namespace, workdir: Path, costs: tuple[float, float]) -> Any:
+def run_ray(
+    workload: Workload, args: argparse.Namespace, workdir: Path, costs: tuple[float, float], ingress: str = "http"
+) -> Any:
+    """Ray Serve through its HTTP ingress, or (`ingress="grpc"`) its gRPC one."""
     python = ray_python(args)
     ray_dir = workdir / "ray"
     stats_dir = ray_dir / "stats"
     stats_dir.mkdir(parents=True)
     ready = ray_dir / "ready.json"
-    port = free_port()
+    port, grpc_port = free_ports(2)
     group = Children(ray_dir / "logs")
     seen: dict[int, int | None] = {}
     driver = group.start(
@@ -755,6 +771,7 @@ def run_ray(workload: Workload, args: argparse.Namespace, workdir: Path, costs: 
             str(_REPO / "bench" / "peers_ray.py"),
             "--port",
             str(port),
+            *(("--grpc-port", str(grpc_port)) if ingress == "grpc" else ()),
             "--models-dir",
             str(workload.directory),
             "--stats-dir",
@@ -770,7 +787,12 @@ def run_ray(workload: Workload, args: argparse.Namespace, workdir: Path, costs: 
             "--max-ongoing",
             str(args.concurrency),
         ],
-        env={"PYTHONPATH": str(_REPO), "RAY_USAGE_STATS_ENABLED": "0"},
+        # meshd/_proto too: its generated messages call their module "inference.grpc_predict_v2_pb2",
+        # and Serve's gRPC proxy pickles each request by that name to send it to a replica.
+        env={
+            "PYTHONPATH": os.pathsep.join((str(_REPO), str(_REPO / "meshd" / "_proto"))),
+            "RAY_USAGE_STATS_ENABLED": "0",
+        },
     )
     try:
         deadline = time.monotonic() + RAY_START_TIMEOUT_S
@@ -784,6 +806,9 @@ def run_ray(workload: Workload, args: argparse.Namespace, workdir: Path, costs: 
         log(f"  [ray] up: driver {driver.pid}, replicas {system.model_pids()}, {len(system.pids())} processes")
 
         async def go() -> tuple[list[TraceResult], KillResult | None]:
+            if ingress == "grpc":
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                    return await run_traces(system, grpc_call([channel], GRPC_MODEL_HEADER), workload, args, *costs)
             connector = aiohttp.TCPConnector(limit=args.concurrency)
             async with aiohttp.ClientSession(connector=connector) as session:
                 call = http_call(session, f"http://127.0.0.1:{port}/")
@@ -841,12 +866,13 @@ def report(
         f"{meshd_capacity(args, workload) / MIB:.0f} MiB; Ray max_num_models_per_replica "
         f"{args.cache_models}); meshd loading threads "
         f"{args.meshd_loading_threads or 'runtime default (2)'} (Ray: 1 per replica, its multiplex lock); "
-        f"model sizes {args.model_sizes}; meshd metrics on; zipf {args.zipf:g}; concurrency {args.concurrency}; "
+        f"model sizes {args.model_sizes}; meshd eviction {args.meshd_eviction or 'default (rate)'}; "
+        f"meshd metrics on; zipf {args.zipf:g}; concurrency {args.concurrency}; "
         f"{len(workload.warmup)} warm-up, {args.requests} per trace, seed {args.seed}"
     )
     out.append("")
     hdr = (
-        f"{'trace':<6} {'system':<6} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} {'loads':>6} "
+        f"{'trace':<6} {'system':<8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} {'loads':>6} "
         f"{'hit%':>6} {'errors':>6} {'wrong':>5} {'layer ms/req':>12} {'model-proc ms/req':>17} "
         f"{'client ms/req':>13} {'RSS MiB':>8} {'model-proc RSS':>14} {'held':>5} "
         f"{'req/s range':>11} {'p99 range':>11} {'loads range':>11}"
@@ -858,7 +884,7 @@ def report(
         for s in systems:
             rs = [next(t for t in r[s][0] if t.trace == trace) for r in runs]
             out.append(
-                f"{trace:<6} {s:<6} {fmt(med([r.rps for r in rs]), '7.0f')} "
+                f"{trace:<6} {s:<8} {fmt(med([r.rps for r in rs]), '7.0f')} "
                 f"{fmt(med([r.lat(50) for r in rs]), '7.1f')} "
                 f"{fmt(med([r.lat(99) for r in rs]), '7.1f')} {fmt(med([r.lat(99.9) for r in rs]), '8.1f')} "
                 f"{fmt(med([r.loads for r in rs]), '6.0f')} {fmt(med([100 * r.hit_ratio for r in rs]), '6.1f')} "
@@ -879,15 +905,15 @@ def report(
         "per request; model-proc = the 3 runtimes / the 3 replicas alone (model work included); "
         "RSS at the end of the trace; held = models loaded across the system at the end; ranges: min-max over runs"
     )
-    if "meshd" in systems and "ray" in systems:
+    for other in (s for s in systems if s != "meshd" and "meshd" in systems):
         for trace in TRACES:
             ratios = []
             for r in runs:
                 m = next(t for t in r["meshd"][0] if t.trace == trace)
-                y = next(t for t in r["ray"][0] if t.trace == trace)
+                y = next(t for t in r[other][0] if t.trace == trace)
                 ratios.append((m.rps / y.rps, m.lat(99) / y.lat(99), m.loads / max(1, y.loads)))
             out.append(
-                f"{trace}: meshd/ray throughput {med([x[0] for x in ratios]):.2f}x, p99 ratio "
+                f"{trace}: meshd/{other} throughput {med([x[0] for x in ratios]):.2f}x, p99 ratio "
                 f"{med([x[1] for x in ratios]):.2f}, loads ratio {med([x[2] for x in ratios]):.2f} "
                 f"(per run: {', '.join(f'{x[0]:.2f}' for x in ratios)})"
             )
@@ -896,7 +922,7 @@ def report(
         out.append("")
         out.append(f"kill run: {args.kill_requests} zipf requests, one model-serving process SIGKILLed after a third")
         hdr2 = (
-            f"{'system':<6} {'killed':<34} {'failed':>6} {'wrong':>5} {'last failure s':>14} "
+            f"{'system':<8} {'killed':<34} {'failed':>6} {'wrong':>5} {'last failure s':>14} "
             f"{'req/s before':>12} {'req/s after':>11} {'replaced s':>10}"
         )
         out.append(hdr2)
@@ -904,7 +930,7 @@ def report(
         for s, k in kills:
             assert k is not None
             out.append(
-                f"{s:<6} {k.killed[:34]:<34} {k.failed:>6} {k.wrong:>5} {fmt(k.last_failure_after_s, '14.2f')} "
+                f"{s:<8} {k.killed[:34]:<34} {k.failed:>6} {k.wrong:>5} {fmt(k.last_failure_after_s, '14.2f')} "
                 f"{fmt(k.rps_before, '12.0f')} {fmt(k.rps_after, '11.0f')} {fmt(k.replaced_after_s, '10.2f')}"
             )
             out.extend(f"    {e}" for e in k.first_errors[:3])
@@ -931,6 +957,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "e.g. what Ray's replicas held, for a comparison on equal bytes",
     )
     p.add_argument(
+        "--meshd-eviction",
+        choices=("", "rate", "lru", "gdsf", "lrfu"),
+        default="",
+        help="meshd's eviction order (MESHD_EVICTION; default: meshd's own, rate)",
+    )
+    p.add_argument(
         "--meshd-loading-threads",
         type=int,
         default=1,
@@ -955,7 +987,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="runs of each system, order alternating; medians with the spread (default 3; --quick 1)",
     )
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--systems", default="meshd,ray", help="comma-separated subset of meshd,ray (default both)")
+    p.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help="comma-separated subset of meshd, ray (Serve's HTTP ingress), ray-grpc (its gRPC ingress); default all",
+    )
     p.add_argument(
         "--ray-version", default=RAY_VERSION, help=f"ray[serve] version for its venv (default {RAY_VERSION})"
     )
@@ -982,8 +1018,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if a.kill_requests and a.kill_requests < 30:
         p.error("--kill-requests must be 0 or >= 30")
     a.system_list = [s.strip() for s in a.systems.split(",") if s.strip()]
-    if not a.system_list or any(s not in ("meshd", "ray") for s in a.system_list):
-        p.error("--systems takes meshd, ray or both")
+    if not a.system_list or any(s not in SYSTEMS for s in a.system_list):
+        p.error(f"--systems takes a subset of {', '.join(SYSTEMS)}")
     return a
 
 
@@ -1007,8 +1043,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             order = args.system_list if run % 2 == 0 else args.system_list[::-1]
             for s in order:
                 log(f"run {run + 1}/{args.runs}: {s}")
-                runner = run_meshd if s == "meshd" else run_ray
-                results[s] = runner(workload, args, workdir / f"run{run}", costs)
+                where = workdir / f"run{run}{'g' if s == 'ray-grpc' else ''}"  # short: Ray's socket paths
+                if s == "meshd":
+                    results[s] = run_meshd(workload, args, where, costs)
+                else:
+                    results[s] = run_ray(workload, args, where, costs, "grpc" if s == "ray-grpc" else "http")
             runs.append(results)
     except KeyboardInterrupt:
         log("interrupted; stopped every child")

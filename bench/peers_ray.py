@@ -6,12 +6,16 @@ PYTHONPATH so every replica imports meshd.runtimes.model_work, the same model wo
 reference runtime's:
 
     python bench/peers_ray.py --port P --models-dir DIR --stats-dir DIR --ready-file F
-                              [--replicas 3] [--max-models K] [--max-ongoing N]
+                              [--grpc-port G] [--replicas 3] [--max-models K] [--max-ongoing N]
 
 One deployment, `--replicas` replicas, `@serve.multiplexed(max_num_models_per_replica=K)`,
 reached through Ray Serve's HTTP ingress on 127.0.0.1:P as its documentation shows:
 `POST /` with the `serve_multiplexed_model_id` header and a JSON body `{"x": [[floats]]}`,
-answered `{"model": id, "y": [[floats]]}`. A model is the model file bench/peers.py wrote
+answered `{"model": id, "y": [[floats]]}`. With `--grpc-port G`, also through Serve's gRPC
+ingress on 127.0.0.1:G, serving KServe V2 `inference.GRPCInferenceService/ModelInfer` (the
+servicer meshd generates, registered with `gRPCOptions`) with the model id in the
+`multiplexed_model_id` metadata, as Serve's gRPC guide shows: the same request and answer
+bytes the meshd side sends and checks. A model is the model file bench/peers.py wrote
 (meshd.runtimes.models format): its load takes `load_ms` and then allocates and writes
 `size_bytes` (held until Ray evicts the model), each request takes `service_ms`.
 
@@ -38,6 +42,10 @@ from ray import serve
 from starlette.requests import Request
 
 from meshd.runtimes import model_work
+from meshd.runtimes.models import decode_infer_request, make_infer_response
+
+# Serve's gRPC proxy registers this servicer; calls to its ModelInfer reach Models.ModelInfer.
+V2_SERVICER = "meshd._proto.inference.grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server"
 
 
 def build_app(models_dir: str, stats_dir: str, replicas: int, max_models: int, max_ongoing: int) -> Any:
@@ -88,6 +96,14 @@ def build_app(models_dir: str, stats_dir: str, replicas: int, max_models: int, m
             await model_work.serve(model.work)
             return {"model": model_id, "y": [model_work.linear(model.weights, model.bias, row) for row in body["x"]]}
 
+        async def ModelInfer(self, request: Any) -> Any:  # the RPC's name: Serve's gRPC routing calls it
+            model_id = serve.get_multiplexed_model_id()
+            model = await self.get_model(model_id)
+            rows = decode_infer_request(request)
+            await model_work.serve(model.work)
+            out = [model_work.linear(model.weights, model.bias, row) for row in rows]
+            return make_infer_response(model_id, out, len(model.bias))
+
     class Loaded:
         def __init__(self, owner: Any, spec: dict[str, Any], work: model_work.Work, held: model_work.Held) -> None:
             self.owner = owner
@@ -107,6 +123,7 @@ def build_app(models_dir: str, stats_dir: str, replicas: int, max_models: int, m
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="peers_ray.py")
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--grpc-port", type=int, default=0, help="Serve's gRPC ingress too, on this port (0: none)")
     p.add_argument("--models-dir", required=True)
     p.add_argument("--stats-dir", required=True)
     p.add_argument("--ready-file", required=True)
@@ -126,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         _temp_dir=a.temp_dir,
     )
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": a.port})
+        grpc: dict[str, Any] = {}
+        if a.grpc_port:
+            from ray.serve.config import gRPCOptions
+
+            grpc["grpc_options"] = gRPCOptions(port=a.grpc_port, grpc_servicer_functions=[V2_SERVICER])
+        serve.start(http_options={"host": "127.0.0.1", "port": a.port}, **grpc)
         app = build_app(a.models_dir, a.stats_dir, a.replicas, a.max_models, a.max_ongoing)
         serve.run(app, name="peers", route_prefix="/")
         Path(a.ready_file).write_text(json.dumps({"pid": os.getpid(), "ray": ray.__version__}))

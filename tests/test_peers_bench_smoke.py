@@ -18,7 +18,7 @@ import peers  # noqa: E402 - bench/ is not a package
 
 def test_defaults_and_quick() -> None:
     a = peers.parse_args([])
-    assert (a.models, a.cache_models, a.concurrency, a.system_list) == (300, 16, 16, ["meshd", "ray"])
+    assert (a.models, a.cache_models, a.concurrency, a.system_list) == (300, 16, 16, ["meshd", "ray", "ray-grpc"])
     # Equal footing by default: one load at a time per serving process (Ray's multiplex lock),
     # models of one size (a count and bytes are the same capacity), medians of three runs.
     assert (a.meshd_loading_threads, a.model_sizes, a.runs) == (1, "equal", 3)
@@ -69,7 +69,7 @@ def _rows(stdout: str) -> dict[tuple[str, str], list[str]]:
     rows = {}
     for line in stdout.splitlines():
         f = line.split()
-        if len(f) > 10 and f[0] in ("zipf", "shift") and f[1] in ("meshd", "ray"):
+        if len(f) > 10 and f[0] in ("zipf", "shift") and f[1] in peers.SYSTEMS:
             rows[(f[0], f[1])] = f
     return rows
 
@@ -94,9 +94,11 @@ def test_ray_side_quick() -> None:
 
     if not _complete(venv_dir("ray-serve", [f"ray[serve]=={peers.RAY_VERSION}"])):
         pytest.skip("the Ray venv is not built (python bench/peers.py builds it); not run, not passed")
-    proc = _run(["--quick", "--systems", "ray"])
+    proc = _run(["--quick", "--systems", "ray,ray-grpc"])  # Serve's HTTP ingress, then its gRPC one
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
     rows = _rows(proc.stdout)
     for trace in ("zipf", "shift"):
-        row = rows[(trace, "ray")]
-        assert row[8] == "0" and row[9] == "0", row
+        for system in ("ray", "ray-grpc"):
+            row = rows[(trace, system)]
+            assert row[8] == "0" and row[9] == "0", row
+            assert int(row[6]) > 0, row  # loads happened
