@@ -683,8 +683,9 @@ def bucket_quantile(buckets: dict[float, float], q: float) -> str:
 class RaySystem(System):
     name = "ray"
 
-    def __init__(self, driver: Child, stats_dir: Path, seen: dict[int, int | None]) -> None:
+    def __init__(self, driver: Child, stats_dir: Path, seen: dict[int, int | None], name: str = "ray") -> None:
         self.driver, self.stats_dir, self.seen = driver, stats_dir, seen
+        self.name = name  # "ray" (Serve's HTTP ingress) or "ray-grpc"
         self.killed_replica: int | None = None
         self.replicas_at_kill: set[int] = set()
 
@@ -802,8 +803,9 @@ def run_ray(
             if time.monotonic() > deadline:
                 raise StartFailed(f"Ray Serve not ready in {RAY_START_TIMEOUT_S:.0f} s:\n{driver.log_tail()}")
             time.sleep(0.2)
-        system = RaySystem(driver, stats_dir, seen)
-        log(f"  [ray] up: driver {driver.pid}, replicas {system.model_pids()}, {len(system.pids())} processes")
+        system = RaySystem(driver, stats_dir, seen, "ray-grpc" if ingress == "grpc" else "ray")
+        pids = system.pids()
+        log(f"  [{system.name}] up: driver {driver.pid}, replicas {system.model_pids()}, {len(pids)} processes")
 
         async def go() -> tuple[list[TraceResult], KillResult | None]:
             if ingress == "grpc":
