@@ -390,7 +390,8 @@ def grpc_call(channels: Sequence[grpc.aio.Channel], header: str = "mm-model-id")
         try:
             raw = await calls[i % len(calls)](p.grpc_body, metadata=((header, p.model_id),), timeout=RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
-            raise CallFailed(e.code().name, e.details() or "") from None
+            # The first line: Ray's actor errors run to a dozen lines per request.
+            raise CallFailed(e.code().name, (e.details() or "").split("\n", 1)[0]) from None
         try:
             rows = decode_infer_response(pb.ModelInferResponse.FromString(raw))
         except ValueError as e:
