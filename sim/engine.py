@@ -220,6 +220,7 @@ class _Instance:
         "instance_id",
         "loading",
         "mean_load_ms",
+        "loads_finished",
         "pending",
         "placed",
         "popularity",
@@ -241,6 +242,7 @@ class _Instance:
         self.pending: dict[int, int] = {}  # Policy.load_queue: loads waiting for a thread, no room taken -> since
         self.popularity = Popularity()  # Policy.load_queue: requests arriving here, per model
         self.mean_load_ms = DEFAULT_MEAN_LOAD_MS
+        self.loads_finished = 0
         self.blocked: dict[int, tuple[int, int]] = {}  # models waiting for room -> (last used, since)
         # model -> (arrival, origin instance, forwarded) per request waiting for the load
         self.waiters: dict[int, list[tuple[float, int, bool]]] = {}
@@ -739,7 +741,8 @@ class Simulation:
         else:
             for _, origin, forwarded in waiters:
                 self._answered(origin, inst, forwarded)
-        inst.mean_load_ms = update_mean_load_ms(inst.mean_load_ms, ms)
+        inst.mean_load_ms = update_mean_load_ms(inst.mean_load_ms, ms, inst.loads_finished)
+        inst.loads_finished += 1
         while inst.queue and inst.loading < self.fleet.loading_threads:
             nxt = inst.queue.popleft()
             if inst.cache.get(self.ids[nxt]) is not None:

@@ -57,6 +57,7 @@ class LoadQueue:
         self._order = 0
         self.in_progress = 0
         self.mean_load_ms = DEFAULT_MEAN_LOAD_MS  # of the loads that finished here
+        self.finished = 0  # loads that finished here (the mean's weight follows it)
 
     @property
     def waiting(self) -> int:
@@ -122,7 +123,8 @@ class LoadQueue:
             loaded = await self.client.load(model_id, model_type, path, key, self.timeout_s)
             took_ms = (time.monotonic() - started) * 1000
             self.metrics.load(took_ms, model_id)
-            self.mean_load_ms = update_mean_load_ms(self.mean_load_ms, took_ms)
+            self.mean_load_ms = update_mean_load_ms(self.mean_load_ms, took_ms, self.finished)
+            self.finished += 1
             return dataclasses.replace(loaded, load_ms=took_ms)
         except grpc.aio.AioRpcError as e:
             self.after_failure(model_id)

@@ -109,6 +109,19 @@ def test_the_mean_load_time_follows_finished_loads() -> None:
     assert 2990.0 < mean <= 3000.0
 
 
+def test_the_assumed_mean_load_time_gives_way_to_the_first_finished_load() -> None:
+    """Plain mean of the loads so far (the assumed 1 s counts for nothing), then a moving one."""
+    mean = loading.DEFAULT_MEAN_LOAD_MS
+    mean = update_mean_load_ms(mean, 120.0, 0)
+    assert mean == 120.0
+    mean = update_mean_load_ms(mean, 180.0, 1)
+    assert mean == pytest.approx(150.0)
+    for n in range(2, 10):
+        mean = update_mean_load_ms(mean, 150.0, n)
+    assert mean == pytest.approx(150.0)
+    assert update_mean_load_ms(150.0, 1150.0, 50) == pytest.approx(250.0)  # weight 0.1 from the 10th on
+
+
 def test_placement_keeps_the_near_best_instances_with_the_shortest_queue() -> None:
     a = inst("a", loading_threads=2, loading_in_progress=5)
     b = inst("b", loading_threads=2, loading_in_progress=1)
