@@ -396,3 +396,5 @@ def test_a_service_version_whose_number_overflows_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match=r"SERVICE_VERSION.*64-bit"):
         load_config(None, {"SERVICE_VERSION": "9" * 30})
     assert load_config(None, {"SERVICE_VERSION": "modelmesh-20230512-7"}).service_version == "modelmesh-20230512-7"
+    # A digit int() refuses (superscript two) is not a number here: version 1.0.0, no traceback.
+    assert load_config(None, {"SERVICE_VERSION": "1.\u00b2"}).service_version == "1.\u00b2"

@@ -43,7 +43,8 @@ def numeric_version(version: str) -> int:
             if not (1 <= mo <= 12 and 1 <= d <= calendar.monthrange(y, mo)[1] and hh < 24 and mm < 60):
                 break  # not a date: not upstream's form
             return calendar.timegm((y, mo, d, hh, mm, 0)) * 1000 + int(m.group(2) or 0)
-    parts = [int(p) if p.isdigit() else 0 for p in version.split(".")[:3]]
+    # ASCII digits only: str.isdigit() also takes '²', which int() refuses.
+    parts = [int(p) if p.isascii() and p.isdigit() else 0 for p in version.split(".")[:3]]
     parts += [0] * (3 - len(parts))
     return parts[0] * 10_000 + parts[1] * 100 + parts[2]
 

@@ -35,7 +35,7 @@ def reported_loads(trailers: Any) -> int | None:
     for key, value in trailers or ():
         if key == LOADS:
             text = value if isinstance(value, str) else value.decode()
-            return int(text) if text.isdigit() else None
+            return int(text) if text.isascii() and text.isdigit() else None  # not '²', which int() refuses
     return None
 
 

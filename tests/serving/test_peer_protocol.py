@@ -89,3 +89,4 @@ def test_a_peers_load_count_is_read_only_when_it_is_a_count() -> None:
     assert reported_loads(((REASON, "not-here"),)) is None  # an older peer says nothing
     assert reported_loads(None) is None
     assert reported_loads(((LOADS, "-1"),)) is None and reported_loads(((LOADS, "many"),)) is None
+    assert reported_loads(((LOADS, "\u00b2"),)) is None  # a digit to str.isdigit(), not to int()
