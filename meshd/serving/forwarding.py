@@ -51,21 +51,15 @@ class Forwarder:
             SERVED.set((model_id, target))
         self.inflight[target] = self.inflight.get(target, 0) + 1
         raw = peer.unary(spec.path)
-        made: list[Any] = []
-
-        def call(*args: Any, **kwargs: Any) -> Any:
+        try:
             # Kept to its end even if the peer leaves the mesh (it may still be running it);
             # a frozen peer's keepalive fails it with UNAVAILABLE, rerouted below.
-            made.append(peer.track(raw(*args, **kwargs)))
-            return made[-1]
-
-        try:
-            if self.tracing is not None:
-                hop = {"meshd.hop": "peer", "meshd.peer": target, "meshd.mode": mode}
-                response: bytes = await self.tracing.call_unary(call, spec.path, request, md, remaining_s, hop)
+            if self.tracing is None:
+                made = peer.track(raw(request, metadata=md, timeout=remaining_s))
+                response: bytes = await made
             else:
-                response = await call(request, metadata=md, timeout=remaining_s)
-            self._note_loads(target, await made[-1].trailing_metadata())
+                made, response = await self._traced(peer, raw, spec, request, md, remaining_s, target, mode)
+            self._note_loads(target, await made.trailing_metadata())
             return response
         except grpc.aio.AioRpcError as e:
             self._note_loads(target, e.trailing_metadata())
@@ -73,15 +67,34 @@ class Forwarder:
         finally:
             self.inflight[target] -= 1
 
+    async def _traced(
+        self,
+        peer: PeerChannel,
+        raw: Any,
+        spec: MethodSpec,
+        request: bytes,
+        md: Metadata,
+        remaining_s: float | None,
+        target: str,
+        mode: str,
+    ) -> tuple[Any, bytes]:
+        """The call in a CLIENT span: (the call, for its trailers; its answer)."""
+        assert self.tracing is not None
+        made: list[Any] = []
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            made.append(peer.track(raw(*args, **kwargs)))
+            return made[-1]
+
+        hop = {"meshd.hop": "peer", "meshd.peer": target, "meshd.mode": mode}
+        response: bytes = await self.tracing.call_unary(call, spec.path, request, md, remaining_s, hop)
+        return made[-1], response
+
     def _note_loads(self, target: str, trailers: Any) -> None:
+        """Remember a peer's `meshd-loads` and when (placement: `loading.fresh_loads`)."""
         loads = reported_loads(trailers)
         if loads is not None:
             self.peer_loads[target] = (loads, int(time.monotonic() * 1000))
-
-    def fresh_loads(self, within_ms: int) -> dict[str, int]:
-        """Peers' loads in progress as answers said in the last `within_ms`."""
-        now = int(time.monotonic() * 1000)
-        return {peer: loads for peer, (loads, at) in self.peer_loads.items() if now - at <= within_ms}
 
     async def stream(
         self,

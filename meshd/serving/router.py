@@ -46,7 +46,7 @@ from meshd.core.records import ModelRecord, RecordError, VModelRecord
 from meshd.decisions.cache import CacheEntry, State
 from meshd.decisions.placement.constraints import TypeConstraints
 from meshd.decisions.placement.liveness import trusted_peer
-from meshd.decisions.placement.loading import EXHAUSTED_PREFIX
+from meshd.decisions.placement.loading import EXHAUSTED_PREFIX, fresh_loads
 from meshd.decisions.placement.rank import (
     LoadRequest,
     RecentPlacements,
@@ -94,9 +94,6 @@ RUNTIME_CONFIRM_WAIT_S = 5.0
 # How long a request waits for a capped copy leaving this runtime (its unload waits for the
 # copy's requests in flight) before it is routed anyway.
 RELEASE_WAIT_S = 10.0
-# A peer's loads in progress as its answer said (meshd-loads) count over its record for this
-# long: records are published at most every 2 s, and a busy mesh answers many times a second.
-FRESH_LOADS_MS = 1_000
 
 GRPC_MASKED_STATUS = "Internal error from Core"  # grpc/grpc#36066, see open_entry_stream
 _RUNTIME_HOP = {"meshd.hop": "runtime"}  # the runtime call's span attribute
@@ -495,7 +492,7 @@ class Router:
             recent_placements=self._placed.counts(view.now_ms),
             start_soonest=self.local.load_queue,
         )
-        loads = self.forwarder.fresh_loads(FRESH_LOADS_MS)
+        loads = fresh_loads(self.forwarder.peer_loads, int(time.monotonic() * 1000))
         loads[self.self_id] = self.local.loads_in_progress
         target = choose_load_target(view.with_loads(loads), request, self.rng)
         if target is not None:

@@ -27,7 +27,7 @@ congestion collapse"). The rules, in the order a miss meets them:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from meshd.decisions.placement.view import InstanceView
 
@@ -178,6 +178,19 @@ def colder_than_victims(popularity: float, waiting: int, victims: Sequence[float
     the copies its load would evict, taken together: under pressure, such a miss does not
     evict them (TinyLFU's admission test, over the whole set of victims)."""
     return bool(victims) and popularity + waiting <= sum(victims)
+
+
+# A peer's loads in progress as its answer said (`meshd-loads`) count over its record for this
+# long: records are published at most every 2 s, and a busy mesh answers many times a second.
+FRESH_LOADS_MS = 1_000
+
+
+def fresh_loads(
+    reported: Mapping[str, tuple[int, int]], now_ms: int, within_ms: int = FRESH_LOADS_MS
+) -> dict[str, int]:
+    """The loads in progress to place by, from `reported` (instance -> (loads, when said, ms)):
+    those said within `within_ms` before `now_ms`; older ones give way to the records."""
+    return {iid: loads for iid, (loads, at) in reported.items() if now_ms - at <= within_ms}
 
 
 def queue_backlog(inst: InstanceView) -> int:
