@@ -93,16 +93,12 @@ def build_app(models_dir: str, stats_dir: str, replicas: int, max_models: int, m
             model_id = serve.get_multiplexed_model_id()
             model = await self.get_model(model_id)
             body = await request.json()
-            await model_work.serve(model.work)
-            return {"model": model_id, "y": [model_work.linear(model.weights, model.bias, row) for row in body["x"]]}
+            return {"model": model_id, "y": await model.answer(body["x"])}
 
         async def ModelInfer(self, request: Any) -> Any:  # the RPC's name: Serve's gRPC routing calls it
             model_id = serve.get_multiplexed_model_id()
             model = await self.get_model(model_id)
-            rows = decode_infer_request(request)
-            await model_work.serve(model.work)
-            out = [model_work.linear(model.weights, model.bias, row) for row in rows]
-            return make_infer_response(model_id, out, len(model.bias))
+            return make_infer_response(model_id, await model.answer(decode_infer_request(request)), len(model.bias))
 
     class Loaded:
         def __init__(self, owner: Any, spec: dict[str, Any], work: model_work.Work, held: model_work.Held) -> None:
@@ -111,6 +107,11 @@ def build_app(models_dir: str, stats_dir: str, replicas: int, max_models: int, m
             self.bias = spec["bias"]
             self.work = work
             self.held: model_work.Held | None = held
+
+        async def answer(self, rows: list[list[float]]) -> list[list[float]]:
+            """The model's work for a request: its service time, then y = W x + b per row."""
+            await model_work.serve(self.work)
+            return [model_work.linear(self.weights, self.bias, row) for row in rows]
 
         def __del__(self) -> None:  # Ray calls it on eviction; the memory goes with `held`
             if self.held is not None:

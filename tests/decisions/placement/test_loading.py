@@ -137,7 +137,11 @@ def test_placement_keeps_the_near_best_instances_with_the_shortest_queue() -> No
 
 def _picks(req: LoadRequest, *instances: InstanceView) -> set[str | None]:
     """Every instance the pick lands on over 60 seeds (the caller is "me")."""
-    return {choose_load_target(view(*instances), req, random.Random(s)) for s in range(60)}
+    return _picks_in(view(*instances), req)
+
+
+def _picks_in(v: ClusterView, req: LoadRequest) -> set[str | None]:
+    return {choose_load_target(v, req, random.Random(s)) for s in range(60)}
 
 
 MESHD = LoadRequest("m", "", 10, start_soonest=True)
@@ -200,16 +204,12 @@ def test_placement_reads_queues_as_they_are_now_not_as_recorded() -> None:
     assert choose_load_target(as_recorded, balanced, random.Random(0)) == "me"
     live = as_recorded.with_loads({"me": 3})
     assert live.instances["me"].loading_in_progress == 3 and live.instances["b"] is other
-    assert _each_seed(live, balanced) == {"b"}
+    assert _picks_in(live, balanced) == {"b"}
     assert as_recorded.with_loads({"me": 0, "b": 1}) is as_recorded  # nothing to change: the same view
     assert view(other).with_loads({"me": 3}).instances == view(other).instances  # "me" has no record yet
     # A peer's answer said its queue emptied since its record: it is where a load starts now.
     answered = as_recorded.with_loads({"me": 2, "b": 0})
-    assert _each_seed(answered, balanced) == {"b"}
-
-
-def _each_seed(v: ClusterView, req: LoadRequest) -> set[str | None]:
-    return {choose_load_target(v, req, random.Random(s)) for s in range(60)}
+    assert _picks_in(answered, balanced) == {"b"}
 
 
 def test_meshd_loads_onto_the_newest_version_during_a_rolling_update() -> None:
@@ -254,3 +254,10 @@ def test_a_load_must_end_within_its_requests_deadline_only_when_it_would_wait() 
     # A fraction of a round ahead (more threads than loads), then the load itself.
     assert loading.soonest_end_ms(500, 2_000) == 2_000
     assert not loading.within_deadline(1, 0, 0)  # a deadline already passed
+
+
+def test_peers_reported_loads_count_only_while_fresh() -> None:
+    reported = {"b": (3, 9_000), "c": (0, 9_900), "d": (5, 10_000)}
+    assert loading.fresh_loads(reported, 10_000) == {"b": 3, "c": 0, "d": 5}  # 1 s: all three
+    assert loading.fresh_loads(reported, 10_001) == {"c": 0, "d": 5}  # b's is older than 1 s
+    assert loading.fresh_loads(reported, 10_500, within_ms=100) == {}
