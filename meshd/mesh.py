@@ -113,19 +113,23 @@ def http_call(
     if spec is None:
         return None
 
-    async def infer(request: bytes, ids: RequestIds) -> bytes:
+    async def infer(request: bytes, ids: RequestIds, call_timeout_s: float | None) -> bytes:
         started = invocations.start()
         code = "OK"
         response = b""
+        limit_s = timeout_s if call_timeout_s is None else call_timeout_s
         try:
-            async with asyncio.timeout(timeout_s):
-                response = await router.unary(spec, request, ids, (), timeout_s)
+            async with asyncio.timeout(limit_s):
+                response = await router.unary(spec, request, ids, (), limit_s)
                 return response
         except TimeoutError:
             code = "DEADLINE_EXCEEDED"
-            raise DeadlineExceeded(
-                f"no answer within the default request timeout of {timeout_s:g} s (MESHD_REQUEST_TIMEOUT_MS)"
-            ) from None
+            whose = (
+                "its timeout"
+                if call_timeout_s is not None
+                else "the default request timeout (MESHD_REQUEST_TIMEOUT_MS)"
+            )
+            raise DeadlineExceeded(f"no answer within {whose} of {limit_s:g} s") from None
         except MeshError as e:
             code = e.code.name
             raise

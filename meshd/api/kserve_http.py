@@ -18,6 +18,10 @@ Endpoints (KServe V2 REST protocol and its model-repository extension):
     GET  /v2/models/{name}[/versions/{v}]     model metadata: one ModelMetadata, routed the same
                                               way (the model is loaded if it has no copy, as on gRPC)
 
+Inference and metadata calls take their deadline from an `mm-timeout-ms` header (or the
+OpenAI SDKs' `x-stainless-timeout`, seconds), else MESHD_REQUEST_TIMEOUT_MS: as a gRPC
+deadline does, it bounds the call and tells the load queue how long the client will wait.
+
 Either answers 501 when the runtime does not serve the gRPC method behind it. Errors are
 `{"error": "..."}` with the HTTP status matching the core error's gRPC status. Model names
 are path segments, percent-decoded (`%2F` for a `/` in an id). Versions are accepted and
@@ -47,7 +51,7 @@ from meshd.core.errors import InvalidArgument, MeshError
 from meshd.decisions.ids import check_id
 from meshd.decisions.openai import error_body as openai_error_body
 from meshd.decisions.status import ModelStatus
-from meshd.serving.proxy.headers import RequestIds, parse_request_headers
+from meshd.serving.proxy.headers import RequestIds, http_timeout_s, parse_request_headers
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +76,8 @@ HTTP_STATUS = {
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # One serialized request (ModelInfer, ModelMetadata) routed to a copy of the model the ids
-# name; its serialized response.
-Infer = Callable[[bytes, RequestIds], Awaitable[bytes]]
+# name, within the call's deadline (seconds; None: none); its serialized response.
+Infer = Callable[[bytes, RequestIds, float | None], Awaitable[bytes]]
 
 
 def http_status(code: grpc.StatusCode) -> int:
@@ -179,7 +183,8 @@ class KServeHttp:
             message, choice = parse_infer_request(body, header_length, name, request.match_info.get("version", ""))
         except BadTensor as e:
             return error(400, str(e))
-        answer = pb.ModelInferResponse.FromString(await self._infer(message.SerializeToString(), ids))
+        timeout_s = http_timeout_s(request.headers, None)
+        answer = pb.ModelInferResponse.FromString(await self._infer(message.SerializeToString(), ids, timeout_s))
         try:
             out, json_length = render_infer_response(answer, choice)
         except BadTensor as e:
@@ -194,7 +199,10 @@ class KServeHttp:
         name = request.match_info["name"]
         ids = _ids(request, name)
         message = pb.ModelMetadataRequest(name=name, version=request.match_info.get("version", ""))
-        answer = pb.ModelMetadataResponse.FromString(await self._model_metadata(message.SerializeToString(), ids))
+        timeout_s = http_timeout_s(request.headers, None)
+        answer = pb.ModelMetadataResponse.FromString(
+            await self._model_metadata(message.SerializeToString(), ids, timeout_s)
+        )
         return web.json_response(render_metadata_response(answer))
 
     async def not_served(self, request: web.Request) -> web.Response:

@@ -38,7 +38,7 @@ from meshd.decisions.openai import (
     retry_after,
     tensor_model_message,
 )
-from meshd.serving.proxy.headers import RequestIds
+from meshd.serving.proxy.headers import RequestIds, http_timeout_s
 from meshd.serving.router import Answered
 
 log = logging.getLogger(__name__)
@@ -98,17 +98,21 @@ class OpenAIHttp:
             return _error(404, f"model {parsed.model!r} does not exist", "model_not_found", "model")
         except MeshError as e:
             return _mesh_error(e)
+        try:
+            timeout_s = http_timeout_s(request.headers, self.timeout_s)
+        except MeshError as e:
+            return _mesh_error(e)
         balanced = request.headers.get("mm-balanced", "").lower() == "true"
         ids = RequestIds(target.model_id, None, balanced)
         call = llm_pb2.HttpCall(
             model_id=target.model_id, path=request.path, body=raw, body_names_model=parsed.model == target.model_id
         )
         try:
-            answer = await self.route(call.SerializeToString(), ids, self.timeout_s)
+            answer = await self.route(call.SerializeToString(), ids, timeout_s)
         except MeshError as e:
             return _mesh_error(e)
         except TimeoutError:
-            return _error(504, f"no answer from model {target.model_id!r} within {self.timeout_s:g} s", "timeout")
+            return _error(504, f"no answer from model {target.model_id!r} within {timeout_s:g} s", "timeout")
         try:
             return await self._relay(request, answer, parsed.stream)
         except ConnectionResetError:  # the client went away (the openai client closes after [DONE])

@@ -35,12 +35,13 @@ from meshd.decisions.janitor import Repairs, plan_repairs
 from meshd.decisions.placement.liveness import counted_for_max_copies
 from meshd.decisions.placement.loading import (
     DEFAULT_LOAD_WAIT_LIMIT_MS,
-    accepts,
     admission_date,
     colder_than_victims,
     displaced_by,
     exhausted_message,
     load_value,
+    may_queue,
+    patience_ms,
     soonest_end_ms,
     start_wait_ms,
     under_pressure,
@@ -131,6 +132,10 @@ class LocalModels:
         self.cluster_view: Callable[[], ClusterView] | None = None
         self._loading: dict[str, asyncio.Future[CacheEntry]] = {}
         self._wanted_last_used: dict[str, int] = {}  # newest use asked of a load not yet admitted
+        # Loading models -> until when (time.monotonic()) their load may wait for a thread: the
+        # wait limit from its first request, or the latest deadline of a patient request on it.
+        self._patience: dict[str, float] = {}
+        self._slot_timeouts: dict[str, asyncio.Timeout] = {}  # loads waiting for a thread now
         self._unloading: dict[str, asyncio.Task[None]] = {}
         self._releases: set[asyncio.Task[None]] = set()  # record removals of a gone runtime's copies
         self._tasks: set[asyncio.Task[None]] = set()
@@ -165,7 +170,7 @@ class LocalModels:
         missed = time.monotonic()
         pending = self._loading.get(model_id)
         if pending is not None:
-            self._want(model_id, used)
+            self._want(model_id, used, deadline)
             try:
                 loaded = await asyncio.shield(pending)
                 self.cache.touch(model_id, used)  # a use like any other: LRFU and GDSF count it
@@ -189,7 +194,7 @@ class LocalModels:
         requester's (time.monotonic() seconds); a load that would end after it is refused."""
         pending = self._loading.get(model_id)
         if pending is not None:
-            self._want(model_id, last_used_ms)
+            self._want(model_id, last_used_ms, deadline)
             return pending
         entry = self.cache.get(model_id)
         fut: asyncio.Future[CacheEntry] = asyncio.get_running_loop().create_future()
@@ -215,8 +220,29 @@ class LocalModels:
             self._remove(model_id)
         self._loading[model_id] = fut
         self._wanted_last_used[model_id] = last_used_ms
+        self._patience[model_id] = time.monotonic() + self._patience_ms(deadline) / 1000
         self._spawn(self._load(model_id, record, fut))
         return fut
+
+    def _patience_ms(self, deadline: float | None) -> float:
+        """How long a load its request (`deadline`: time.monotonic() seconds) asks for may wait
+        for a thread (`loading.patience_ms`)."""
+        budget_ms = None if deadline is None else (deadline - time.monotonic()) * 1000
+        return patience_ms(self.load_wait_limit_ms, self.queue.mean_load_ms, budget_ms)
+
+    def _be_patient(self, model_id: str, deadline: float | None) -> None:
+        """A request with `deadline` joined the load of `model_id`: if its client waits longer
+        than the load may wait for a thread so far, the load waits as long."""
+        if deadline is None or model_id not in self._patience:
+            return
+        until = time.monotonic() + self._patience_ms(deadline) / 1000
+        if until <= self._patience[model_id]:
+            return
+        self._patience[model_id] = until
+        waiting = self._slot_timeouts.get(model_id)
+        if waiting is not None:
+            loop = asyncio.get_running_loop()
+            waiting.reschedule(loop.time() + until - time.monotonic())
 
     def _value(self, model_id: str) -> float:
         requests, units = self._demand.get(model_id, (1, 1))
@@ -228,7 +254,7 @@ class LocalModels:
         """Why a new load must be refused now (None: it may queue). A more valuable load may
         take the place of the least valuable waiting one, which is refused instead."""
         q = self.queue
-        threads, mean, limit = q.threads, q.mean_load_ms, self.load_wait_limit_ms
+        threads, mean = q.threads, q.mean_load_ms
         wait = start_wait_ms(q.waiting, q.busy, threads, mean)
         units = self.initial_units(record)
         if not within_deadline(wait, mean, budget_ms):
@@ -237,7 +263,7 @@ class LocalModels:
                 f"the request's deadline is {left:.1f} s away, and a load here could end in {end:.1f} s at the soonest"
             )
             return exhausted_message(model_id, why, wait)
-        if not accepts(wait, limit):
+        if not may_queue(wait, mean, self.load_wait_limit_ms, budget_ms):
             value = load_value(1, self.popularity.of(model_id), units)
             waiting = q.waiting_models()
             values = [(self._value(m), since, i) for i, (m, since) in enumerate(waiting)]
@@ -248,6 +274,7 @@ class LocalModels:
             why = f"{model_id!r} is wanted more than it"
             q.displace(displaced, ResourceExhausted(exhausted_message(displaced, why, wait)))
             self.metrics.load_refused()
+        limit = patience_ms(self.load_wait_limit_ms, mean, budget_ms)
         if wait > 0 and under_pressure(q.waiting + 1, threads, mean, limit):
             victims = self.cache.victims_for(model_id, units, last_used_ms)
             pops = [self.popularity.of(v.model_id) for v in victims or ()]
@@ -370,7 +397,8 @@ class LocalModels:
         self._evict_all([e for e in adapters if e is not None])
 
     # ---- loading -------------------------------------------------------------------
-    def _want(self, model_id: str, last_used_ms: int) -> None:
+    def _want(self, model_id: str, last_used_ms: int, deadline: float | None = None) -> None:
+        self._be_patient(model_id, deadline)
         demand = self._demand.get(model_id)
         if demand is not None:
             self._demand[model_id] = (demand[0] + 1, demand[1])
@@ -504,24 +532,31 @@ class LocalModels:
                 self.bases.pop(model_id, None)  # an adapter that did not load holds its base no more
             self._loading.pop(model_id, None)
             self._wanted_last_used.pop(model_id, None)
+            self._patience.pop(model_id, None)
             self._space_changed()  # the entry is now evictable, failed or gone
             self.on_change()
 
     async def _take_slot(self, model_id: str, record: ModelRecord) -> None:
-        """Wait for a loading thread, at most the wait limit (then ResourceExhausted, which the
-        router takes as a busy refusal and tries elsewhere). A load that requests waited on
-        is in use now: its admission is dated now, not at its first request."""
+        """Wait for a loading thread, at most its patience (`_patience`: the wait limit, or a
+        patient request's deadline; then ResourceExhausted, which the router takes as a busy
+        refusal and tries elsewhere). A load that requests waited on is in use now: its
+        admission is dated now, not at its first request."""
         queued = self.clock()
+        started = time.monotonic()
         self._demand[model_id] = (1, self.initial_units(record))
+        loop = asyncio.get_running_loop()
+        until = self._patience.get(model_id, started + self.load_wait_limit_ms / 1000)
         try:
-            async with asyncio.timeout(self.load_wait_limit_ms / 1000):
+            async with asyncio.timeout_at(loop.time() + until - started) as waiting:
+                self._slot_timeouts[model_id] = waiting  # a patient joiner may put it off
                 await self.queue.slot(model_id, lambda: self._value(model_id))
         except TimeoutError:
             self.metrics.load_refused()
-            why = f"it waited {self.load_wait_limit_ms / 1000:g} s for a loading thread"
+            why = f"it waited {time.monotonic() - started:.1f} s for a loading thread"
             wait = self.queue.waiting * self.queue.mean_load_ms / max(1, self.queue.threads)
             raise LoadWaitExpired(exhausted_message(model_id, why, wait)) from None
         finally:
+            self._slot_timeouts.pop(model_id, None)
             self._demand.pop(model_id, None)
         wanted = self._wanted_last_used.get(model_id)
         if wanted is not None:

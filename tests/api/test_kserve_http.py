@@ -161,12 +161,14 @@ class FakeInfer:
 
     def __init__(self) -> None:
         self.ids: list[Any] = []
+        self.timeouts: list[float | None] = []
         self.error: Exception | None = None
 
-    async def __call__(self, request: bytes, ids: Any) -> bytes:
+    async def __call__(self, request: bytes, ids: Any, timeout_s: float | None) -> bytes:
         from meshd._proto.inference import grpc_predict_v2_pb2 as pb
 
         self.ids.append(ids)
+        self.timeouts.append(timeout_s)
         if self.error is not None:
             raise self.error
         req = pb.ModelInferRequest.FromString(request)
@@ -226,6 +228,31 @@ async def test_inference_is_translated_and_routed_by_path_or_header(fake: FakeMe
         assert await call(c, "POST", "/v2/models/m1/infer", json=doc) == (503, {"error": "no copy of 'm1' could serve"})
 
 
+async def test_an_http_call_carries_the_deadline_its_timeout_header_gives(fake: FakeMesh) -> None:
+    """Issue 33: the load queue waits as long as the client will (mm-timeout-ms, or the
+    OpenAI SDKs' x-stainless-timeout in seconds); none: the daemon's default. A bad value is
+    a 400 naming the header, and nothing is routed."""
+    infer = FakeInfer()
+    core = KServeCore(fake.status, lambda: True)
+    doc = {"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [1]}]}
+    async with TestClient(TestServer(KServeHttp(core, infer).app())) as c:
+        for headers, timeout in [
+            ({}, None),
+            ({"mm-timeout-ms": "60000"}, 60.0),
+            ({"X-Stainless-Timeout": "600"}, 600.0),
+            ({"mm-timeout-ms": "1500", "x-stainless-timeout": "600"}, 1.5),  # meshd's own header wins
+        ]:
+            status, _ = await call(c, "POST", "/v2/models/m1/infer", json=doc, headers=headers)
+            assert status == 200 and infer.timeouts[-1] == timeout, headers
+        routed = len(infer.ids)
+        for bad in ["soon", "0", "-5", "nan", "inf", "1e99"]:
+            status, body = await call(c, "POST", "/v2/models/m1/infer", json=doc, headers={"mm-timeout-ms": bad})
+            assert status == 400 and "mm-timeout-ms header must be a positive number of milliseconds" in body["error"]
+        status, body = await call(c, "POST", "/v2/models/m1/infer", json=doc, headers={"x-stainless-timeout": "x"})
+        assert status == 400 and "x-stainless-timeout header must be a positive number of seconds" in body["error"]
+        assert len(infer.ids) == routed
+
+
 async def test_model_metadata_is_one_routed_model_metadata_call_rendered_as_rest(fake: FakeMesh) -> None:
     from meshd._proto.inference import grpc_predict_v2_pb2 as pb
     from meshd.core.errors import NotFound
@@ -233,7 +260,7 @@ async def test_model_metadata_is_one_routed_model_metadata_call_rendered_as_rest
     asked: list[tuple[Any, Any]] = []
     missing: list[str] = []
 
-    async def metadata(request: bytes, ids: Any) -> bytes:
+    async def metadata(request: bytes, ids: Any, timeout_s: float | None) -> bytes:
         req = pb.ModelMetadataRequest.FromString(request)
         asked.append((req, ids))
         if missing:

@@ -246,3 +246,37 @@ async def test_a_load_that_starts_at_once_is_not_refused_for_a_short_deadline(
     soon = asyncio.get_running_loop().time() + 0.001
     loaded = await asyncio.wait_for(lm.ensure("m", rec, 300, deadline=soon), timeout=5)
     assert loaded.state is State.LOADED
+
+
+async def test_a_patient_request_waits_for_its_load_beyond_the_wait_limit(
+    local: tuple[LocalModels, FakeRuntime, Registry],
+) -> None:
+    """Issue 33: the wait limit (here 10 s, stretched by nothing: the mean load is 1 s) stops
+    a load that waited 10 s; a request whose deadline is a minute away keeps its load waiting,
+    and so does one that joins a waiting load with such a deadline."""
+    lm, runtime, registry = local
+    recs = {
+        m: await registry.register(m, ModelInfo("demo", f"/{m}"), 1) for m in ("c1", "hurried", "patient", "joined")
+    }
+    gate = runtime.hold("c1")
+    c1 = asyncio.create_task(lm.ensure("c1", recs["c1"], 200))  # holds the one loading thread
+    await settle()
+    lm.load_wait_limit_ms = 200  # 0.2 s ...
+    lm.queue.mean_load_ms = 10.0  # as if loads took 10 ms: the limit stays 0.2 s
+    loop = asyncio.get_running_loop()
+    hurried = asyncio.create_task(lm.ensure("hurried", recs["hurried"], 300))
+    patient = asyncio.create_task(lm.ensure("patient", recs["patient"], 300, deadline=loop.time() + 60))
+    joined = asyncio.create_task(lm.ensure("joined", recs["joined"], 300))  # no deadline at first
+    await settle()
+    assert lm.queue.waiting == 3
+    late_joiner = asyncio.create_task(lm.ensure("joined", recs["joined"], 400, deadline=loop.time() + 60))
+    await asyncio.sleep(0.5)  # past the 0.2 s limit
+    try:
+        assert hurried.done()
+        with pytest.raises(ResourceExhausted, match="waited 0.2 s for a loading thread"):
+            hurried.result()
+        assert not patient.done() and not joined.done() and lm.queue.waiting == 2
+    finally:
+        gate.set()
+    await asyncio.wait_for(asyncio.gather(c1, patient, joined, late_joiner), timeout=5)
+    assert "patient" in lm.cache and "joined" in lm.cache and "hurried" not in lm.cache

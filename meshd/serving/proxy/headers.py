@@ -8,7 +8,8 @@ runtime: everything except `mm-*`, `grpc-*`, meshd's internal ones and transport
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from meshd.core.errors import InvalidArgument
@@ -19,6 +20,11 @@ MODEL_ID_BIN = "mm-model-id-bin"
 VMODEL_ID = "mm-vmodel-id"
 VMODEL_ID_BIN = "mm-vmodel-id-bin"
 BALANCED = "mm-balanced"
+# An HTTP call's deadline (gRPC calls carry theirs as grpc-timeout): milliseconds, meshd's own;
+# seconds as the OpenAI SDKs send it on every call (their client timeout, 600 s by default).
+TIMEOUT_MS = "mm-timeout-ms"
+OPENAI_TIMEOUT_S = "x-stainless-timeout"
+MAX_TIMEOUT_S = 365 * 86400.0
 INTERNAL_PREFIX = "meshd-"  # peer-only metadata: stripped from, never trusted on, the external port
 TRANSPORT_HEADERS = frozenset({"content-type", "user-agent", "te", "host", "grpc-timeout", "grpc-encoding"})
 
@@ -43,6 +49,25 @@ def ids_from_body(body_id: str | None, is_vmodel: bool, headers: RequestIds) -> 
     if headers.model_id is None and headers.vmodel_id is None:
         raise InvalidArgument("no model named: the request body has no id and no mm-model-id header is set")
     return headers
+
+
+def http_timeout_s(headers: Mapping[str, str], default_s: float | None) -> float | None:
+    """The deadline an HTTP call gives meshd, in seconds: `mm-timeout-ms`, else
+    `x-stainless-timeout`, else `default_s` (MESHD_REQUEST_TIMEOUT_MS; None: none). A value
+    that is not a positive number raises InvalidArgument."""
+    for name, scale in ((TIMEOUT_MS, 0.001), (OPENAI_TIMEOUT_S, 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw) * scale
+        except ValueError:
+            value = math.nan
+        if not 0 < value <= MAX_TIMEOUT_S:  # also refuses nan and inf
+            unit = "milliseconds" if scale < 1 else "seconds"
+            raise InvalidArgument(f"the {name} header must be a positive number of {unit}, not {raw[:40]!r}")
+        return value
+    return default_s
 
 
 def _set_once(found: dict[str, str], what: str, value: str) -> None:

@@ -256,6 +256,28 @@ def test_a_load_must_end_within_its_requests_deadline_only_when_it_would_wait() 
     assert not loading.within_deadline(1, 0, 0)  # a deadline already passed
 
 
+def test_the_wait_limit_stretches_to_a_few_slow_loads() -> None:
+    assert loading.wait_limit(10_000, 117.0) == 10_000  # fast loads: the limit as configured
+    assert loading.wait_limit(10_000, 25_000.0) == loading.LIMIT_IN_LOADS * 25_000.0
+    # Behind one 25 s load (a 25 s wait), a 10 s limit would refuse every miss; stretched, it queues.
+    assert not loading.accepts(25_000, 10_000)
+    assert loading.may_queue(25_000, 25_000.0, 10_000, None)
+    assert not loading.may_queue(50_000, 25_000.0, 10_000, None)  # two loads ahead: past half of 75 s
+
+
+def test_a_request_that_will_wait_longer_than_the_limit_may_queue_while_its_load_can_end_in_time() -> None:
+    # A 20 s wait, 1 s loads: past half the 10 s limit, so refused without a deadline ...
+    assert not loading.may_queue(20_000, 1_000.0, 10_000, None)
+    assert not loading.may_queue(20_000, 1_000.0, 10_000, 8_000)  # ... or with a shorter one
+    # ... but a client that allows a minute waits, and one that allows 15 s cannot be served.
+    assert loading.may_queue(20_000, 1_000.0, 10_000, 60_000)
+    assert not loading.may_queue(20_000, 1_000.0, 10_000, 15_000)
+    assert loading.patience_ms(10_000, 1_000.0, None) == 10_000
+    assert loading.patience_ms(10_000, 1_000.0, 5_000) == 10_000  # a short deadline does not shorten it
+    assert loading.patience_ms(10_000, 1_000.0, 60_000) == 60_000
+    assert loading.patience_ms(10_000, 30_000.0, 60_000) == 90_000  # slow loads: the stretched limit
+
+
 def test_peers_reported_loads_count_only_while_fresh() -> None:
     reported = {"b": (3, 9_000), "c": (0, 9_900), "d": (5, 10_000)}
     assert loading.fresh_loads(reported, 10_000) == {"b": 3, "c": 0, "d": 5}  # 1 s: all three
