@@ -61,14 +61,17 @@ from meshd.decisions.gate import Arrival, on_arrival, queue_bound
 from meshd.decisions.placement.loading import (
     DEFAULT_LOAD_WAIT_LIMIT_MS,
     DEFAULT_MEAN_LOAD_MS,
-    accepts,
+    admission_date,
     colder_than_victims,
     displaced_by,
     load_value,
+    may_queue,
     next_load,
+    patience_ms,
     start_wait_ms,
     under_pressure,
     update_mean_load_ms,
+    within_deadline,
 )
 from meshd.decisions.placement.rank import (
     DEFAULT_LOADING_TIMEOUT_MS,
@@ -121,6 +124,7 @@ class Fleet:
     max_queue: int = 0  # waiters per gated copy: MM_MAX_INFLIGHT_PER_MODEL_COPY (0 auto, < 0 unbounded)
     scaleup_bandwidth_pct: int = DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT
     load_wait_limit_ms: int = DEFAULT_LOAD_WAIT_LIMIT_MS  # Policy.load_queue: longest a load may wait to start
+    client_timeout_ms: int = 0  # each request's deadline after its arrival (0: none; `Result.late`)
 
     def __post_init__(self) -> None:
         if self.instances < 1:
@@ -167,6 +171,7 @@ class Result:
     hot_added_p99_ms: float = 0.0
     refused_fast: int = 0  # Policy.load_queue: misses refused at once (RESOURCE_EXHAUSTED), counted in `failed`
     failed_slow: int = 0  # failed after waiting more than FAST_REFUSAL_MS (the rest were refused at once)
+    late: int = 0  # with Fleet.client_timeout_ms: served, but answered after the client's deadline
 
     @property
     def hit_ratio(self) -> float:
@@ -221,6 +226,7 @@ class _Instance:
         "loading",
         "loads_finished",
         "mean_load_ms",
+        "patience",
         "pending",
         "placed",
         "popularity",
@@ -240,6 +246,7 @@ class _Instance:
         self.loading = 0  # loads running (<= loading threads)
         self.queue: deque[int] = deque()  # admitted models waiting for a loading thread
         self.pending: dict[int, int] = {}  # Policy.load_queue: loads waiting for a thread, no room taken -> since
+        self.patience: dict[int, float] = {}  # ... -> until when it may wait (LocalModels._patience)
         self.popularity = Popularity()  # Policy.load_queue: requests arriving here, per model
         self.mean_load_ms = DEFAULT_MEAN_LOAD_MS
         self.loads_finished = 0
@@ -315,6 +322,7 @@ class Simulation:
         self.minute_loads: dict[int, int] = {}
         self.exhausted = False  # the last _start_load was refused by the load queue's limits
         self.wait_limit_ms = fleet.load_wait_limit_ms
+        self.timeout_ms = fleet.client_timeout_ms
         self.load_waits: array[float] = array("d")
         self.queued_at: dict[tuple[int, int], int] = {}  # (instance, model) -> queued for a thread at
         counts = [0] * len(cat.ids)
@@ -454,6 +462,7 @@ class Simulation:
                         return
                     continue
                 if m in holder.waiters:  # loading there: wait for it
+                    self._be_patient(holder, m, t, self._budget(t, arrival))
                     holder.waiters[m].append((arrival, inst.index, forwarded))
                     if forwarded:
                         inflight[target] = inflight.get(target, 0) + 1
@@ -471,7 +480,7 @@ class Simulation:
             holder = self.by_id[target]
             joining = m in holder.waiters
             self.exhausted = False
-            if self._start_load(holder, m, t, t):
+            if self._start_load(holder, m, t, t, self._budget(t, arrival)):
                 forwarded = target != me
                 if not joining:
                     holder.initiated.add(m)  # this request's use is the admission's
@@ -485,6 +494,17 @@ class Simulation:
                 if exhausted > MAX_BUSY_RETRIES:
                     break
         self._failed(exhausted > 0, t - arrival)
+
+    def _budget(self, t: float, arrival: float) -> float | None:
+        """What a request that arrived at `arrival` has left of its deadline at `t` (None: none)."""
+        return None if not self.timeout_ms else self.timeout_ms - (t - arrival)
+
+    def _be_patient(self, inst: _Instance, m: int, t: float, budget_ms: float | None) -> None:
+        """LocalModels._be_patient: a request with a deadline joined a waiting load."""
+        if budget_ms is None or m not in inst.patience:
+            return
+        until = t + patience_ms(self.wait_limit_ms, inst.mean_load_ms, budget_ms)
+        inst.patience[m] = max(inst.patience[m], until)
 
     def _failed(self, rejected: bool, waited: float) -> None:
         """No answer: UNAVAILABLE, or RESOURCE_EXHAUSTED (`rejected`) when copies were busy
@@ -526,6 +546,8 @@ class Simulation:
         if self.counting:
             added = t - arrival + (self.fleet.hop_ms if fwd else 0.0)
             self._latency(added, added + ms)
+            if self.timeout_ms and added + ms > self.timeout_ms:
+                self.result.late += 1
             if self.hot[m]:
                 if added <= 0:
                     self.zero_hot += 1
@@ -592,13 +614,15 @@ class Simulation:
         return target
 
     # ---- loading -----------------------------------------------------------------------
-    def _start_load(self, inst: _Instance, m: int, t: int, last_used: int) -> bool:
+    def _start_load(self, inst: _Instance, m: int, t: int, last_used: int, budget_ms: float | None = None) -> bool:
         """LocalModels.start_load: join a load under way, or admit (evicting) and queue it.
-        False when the cache refuses it for good (too big, or only newer models to evict)."""
+        False when the cache refuses it for good (too big, or only newer models to evict).
+        `budget_ms`: what the asking request has left of its deadline (None: none)."""
         if m in inst.waiters:
+            self._be_patient(inst, m, t, budget_ms)
             return True
         if self.policy.load_queue and (inst.loading >= self.fleet.loading_threads or inst.pending):
-            return self._enqueue(inst, m, t, last_used)
+            return self._enqueue(inst, m, t, last_used, budget_ms)
         admission = inst.cache.admit(self.ids[m], self.units[m], last_used, t)
         if admission.admitted:
             inst.waiters[m] = []
@@ -610,26 +634,28 @@ class Simulation:
             return True
         return False
 
-    def _enqueue(self, inst: _Instance, m: int, t: int, last_used: int) -> bool:
+    def _enqueue(self, inst: _Instance, m: int, t: int, last_used: int, budget_ms: float | None) -> bool:
         """Policy.load_queue: wait for a loading thread without taking room, unless the load
-        could not start within the wait limit, or the queue is under pressure and the model is
-        colder than what it would evict (refused fast: `self.exhausted`)."""
+        could not end before the request's deadline, or not start within the wait limit (or
+        the deadline, if longer), or the queue is under pressure and the model is colder than
+        what it would evict (refused fast: `self.exhausted`)."""
         mid, units, pop = self.ids[m], self.units[m], inst.popularity
         threads, mean = self.fleet.loading_threads, inst.mean_load_ms
-        refuse = False
-        if not accepts(start_wait_ms(len(inst.pending), inst.loading, threads, mean), self.wait_limit_ms):
+        wait = start_wait_ms(len(inst.pending), inst.loading, threads, mean)
+        refuse = not within_deadline(wait, mean, budget_ms)
+        if not refuse and not may_queue(wait, mean, self.wait_limit_ms, budget_ms):
             # The queue is at its bound: this load goes in only in place of a less valuable one.
             value = load_value(1, pop.of(mid), units)
             values = {p: load_value(len(inst.waiters[p]), pop.of(self.ids[p]), self.units[p]) for p in inst.pending}
             coldest = displaced_by(value, ((values[p], since, p) for p, since in inst.pending.items()), t)
             if coldest is not None:
                 del inst.pending[coldest]
+                inst.patience.pop(coldest, None)
                 self._refuse_load(inst, coldest, t, reroute=True)
             else:
                 refuse = True
-        pressure = self.policy.pressure_admission and under_pressure(
-            len(inst.pending) + 1, threads, mean, self.wait_limit_ms
-        )
+        patience = patience_ms(self.wait_limit_ms, mean, budget_ms)
+        pressure = self.policy.pressure_admission and under_pressure(len(inst.pending) + 1, threads, mean, patience)
         if not refuse and pressure:
             victims = inst.cache.victims_for(mid, units, last_used)
             refuse = victims is None or colder_than_victims(pop.of(mid), 1, [pop.of(v.model_id) for v in victims])
@@ -640,15 +666,17 @@ class Simulation:
             return False
         inst.waiters[m] = []
         inst.pending[m] = t
+        inst.patience[m] = t + patience
         self.copies[m][inst.instance_id] = t  # recorded now, so requests elsewhere join this load
         return True
 
     def _start_pending(self, inst: _Instance, t: int) -> None:
         """Free loading threads take the most valuable waiting loads; room is taken now."""
         pop = inst.popularity
-        for p, since in list(inst.pending.items()):  # waited past the limit: refused
-            if t - since > self.wait_limit_ms:  # LoadWaitExpired: answered, not rerouted
+        for p in list(inst.pending):  # waited past its patience (the limit, or a deadline): refused
+            if t > inst.patience[p]:  # LoadWaitExpired: answered, not rerouted
                 del inst.pending[p]
+                del inst.patience[p]
                 self._refuse_load(inst, p, t)
         while inst.pending and inst.loading < self.fleet.loading_threads:
             m = next_load(
@@ -660,6 +688,7 @@ class Simulation:
             )
             assert m is not None
             since = inst.pending.pop(m)
+            del inst.patience[m]
             # Requests wait on it now: it is in use now (a background load keeps its older date).
             used = t if inst.waiters[m] else max(since, self.last_used[m])
             admission = inst.cache.admit(self.ids[m], self.units[m], used, t)
@@ -750,7 +779,9 @@ class Simulation:
         if inst.pending:
             self._start_pending(inst, t)
         for b, (used, since) in list(inst.blocked.items()):  # room may have appeared (LocalModels._admit)
-            admission = inst.cache.admit(self.ids[b], self.units[b], max(used, self.last_used[b]), t)
+            # Requests waiting on it use it now (LocalModels._admit); a background load keeps its date.
+            used = admission_date(max(used, self.last_used[b]), since, t) if inst.waiters.get(b) else used
+            admission = inst.cache.admit(self.ids[b], self.units[b], used, t)
             if admission.admitted:
                 del inst.blocked[b]
                 self._admitted(inst, b, t, admission.evicted)

@@ -11,16 +11,19 @@ from sim.engine import Result
 def table(rows: Sequence[tuple[str, float, Result]]) -> str:
     """A markdown table: one row per (workload, capacity share, result). Added latency is
     what meshd adds (load and gate waits, hops); total adds the service time; failed
-    includes requests every copy's full gate refused (RESOURCE_EXHAUSTED)."""
+    includes requests every copy's full gate refused (RESOURCE_EXHAUSTED) and misses the load
+    queue refused; late (only with a client deadline): served after it."""
+    late = any(r.late for _, _, r in rows)
     lines = [
         "| workload | capacity | policy | hit ratio | loads | loads/min | added p99 ms | total p99 ms | queued "
-        "| failed |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| failed |" + (" late |" if late else ""),
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if late else ""),
     ]
     for workload, share, r in rows:
         lines.append(
             f"| {workload} | {share:.0%} | {r.policy} | {r.hit_ratio:.3f} | {r.loads} | {r.loads_per_min:.1f} "
             f"| {r.added_p99_ms:.0f} | {r.total_p99_ms:.0f} | {r.queued} | {r.failed} |"
+            + (f" {r.late} |" if late else "")
         )
     return "\n".join(lines)
 

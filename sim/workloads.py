@@ -12,6 +12,9 @@ Synthetic workloads (all over a Zipf(alpha) popularity of the catalogue):
 - `bursts`: Zipf background plus bursts during which one cold model takes a share of traffic.
 - `daily`: the arrival rate follows a daily cycle (compressed: `day_s` seconds per day).
 - `new_models`: models arrive over time, each entering at the top of the ranking.
+- `large_models`: its own catalogue (`large_catalogue`): under a hundred big models with
+  10-40 s loads and 10-60 s service times, asked for in bursts (sessions) over weeks, the
+  catalogue growing as it goes (issue 33's held-back trace, in shape).
 
 CSV trace format (`read_csv`): one request per line, `timestamp,model_id[,size_bytes[,latency_ms]]`.
 `timestamp` is in seconds (a float, any origin; lines need not be sorted); `size_bytes` is the
@@ -398,3 +401,73 @@ def write_csv(workload: Workload, path: Path) -> None:
         w.writerow(["timestamp", "model_id", "size_bytes", "latency_ms"])
         for t, m in zip(workload.times_ms, workload.models, strict=True):
             w.writerow([f"{t / 1000:.3f}", cat.ids[m], cat.units[m] * 8192, f"{cat.service_ms[m]:g}"])
+
+
+# The large-models preset (issue 33): the shape of a held-back public trace of big models.
+LARGE_MODELS = 80
+LARGE_PRESENT_AT_START = 0.5  # the rest arrive evenly over the trace
+LARGE_SIZE_MIB = 16_384.0  # median; log-normal sigma 0.3 (a third of an instance at 10 %, 3 instances)
+LARGE_SIZE_SIGMA = 0.3
+LARGE_LOAD_MS = (10_000.0, 40_000.0)  # by size: the smallest model loads in 10 s, the largest in 40 s
+LARGE_SERVICE_MS = (10_000.0, 60_000.0)  # each model's mean, log-uniform
+LARGE_SESSIONS_PER_DAY = 600.0  # bursts of requests for one model (a user, a batch job)
+LARGE_SESSION_REQUESTS = 3.0  # mean requests per session (geometric)
+LARGE_SESSION_GAP_MS = 30_000.0  # mean gap between a session's requests (exponential)
+LARGE_NEWEST_SHARE = 0.3  # of sessions, the share that go to one of the newest models
+LARGE_NEWEST = 4
+DAY_MS = 86_400_000
+
+
+def large_catalogue(rng: random.Random, n: int = LARGE_MODELS) -> Catalogue:
+    """`n` big models: log-normal sizes around 16 GiB, load times from 10 s (the smallest)
+    to 40 s (the largest) by size, mean service times log-uniform over 10-60 s."""
+    sizes = [int(LARGE_SIZE_MIB * MIB * math.exp(rng.gauss(0, LARGE_SIZE_SIGMA))) for _ in range(n)]
+    low, high = min(sizes), max(sizes)
+    lo_ms, hi_ms = LARGE_LOAD_MS
+    load = [lo_ms + (hi_ms - lo_ms) * (s - low) / max(1, high - low) for s in sizes]
+    s_lo, s_hi = (math.log(x) for x in LARGE_SERVICE_MS)
+    service = [math.exp(rng.uniform(s_lo, s_hi)) for _ in range(n)]
+    return Catalogue(
+        ids=tuple(f"large{i:03d}" for i in range(n)),
+        units=tuple(to_units(s) for s in sizes),
+        load_ms=tuple(load),
+        service_ms=tuple(service),
+    )
+
+
+def large_models(n_requests: int, alpha: float, seed: int = 0) -> Workload:
+    """Sessions of requests for one model at a time, over weeks (`LARGE_SESSIONS_PER_DAY`, more
+    by day than by night), each `LARGE_SESSION_REQUESTS` requests on average `LARGE_SESSION_GAP_MS`
+    apart; a session picks one of the `LARGE_NEWEST` newest models with `LARGE_NEWEST_SHARE`,
+    else a model by Zipf(alpha) over those present (a fixed random ranking). Half the catalogue
+    is there at the start, the rest arrive evenly until the trace ends."""
+    rng = random.Random(seed)
+    cat = large_catalogue(random.Random(seed * 31 + 1))
+    n = len(cat)
+    start = max(1, int(n * LARGE_PRESENT_AT_START))
+    mean_gap_ms = DAY_MS / LARGE_SESSIONS_PER_DAY
+    ranking = list(range(n))
+    rng.shuffle(ranking)
+    requests: list[tuple[int, int]] = []
+    t = 0.0
+    while len(requests) < n_requests:
+        t += rng.expovariate(1.0) * mean_gap_ms
+        day = 0.5 * (1 - math.cos(2 * math.pi * (t % DAY_MS) / DAY_MS))  # 0 at midnight, 1 at noon
+        if rng.random() > 0.3 + 0.7 * day:  # thinned: nights have about a third of the sessions
+            continue
+        present = min(n, start + (n - start) * len(requests) // n_requests)
+        if rng.random() < LARGE_NEWEST_SHARE:
+            model = present - 1 - rng.randrange(min(LARGE_NEWEST, present))
+        else:
+            order = [m for m in ranking if m < present]
+            weights = zipf_weights(len(order), alpha)
+            model = order[bisect.bisect_left(_cumulative(weights), rng.random())]
+        at = t
+        for _ in range(1 + int(rng.expovariate(1.0 / (LARGE_SESSION_REQUESTS - 1)))):
+            requests.append((int(at), model))
+            at += rng.expovariate(1.0) * LARGE_SESSION_GAP_MS
+    requests.sort()
+    requests = requests[:n_requests]
+    times = array("q", (r[0] for r in requests))
+    models = array("q", (r[1] for r in requests))
+    return Workload("large-models", cat, times, models)

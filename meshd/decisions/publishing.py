@@ -10,10 +10,14 @@ writing; the simulator publishes on the same rules.
 from __future__ import annotations
 
 import calendar
+import dataclasses
+import functools
+import operator
 import re
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from meshd import __version__
 from meshd.core.records import EMPTY_LRU_TIME, InstanceRecord
@@ -30,6 +34,7 @@ _UPSTREAM_VERSION = re.compile(r".+-(\d{8})-(\d+)")
 _UPSTREAM_VERSION_OLD = re.compile(r"(\d{8}-\d{4})(?:-(\d+))?")
 
 
+@functools.lru_cache(maxsize=64)  # read on every record built: a handful of distinct versions
 def numeric_version(version: str) -> int:
     """The instance record's `vers`: newer versions compare greater (placement prefers them).
 
@@ -105,9 +110,16 @@ class RpmMeter:
         return total - self._samples[0][1]
 
 
-def material(r: InstanceRecord) -> InstanceRecord:
+# The record's fields that do not drift with every request (all but LRU time and request
+# rate), as one getter: compared on every publish tick (the simulator makes millions).
+_MATERIAL = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(InstanceRecord) if f.compare and f.name not in ("lru_time", "rpm"))
+)
+
+
+def material(r: InstanceRecord) -> tuple[Any, ...]:
     """The record without the fields that drift with every request (LRU time, request rate)."""
-    return replace(r, lru_time=0, rpm=0)
+    return _MATERIAL(r)
 
 
 def publish_due(last: InstanceRecord | None, new: InstanceRecord, last_ms: int, now_ms: int, forced: bool) -> bool:

@@ -422,8 +422,11 @@ class LocalModels:
         """Reserve room, waiting (up to the load timeout) while loading entries fill it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.queue.timeout_s
+        began = self.clock()
         while True:
-            last_used = self._wanted_last_used.get(model_id, self.clock())
+            # Requests waiting on it use it now, at each try: copies touched while it waited
+            # for room do not refuse it for good (a background load keeps its older date).
+            last_used = admission_date(self._wanted_last_used.get(model_id, began), began, self.clock())
             admission = self.cache.admit(model_id, units, last_used, self.clock(), self._keep(model_id))
             if admission.admitted:
                 self._evict_all(admission.evicted)

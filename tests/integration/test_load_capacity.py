@@ -6,7 +6,11 @@ retry (never UNAVAILABLE, never the client's deadline)."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -15,7 +19,7 @@ import pytest
 from meshd.runtimes.models import decode_infer_response, generate_models, make_infer_request
 from meshd.testing.procs import wait_until
 
-from .conftest import MODEL_SIZE, NodeFactory, close_enough, expected
+from .conftest import MODEL_SIZE, Client, NodeFactory, close_enough, expected
 
 pytestmark = pytest.mark.slow
 
@@ -113,3 +117,67 @@ def test_a_miss_that_could_not_load_before_the_clients_deadline_is_refused_not_t
         assert close_enough(decode_infer_response(running.result()), expected(first, ROWS))
         assert close_enough(decode_infer_response(waited.result()), expected(patient, ROWS))
     assert short.id not in c.runtime_loaded()
+
+
+def _rest_infer(c: Client, model_id: str, headers: dict[str, str]) -> tuple[int, dict[str, object]]:
+    doc = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": ROWS[0]}]}
+    req = urllib.request.Request(
+        f"{c.node.http_url}/v2/models/{model_id}/infer",
+        data=json.dumps(doc).encode(),
+        headers={"Content-Type": "application/json", **headers},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_patient_request_waits_for_its_load_beyond_the_wait_limit_while_a_hurried_one_is_refused_fast(
+    start_node: NodeFactory, tmp_path: object
+) -> None:
+    """Issue 33: one loading thread, 1.5 s loads, a 1 s wait limit (3 s in force: three mean
+    load times). Requests whose clients allow a minute (a gRPC deadline, or mm-timeout-ms over
+    REST) queue four deep behind the running load and are all served, the last after waiting
+    about 6 s, twice the limit; meanwhile a request without a deadline, and one that allows
+    1 s, are refused fast (RESOURCE_EXHAUSTED, saying why)."""
+    runtime_args = ["--load-delay-ms", str(LOAD_DELAY_MS), "--max-loading-concurrency", "1"]
+    c = start_node("inst-a", 8, runtime_args, {"load_wait_limit_ms": 1000})
+    models = generate_models(tmp_path / "models", 7, size_bytes=MODEL_SIZE)  # type: ignore[operator]
+    for m in models:
+        c.register(m)
+    first, *patient, over_rest, hurried, no_deadline = models
+
+    def infer(model_id: str, timeout: float | None) -> object:
+        req = make_infer_request(model_id, ROWS)
+        return c.v2.ModelInfer(req, metadata=(("mm-model-id", model_id),), timeout=timeout)
+
+    def refused_fast(model_id: str, timeout: float | None) -> str:
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(model_id, timeout)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+        assert time.monotonic() - started < 1.0  # at once, not after waiting
+        return refused.value.details() or ""
+
+    with ThreadPoolExecutor(5) as pool:
+        running = pool.submit(infer, first.id, 60)  # takes the loading thread for 1.5 s
+        wait_until(lambda: c.stats().misses >= 1, 10, "the first load to start")
+        started = time.monotonic()
+        waiting = [pool.submit(infer, m.id, 60) for m in patient]
+        wait_until(lambda: c.stats().misses >= 1 + len(patient), 10, "the patient loads to queue")
+        rest = pool.submit(_rest_infer, c, over_rest.id, {"mm-timeout-ms": "60000"})
+        wait_until(lambda: c.stats().misses >= 2 + len(patient), 10, "the REST request's load to queue")
+        assert "deadline is 1.0 s away" in refused_fast(hurried.id, 1.0)
+        assert "loads wait for 1 loading threads" in refused_fast(no_deadline.id, None)
+        assert close_enough(decode_infer_response(running.result()), expected(first, ROWS))
+        for m, answer in zip(patient, waiting, strict=True):
+            assert close_enough(decode_infer_response(answer.result()), expected(m, ROWS))
+        waited = time.monotonic() - started
+        status, body = rest.result()
+    assert status == 200, body
+    assert waited > 2 * 3.0  # the last patient load waited beyond the wait limit in force
+    loaded = c.runtime_loaded()
+    assert {m.id for m in (first, *patient, over_rest)} <= set(loaded)
+    assert hurried.id not in loaded and no_deadline.id not in loaded

@@ -273,7 +273,7 @@ async def test_a_patient_request_waits_for_its_load_beyond_the_wait_limit(
     await asyncio.sleep(0.5)  # past the 0.2 s limit
     try:
         assert hurried.done()
-        with pytest.raises(ResourceExhausted, match="waited 0.2 s for a loading thread"):
+        with pytest.raises(ResourceExhausted, match=r"waited 0\.2 s for a loading thread"):
             hurried.result()
         assert not patient.done() and not joined.done() and lm.queue.waiting == 2
     finally:

@@ -189,6 +189,30 @@ async def test_dropping_a_model_wakes_a_load_waiting_for_room() -> None:
         await r.close()
 
 
+async def test_a_load_its_requests_wait_on_is_used_now_each_time_it_tries_for_room() -> None:
+    """Issue 33: a request waits for room while the only other copy loads; that copy is then
+    used more recently than the request arrived. The waiting request is in use now, so it
+    evicts it, rather than failing for good as "full of more recently used models"."""
+    r = await make_rig(capacity_models=1, loading_timeout_ms=5000)
+    try:
+        c = await r.register("c")
+        gate = r.runtime.hold("c")
+        loading_c = r.local.start_load("c", c, r.now[0] + 5_000)  # asked for later than b
+        await settle()
+        b = await r.register("b")
+        waiting_b = asyncio.create_task(r.local.ensure("b", b))  # no room until c has loaded
+        await settle()
+        assert not waiting_b.done()
+        r.now[0] += 10_000
+        gate.set()
+        await asyncio.wait_for(asyncio.shield(loading_c), 5)
+        entry = await asyncio.wait_for(waiting_b, 5)
+        assert entry.state is State.LOADED and "c" not in r.local.cache
+        assert r.units_consistent()
+    finally:
+        await r.close()
+
+
 async def test_evicting_a_failed_entry_is_not_counted_as_an_eviction() -> None:
     r = await make_rig(capacity_models=1)
     try:

@@ -55,3 +55,16 @@ def test_bad_arguments_are_one_line_errors(argv: list[str], message: str) -> Non
     proc = subprocess.run([sys.executable, "-m", "sim", *argv], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_large_models_preset_runs_on_three_instances_with_a_client_deadline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "res"
+    args = ["--preset", "large-models", "--requests", "600", "--capacities", "0.1", "--policies", "upstream,meshd"]
+    assert main([*args, "--client-timeout-s", "600", "--out", str(out), "--no-plots"]) == 0
+    text = (out / "large-models.md").read_text()
+    assert "3 instances" in text and "a 600 s client deadline" in text
+    assert "| large-models | 10% | upstream |" in text and "| large-models | 10% | meshd |" in text
+    assert main([*args, "--instances", "2", "--out", str(out), "--no-plots"]) == 0
+    assert "2 instances" in (out / "large-models.md").read_text()

@@ -126,3 +126,30 @@ def test_an_overloaded_fleet_keeps_its_hit_ratio_where_first_come_collapses() ->
     calm = hit_ratio(2.0, MESHD)
     assert hit_ratio(40.0, MESHD) > calm - 0.05
     assert hit_ratio(40.0, MESHD_FIFO) < hit_ratio(2.0, MESHD_FIFO) - 0.1  # the collapse this prevents
+
+
+def test_a_request_with_a_long_deadline_queues_beyond_the_wait_limit_and_is_served() -> None:
+    """Issue 33, as in the daemon: with a 4 s limit only two loads queue behind the running
+    one; requests whose clients allow a minute queue deeper, are not refused when the limit
+    passes, and are served (none late). A 1.2 s deadline cannot be met behind them: refused."""
+    sim = one_instance(True, load_wait_limit_ms=4_000, client_timeout_ms=60_000)
+    inst = sim.insts[0]
+    inst.mean_load_ms = 1000.0
+    for m in range(1, 7):
+        sim._request(EPOCH_MS + m, m, inst)
+    assert inst.loading == 1 and len(inst.pending) == 5 and sim.result.failed == 0
+    t = EPOCH_MS
+    for m in range(1, 7):  # each load takes 1 s; the last waits 5 s, past the 4 s limit
+        t += 1000
+        sim._load_done(t, 0, 0, m, 1000.0)
+    r = sim.result
+    assert r.failed == 0 and r.loads == 7 and r.late == 0  # 6 and the preloaded hot model
+    assert all(f"m{m}" in inst.cache for m in (5, 6))
+
+
+def test_requests_served_after_their_clients_deadline_are_counted_late() -> None:
+    wl = Workload("t", models(3, load_ms=2_000.0), array("q", [0, 10, 20]), array("q", [0, 1, 2]))
+    for timeout, late in ((0, 0), (60_000, 0), (3_000, 2)):  # one thread: 2 s, 4 s, 6 s
+        fleet = Fleet(1, 3 * UNITS, loading_threads=1, load_jitter=0.0, service_time=False, client_timeout_ms=timeout)
+        r = simulate(wl, fleet, MESHD_FIFO)
+        assert (r.failed, r.late) == (0, late), timeout

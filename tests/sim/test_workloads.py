@@ -123,3 +123,29 @@ def test_epochs_start_at_the_first_request_after_each_change() -> None:
     for wl in sparse:
         starts = [epoch.start for epoch in wl.popularity]
         assert len(starts) > 5 and starts == sorted(set(starts))
+
+
+def test_the_large_models_preset_has_the_held_back_traces_shape() -> None:
+    """Issue 33: under a hundred models, each about a third of an instance at 10 % on three
+    instances, 10-40 s loads, 10-60 s service, requests in sessions over weeks, and a
+    catalogue that grows (a model's first request comes later the later it arrives)."""
+    wl = w.large_models(10_000, 1.0, seed=2)
+    again = w.large_models(10_000, 1.0, seed=2)
+    assert list(wl.models) == list(again.models) and list(wl.times_ms) == list(again.times_ms)
+    cat = wl.catalogue
+    assert len(cat) < 100 and len(wl) == 10_000 and list(wl.times_ms) == sorted(wl.times_ms)
+    instance = cat.total_units * 0.1 / 3
+    shares = sorted(u / instance for u in cat.units)
+    assert 0.25 < shares[len(shares) // 2] < 0.45 and shares[-1] < 1
+    assert min(cat.load_ms) == 10_000 and max(cat.load_ms) == 40_000
+    assert all(10_000 <= s <= 60_000 for s in cat.service_ms)
+    assert wl.times_ms[-1] > 7 * w.DAY_MS  # weeks
+    first = {}
+    for t, m in zip(wl.times_ms, wl.models, strict=True):
+        first.setdefault(m, t)
+    early = [first[m] for m in range(len(cat) // 2) if m in first]
+    late = [first[m] for m in range(3 * len(cat) // 4, len(cat)) if m in first]
+    assert late and max(early[:5]) < min(late)  # the last quarter arrives after the start
+    # Sessions: most requests follow one for the same model.
+    repeats = sum(a == b for a, b in itertools.pairwise(wl.models))
+    assert repeats > 0.3 * len(wl)
