@@ -23,8 +23,9 @@ The choice, as upstream makes it (notes in /work/shared/reference/upstream-model
 meshd's own rule (`LoadRequest.start_soonest`, with its value load queue) replaces step 2:
 every eligible instance is a candidate, and before step 5 only those whose load queue is
 shortest stay (the deciding instance's own queue as it is now, `ClusterView.with_own_loads`),
-after it the ones with a quarter of their capacity free when any has it, then those this
-instance sent the fewest loads to lately.
+after it the ones with a quarter of their capacity free when any has it (for a model of a
+quarter of an instance or more: where it leaves the least room unused, `pack`), then those
+this instance sent the fewest loads to lately.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ PREFERRED_LRU_AGE_DIVISOR = 4  # ... or 25 % of the best's cache age
 
 # --- meshd's placement (LoadRequest.start_soonest) -----------------------------------------
 ROOMY_DIVISOR = 4  # an instance with a quarter of its capacity free takes loads first
+# A model of this share of an instance's capacity or more is placed to pack (`pack`): where it
+# leaves the least unusable room, so big models do not strand the fleet's capacity in holes.
+PACK_DIVISOR = 4
 
 # --- recent placements ----------------------------------------------------------------------
 RECENT_PLACEMENT_MS = 5_000  # longer than instance records take to show a load (>= 2 s)
@@ -230,6 +234,26 @@ def drop_hot(candidates: Sequence[InstanceView], factor: float | None) -> list[I
     baseline = max(HOT_RPM_FLOOR, min(c.rpm for c in candidates))
     limit = factor * baseline
     return [c for c in candidates if c.rpm < HOT_RPM_FLOOR or c.rpm <= limit]
+
+
+def is_large(candidates: Sequence[InstanceView], size_units: int) -> bool:
+    """Whether a model of `size_units` is big enough to place by packing: a `PACK_DIVISOR`th of
+    the largest candidate's capacity or more (PACK_DIVISOR 0: never)."""
+    return PACK_DIVISOR > 0 and bool(candidates) and size_units * PACK_DIVISOR >= max(c.capacity for c in candidates)
+
+
+def pack(candidates: Sequence[InstanceView], size_units: int) -> list[InstanceView]:
+    """The candidates where a big model wastes the least room: where it fits in free room, those
+    it leaves the least free room on (best fit: the bigger holes stay whole for the next big
+    model); where it fits nowhere, those with the most free room (the least to evict). Within
+    a `PACK_DIVISOR`th of the model's size of the best, so near-equal instances still share."""
+    slack = size_units // max(1, PACK_DIVISOR)
+    fits = [c for c in candidates if c.free >= size_units]
+    if fits:
+        least = min(c.free for c in fits)
+        return [c for c in fits if c.free <= least + slack]
+    most = max(c.free for c in candidates)
+    return [c for c in candidates if c.free >= most - slack]
 
 
 def eligible(view: ClusterView, req: LoadRequest) -> list[InstanceView]:
@@ -414,7 +438,9 @@ def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) 
         # loads 479 / 685 / 655, 49 req/s; queue first: 610 / 613 / 632, 71 req/s).
         near = soonest_start(near)
     remaining = drop_hot(near, hot_factor(last_used_ago, req.scale_up))
-    if req.start_soonest:
+    if req.start_soonest and is_large(remaining, req.size_units):
+        remaining = pack(remaining, req.size_units)
+    elif req.start_soonest:
         # Room is worth a pile-up only when it is plenty (an instance just started): an
         # instance a little under "full" (as most are, between evictions) would take every
         # load until its record caught up, and queue them (measured: added p99 +12-13 %).

@@ -173,6 +173,22 @@ def test_meshd_sends_loads_to_an_instance_with_plenty_of_room_first() -> None:
     assert _picks(MESHD, fresh, *others) == {"fresh"}
 
 
+def test_meshd_packs_a_big_model_where_it_leaves_the_least_room_unused() -> None:
+    """Issue 33: a model of a third of an instance goes where it fits with the least room
+    left over (the bigger hole stays whole for the next big model); where it fits nowhere,
+    where the least must be evicted. A small model still goes to any roomy instance."""
+    big = LoadRequest("m", "", 330, start_soonest=True)
+    snug = inst("snug", used=CAP - 350)  # leaves 20
+    roomy = inst("roomy", used=CAP - 700)  # leaves 370: room for another big model
+    tight = inst("tight", used=CAP - 100)  # it does not fit
+    assert _picks(big, snug, roomy, tight) == {"snug"}
+    # It fits nowhere: the most free room (the least to evict), within a quarter of its size.
+    assert _picks(big, inst("a", used=CAP - 200), inst("b", used=CAP - 250), tight) == {"a", "b"}
+    assert _picks(big, tight, inst("fuller", used=CAP - 10)) == {"tight"}
+    small = LoadRequest("m", "", 10, start_soonest=True)
+    assert _picks(small, snug, roomy, tight) == {"snug", "roomy"}  # a quarter free or more
+
+
 def test_meshd_prefers_itself_only_among_the_soonest_to_start() -> None:
     me_busy = full("me", lru_age_ms=60_000, loading_threads=1, loading_in_progress=2)
     other = full("b", lru_age_ms=60_000, loading_threads=1)
