@@ -41,6 +41,7 @@ from meshd.core.clock import wall_ms
 from meshd.core.errors import DeadlineExceeded, MeshError, NotFound
 from meshd.core.records import NATIVE_ADDRESS, NODE_LOCATION, RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.decisions.cache import CacheEntry, State, to_units
+from meshd.decisions.fleet_clock import FleetClock, peer_readings
 from meshd.decisions.ids import ModelInfo
 from meshd.decisions.openai import CALL_METHOD
 from meshd.decisions.placement.constraints import TypeConstraints, no_home_message
@@ -389,9 +390,14 @@ class Instance:
             cfg.service_version or __version__,
         )
         meter = RpmMeter()
+        fleet = FleetClock()
+        instances = self.instances
 
         def build() -> InstanceRecord:
             now = wall_ms()
+            # The fleet's cache clock moves with peers' evictions as their records show them.
+            step = fleet.step(peer_readings(instances.items(), cfg.instance_id))
+            local.cache.follow_fleet(step.fleet_size, step.advance, step.floor)
             rpm = meter.rpm(local.counters.served, now)  # forwarded requests are not load here
             # A runtime that does not answer takes no models: placement skips "shutting down" ones.
             stopping = self.shutting_down or not watch.up
@@ -404,7 +410,6 @@ class Instance:
                 record.extra[NATIVE_ADDRESS] = f"{cfg.advertise_host}:{self.grpc_port}"
             return record
 
-        instances = self.instances
         self.publisher = InstancePublisher(
             self.store,
             f"{prefix}/instances/{cfg.instance_id}",

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 
 from meshd.core.records import InstanceRecord
 from meshd.decisions.cache import CacheEntry, Popularity, State, WeightedLRU
+from meshd.decisions.fleet_clock import FleetClock
 from meshd.decisions.gate import Arrival, on_arrival, queue_bound
 from meshd.decisions.placement.loading import (
     DEFAULT_LOAD_WAIT_LIMIT_MS,
@@ -216,6 +217,7 @@ class _Instance:
         "cache",
         "changed_since_publish",
         "checked",
+        "fleet_clock",
         "gate_sums",
         "gates",
         "identity",
@@ -247,6 +249,7 @@ class _Instance:
         self.queue: deque[int] = deque()  # admitted models waiting for a loading thread
         self.pending: dict[int, int] = {}  # Policy.load_queue: loads waiting for a thread, no room taken -> since
         self.patience: dict[int, float] = {}  # ... -> until when it may wait (LocalModels._patience)
+        self.fleet_clock = FleetClock()  # Policy.fleet_clock: peers' eviction counts seen
         self.popularity = Popularity()  # Policy.load_queue: requests arriving here, per model
         self.mean_load_ms = DEFAULT_MEAN_LOAD_MS
         self.loads_finished = 0
@@ -309,6 +312,7 @@ class Simulation:
         self.by_id = {inst.instance_id: inst for inst in self.insts}
         self.views: dict[str, InstanceView] = {}
         self.copies: list[dict[str, int]] = [{} for _ in cat.ids]  # model records: holder -> load start
+        self.histories: list[tuple[float, ...]] = [()] * len(cat.ids)  # model records: uses on the fleet clock
         self.last_used: list[int] = [0] * len(cat.ids)
         self.events: list[tuple[int, int, int, int, float]] = []  # (done at, seq, instance, model, load ms)
         self.done: list[_Done] = []  # requests being served at gated copies
@@ -623,7 +627,7 @@ class Simulation:
             return True
         if self.policy.load_queue and (inst.loading >= self.fleet.loading_threads or inst.pending):
             return self._enqueue(inst, m, t, last_used, budget_ms)
-        admission = inst.cache.admit(self.ids[m], self.units[m], last_used, t)
+        admission = inst.cache.admit(self.ids[m], self.units[m], last_used, t, history=self.histories[m])
         if admission.admitted:
             inst.waiters[m] = []
             self._admitted(inst, m, t, admission.evicted)
@@ -691,7 +695,7 @@ class Simulation:
             del inst.patience[m]
             # Requests wait on it now: it is in use now (a background load keeps its older date).
             used = t if inst.waiters[m] else max(since, self.last_used[m])
-            admission = inst.cache.admit(self.ids[m], self.units[m], used, t)
+            admission = inst.cache.admit(self.ids[m], self.units[m], used, t, history=self.histories[m])
             if admission.admitted:
                 self.queued_at[(inst.index, m)] = since
                 self._admitted(inst, m, t, admission.evicted)
@@ -722,6 +726,8 @@ class Simulation:
         for victim in evicted:
             v = self.index[victim.model_id]
             self.copies[v].pop(inst.instance_id, None)
+            if self.policy.fleet_clock and victim.uses_at:  # written with the record's copy removal
+                self.histories[v] = victim.uses_at
             inst.gates.pop(v, None)  # it finishes what it holds, takes nothing new
             if self.counting:
                 self.result.evictions += 1
@@ -781,7 +787,7 @@ class Simulation:
         for b, (used, since) in list(inst.blocked.items()):  # room may have appeared (LocalModels._admit)
             # Requests waiting on it use it now (LocalModels._admit); a background load keeps its date.
             used = admission_date(max(used, self.last_used[b]), since, t) if inst.waiters.get(b) else used
-            admission = inst.cache.admit(self.ids[b], self.units[b], used, t)
+            admission = inst.cache.admit(self.ids[b], self.units[b], used, t, history=self.histories[b])
             if admission.admitted:
                 del inst.blocked[b]
                 self._admitted(inst, b, t, admission.evicted)
@@ -815,6 +821,12 @@ class Simulation:
             if force or publish_due(inst.record, record, inst.record_ms, t, inst.changed_since_publish):
                 inst.record, inst.record_ms, inst.changed_since_publish = record, t, False
                 self.views[inst.instance_id] = InstanceView.from_record(inst.instance_id, record, empty_lru_ms=t)
+        if self.policy.fleet_clock:  # each instance reads its peers' records (Instance's fleet clock loop)
+            views = self.views
+            for inst in self.insts:
+                me = inst.instance_id
+                step = inst.fleet_clock.step({i: (v.evicted, v.clock) for i, v in views.items() if i != me})
+                inst.cache.follow_fleet(step.fleet_size, step.advance, step.floor)
 
     def _rate_check(self, t: int) -> None:
         """Scaler.check on every instance: copy scaling for each loaded copy."""

@@ -6,7 +6,11 @@
   second of reload, `meshd.decisions.cache`),
   and the placement spread of recent loads (`RecentPlacements`) on top of upstream's ranking.
   And the load queue of `meshd.decisions.placement.loading` (issue 24): room taken when a load
-  starts, the most valuable load first, misses beyond load capacity refused at once.
+  starts, the most valuable load first, misses beyond load capacity refused at once. And the
+  fleet clock (`meshd.decisions.fleet_clock`, issue 33): every cache's clock counts the fleet's
+  evictions, and a model's recent uses travel in its record to the next instance that loads it.
+- `meshd-own-clock`: `meshd` before issue 33: each cache's clock runs with its own evictions,
+  and a model's use history stays with the instance that evicted it.
 - `meshd-gdsf`: `meshd` with GDSF eviction (meshd's default before LRFU: counts that never decay).
 - `meshd-lrfu`: `meshd` with LRFU eviction (recent uses, halved every two turnovers: meshd's
   default from 2026-11-26 until RATE, the same day).
@@ -31,23 +35,26 @@ class Policy:
     copy_scaling: bool = True
     load_queue: bool = False  # meshd.decisions.placement.loading: value-ordered queue, room at start, fast refusal
     pressure_admission: bool = True  # with load_queue: under pressure, a colder miss evicts nothing (refused)
+    fleet_clock: bool = False  # meshd.decisions.fleet_clock: one cache clock for the fleet, use histories in records
 
 
 UPSTREAM = Policy("upstream")
-MESHD = Policy("meshd", eviction=Eviction.RATE, spread_recent_loads=True, load_queue=True)
+MESHD = Policy("meshd", eviction=Eviction.RATE, spread_recent_loads=True, load_queue=True, fleet_clock=True)
+# meshd before issue 33: each instance's clock runs with its own evictions; no use histories.
+MESHD_OWN_CLOCK = Policy("meshd-own-clock", eviction=Eviction.RATE, spread_recent_loads=True, load_queue=True)
 MESHD_GDSF = Policy("meshd-gdsf", eviction=Eviction.GDSF, spread_recent_loads=True, load_queue=True)
 MESHD_LRFU = Policy("meshd-lrfu", eviction=Eviction.LRFU, spread_recent_loads=True, load_queue=True)
 MESHD_FIFO = Policy("meshd-fifo", eviction=Eviction.GDSF, spread_recent_loads=True)  # meshd before issue 24
 RANDOM = Policy("random", random_placement=True)
 
-POLICIES = {p.name: p for p in (UPSTREAM, MESHD, MESHD_LRFU, MESHD_GDSF, MESHD_FIFO, RANDOM)}
+POLICIES = {p.name: p for p in (UPSTREAM, MESHD, MESHD_OWN_CLOCK, MESHD_LRFU, MESHD_GDSF, MESHD_FIFO, RANDOM)}
 
 
 def as_configured(eviction: Eviction, load_queue: bool = True) -> Policy:
     """What `meshd serve` runs with `MESHD_EVICTION=<eviction>` (and `MESHD_LOAD_QUEUE=value`,
     the default, or `fifo`): the router always spreads recent loads."""
     name = f"meshd serve ({eviction.value}{'' if load_queue else ', fifo'})"
-    return Policy(name, eviction=eviction, spread_recent_loads=True, load_queue=load_queue)
+    return Policy(name, eviction=eviction, spread_recent_loads=True, load_queue=load_queue, fleet_clock=True)
 
 
 def parse_policies(text: str) -> list[Policy]:

@@ -12,6 +12,8 @@ field reads as its default.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
 
@@ -177,6 +179,46 @@ EMPTY_LRU_TIME = (1 << 63) - 1  # upstream's lruTime of an instance with nothing
 # address peers dial, so it goes under its own key.
 NODE_LOCATION = "nodeLoc"
 NATIVE_ADDRESS = "meshdNative"  # host:port of the instance's native data plane (MESHD_DATAPLANE=native)
+# The fleet's shared cache clock (meshd.decisions.fleet_clock), as added keys upstream ignores:
+# an instance's cumulative 8 KiB units evicted, and its clock; a model's recent uses on that
+# clock, written when a copy is evicted and read by whichever instance loads it next.
+FLEET_EVICTED = "meshdEvicted"
+FLEET_CLOCK = "meshdClock"
+USE_HISTORY = "meshdUses"
+USE_HISTORY_KEPT = 8  # RATE's uses kept (meshd.decisions.cache.RATE_USES_KEPT)
+
+
+def _number(value: object) -> float | None:
+    """A finite JSON number (not a bool), else None: an added key another writer may get wrong."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def use_history(extra: Mapping[str, Any]) -> tuple[float, ...]:
+    """A model record's recent uses on the fleet clock (oldest first); () when absent or not a
+    list of numbers in order (a record written by hand or by another tool loses only that)."""
+    raw = extra.get(USE_HISTORY)
+    if not isinstance(raw, list) or len(raw) > USE_HISTORY_KEPT:
+        return ()
+    values = [_number(v) for v in raw]
+    if any(v is None for v in values):
+        return ()
+    out = tuple(v for v in values if v is not None)
+    return out if list(out) == sorted(out) else ()
+
+
+def newer_history(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether use history `a` says more than `b`: a later last use, or as late and more uses
+    (two instances whose clocks have not moved apart yet write equal times)."""
+    return bool(a) and (not b or (a[-1], len(a)) > (b[-1], len(b)))
+
+
+def fleet_reading(extra: Mapping[str, Any]) -> tuple[int, float]:
+    """An instance record's (units evicted, fleet clock); zeros when absent or malformed."""
+    evicted = _number(extra.get(FLEET_EVICTED))
+    clock = _number(extra.get(FLEET_CLOCK))
+    return (int(evicted) if evicted is not None and evicted >= 0 else 0, clock if clock is not None else 0.0)
 
 
 @dataclass(slots=True)

@@ -46,6 +46,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from meshd.core.records import newer_history
 from meshd.decisions.gate import Gate
 
 UNIT_BYTES = 8192  # upstream ModelMesh's 8 KiB cache unit (SPEC §6)
@@ -139,6 +140,11 @@ class WeightedLRU:
         self.eviction = eviction
         self.inflation = 0.0  # GDSF's L: the priority of the last victim
         self.clock = 0.0  # LRFU's and RATE's clock: units of loaded copies evicted (since the last rebase)
+        # In a fleet (`follow_fleet`): the clock counts the whole fleet's evictions per instance,
+        # own ones at once and peers' as their records say, so values and use histories from
+        # any instance are on one scale. 1: the cache's own turnover alone.
+        self.fleet_size = 1
+        self.evicted_units = 0  # units of loaded copies this cache has evicted, ever (its record says)
         turnovers = RATE_HALF_LIFE_TURNOVERS if eviction is Eviction.RATE else LRFU_HALF_LIFE_TURNOVERS
         self._half_life = turnovers * capacity_units
         self._prior_span = RATE_PRIOR_TURNOVERS * capacity_units
@@ -229,10 +235,18 @@ class WeightedLRU:
         self._push(entry)
 
     def admit(
-        self, model_id: str, units: int, last_used_ms: int, now_ms: int, keep: frozenset[str] = frozenset()
+        self,
+        model_id: str,
+        units: int,
+        last_used_ms: int,
+        now_ms: int,
+        keep: frozenset[str] = frozenset(),
+        history: Sequence[float] = (),
     ) -> Admission:
         """Reserve `units` for a new LOADING entry, evicting least-recently-used ones (never
-        those in `keep`: a LoRA adapter's base, which it loads into).
+        those in `keep`: a LoRA adapter's base, which it loads into). `history` (RATE): the
+        model's recent uses on the fleet clock as its record keeps them, where the last
+        instance to evict it wrote them; the newer of it and this cache's own ghost counts.
 
         Nothing changes when it is refused: too big for the whole cache, or only entries
         that are still loading (or used more recently than the newcomer) could make room.
@@ -263,7 +277,7 @@ class WeightedLRU:
         entry = CacheEntry(model_id, units, last_used_ms, State.LOADING, now_ms, seq=self._seq)
         ghost = self._ghosts.pop(model_id, None)
         if self.eviction is Eviction.RATE:
-            self._record_uses(entry, ghost[2] if ghost is not None else (), 1)
+            self._record_uses(entry, self._resumed(ghost[2] if ghost is not None else (), history), 1)
         elif ghost is not None and self.eviction is Eviction.GDSF:
             entry.uses += int(ghost[0])
         elif ghost is not None:
@@ -326,6 +340,8 @@ class WeightedLRU:
         return self._drop(model_id)
 
     def _evict(self, victim: CacheEntry) -> None:
+        if victim.state is State.LOADED:
+            self.evicted_units += victim.units
         if self.eviction is not Eviction.LRU and victim.state is State.LOADED:
             ghosts = self._ghosts
             if self.eviction is Eviction.GDSF:
@@ -333,12 +349,28 @@ class WeightedLRU:
                 ghosts[victim.model_id] = (victim.uses, 0.0, ())
             else:
                 ghosts[victim.model_id] = (victim.score, victim.clock, victim.uses_at)
-                self.clock += victim.units
+                self.clock += victim.units / self.fleet_size
             while len(ghosts) > max(GHOSTS_MIN, GHOSTS_PER_ENTRY * len(self._entries)):
                 del ghosts[next(iter(ghosts))]  # the oldest ghost goes
         self._drop(victim.model_id)
         if self.clock > _LRFU_REBASE * self._half_life:
             self._rebase()
+
+    def follow_fleet(self, fleet_size: int, advance: float, floor: float = 0.0) -> None:
+        """The fleet clock's step (`meshd.decisions.fleet_clock.FleetClock.step`): `fleet_size`
+        instances share it, peers evicted `advance` units per instance since the last step, and
+        the clock is at least `floor` (a peer's clock, when this cache joins a running fleet)."""
+        self.fleet_size = max(1, fleet_size)
+        self.clock = max(self.clock, floor) + max(0.0, advance)
+
+    def _resumed(self, ghost: tuple[float, ...], history: Sequence[float]) -> tuple[float, ...]:
+        """RATE: the uses a returning model resumes from: its ghost here or the history its
+        record carries, whichever saw it last; uses "after" this clock (a peer a little
+        ahead) count as now."""
+        if not newer_history(history, ghost):
+            return ghost
+        clock = self.clock
+        return tuple(min(c, clock) for c in history[-RATE_USES_KEPT:])
 
     def _record_uses(self, entry: CacheEntry, before: tuple[float, ...], uses: int) -> None:
         """RATE: `uses` more uses now after those at `before`; the entry's rate and clock follow."""

@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any
 
 from meshd import __version__
-from meshd.core.records import EMPTY_LRU_TIME, InstanceRecord
+from meshd.core.records import EMPTY_LRU_TIME, FLEET_CLOCK, FLEET_EVICTED, InstanceRecord
 from meshd.decisions.cache import WeightedLRU
 
 PUBLISH_MIN_INTERVAL_MS = 2_000  # upstream: >= 2 s apart
@@ -88,6 +88,7 @@ def instance_record(
         location=me.location,
         zone=me.zone,
         labels=list(me.labels),
+        extra={FLEET_EVICTED: cache.evicted_units, FLEET_CLOCK: round(cache.clock, 3)},
     )
 
 
@@ -110,16 +111,19 @@ class RpmMeter:
         return total - self._samples[0][1]
 
 
-# The record's fields that do not drift with every request (all but LRU time and request
-# rate), as one getter: compared on every publish tick (the simulator makes millions).
+# The record's fields that do not drift with every request (all but LRU time, request rate and
+# the fleet clock, which moves with peers' evictions), as one getter: compared on every publish
+# tick (the simulator makes millions).
 _MATERIAL = operator.attrgetter(
-    *(f.name for f in dataclasses.fields(InstanceRecord) if f.compare and f.name not in ("lru_time", "rpm"))
+    *(f.name for f in dataclasses.fields(InstanceRecord) if f.compare and f.name not in ("lru_time", "rpm", "extra"))
 )
 
 
 def material(r: InstanceRecord) -> tuple[Any, ...]:
-    """The record without the fields that drift with every request (LRU time, request rate)."""
-    return _MATERIAL(r)
+    """The record without the fields that drift with every request (LRU time, request rate) or
+    with peers' evictions (the fleet clock)."""
+    extra = {k: v for k, v in r.extra.items() if k != FLEET_CLOCK}
+    return (*_MATERIAL(r), extra)
 
 
 def publish_due(last: InstanceRecord | None, new: InstanceRecord, last_ms: int, now_ms: int, forced: bool) -> bool:

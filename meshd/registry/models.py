@@ -6,12 +6,20 @@ writers retry against fresh data and nothing here decides placement.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TypeVar
 
 from meshd.core.errors import AlreadyExists, DataLoss, FailedPrecondition, NotFound, Unavailable
-from meshd.core.records import ModelRecord, RecordError, VModelRecord
+from meshd.core.records import (
+    USE_HISTORY,
+    USE_HISTORY_KEPT,
+    ModelRecord,
+    RecordError,
+    VModelRecord,
+    newer_history,
+    use_history,
+)
 from meshd.decisions.ids import ModelInfo
 from meshd.decisions.janitor import at_max_elsewhere
 from meshd.kv.health import for_client
@@ -136,11 +144,17 @@ class Registry:
 
         return await self._update(self.models, model_id, fn) is not None
 
-    async def remove_copy(self, model_id: str, instance_id: str) -> None:
+    async def remove_copy(self, model_id: str, instance_id: str, history: Sequence[float] = ()) -> None:
+        """The instance's copy leaves the record; `history`: the evicted copy's recent uses on
+        the fleet clock, kept in the record unless it holds newer ones (`newer_history`)."""
+
         def fn(rec: ModelRecord | None) -> ModelRecord | Keep:
             if rec is None or instance_id not in rec.instance_ids:
                 return KEEP
             del rec.instance_ids[instance_id]
+            kept = use_history(rec.extra)
+            if history and newer_history(history, kept):
+                rec.extra[USE_HISTORY] = [round(c, 3) for c in history[-USE_HISTORY_KEPT:]]
             return rec
 
         await self._update(self.models, model_id, fn)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from meshd.core.clock import Clock, wall_ms
 from meshd.core.errors import LoadFailed, MeshError, NotFound, ResourceExhausted, Unavailable
 from meshd.core.model_types import ADAPTER_SLOTS_FULL, base_model_of
-from meshd.core.records import ModelRecord
+from meshd.core.records import ModelRecord, use_history
 from meshd.decisions.cache import CacheEntry, Eviction, Popularity, State, WeightedLRU, adapter_slot_victim, to_units
 from meshd.decisions.gate import queue_bound
 from meshd.decisions.janitor import Repairs, plan_repairs
@@ -418,8 +418,10 @@ class LocalModels:
             hint = ADAPTER_DEFAULT_BYTES  # not the runtime's default, which is sized for whole models
         return to_units(hint or self.info.default_model_size)
 
-    async def _admit(self, model_id: str, units: int) -> None:
+    async def _admit(self, model_id: str, record: ModelRecord) -> None:
         """Reserve room, waiting (up to the load timeout) while loading entries fill it."""
+        units = self.initial_units(record)
+        history = use_history(record.extra)  # its uses before, as the last instance to evict it wrote
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.queue.timeout_s
         began = self.clock()
@@ -427,7 +429,7 @@ class LocalModels:
             # Requests waiting on it use it now, at each try: copies touched while it waited
             # for room do not refuse it for good (a background load keeps its older date).
             last_used = admission_date(self._wanted_last_used.get(model_id, began), began, self.clock())
-            admission = self.cache.admit(model_id, units, last_used, self.clock(), self._keep(model_id))
+            admission = self.cache.admit(model_id, units, last_used, self.clock(), self._keep(model_id), history)
             if admission.admitted:
                 self._evict_all(admission.evicted)
                 return
@@ -460,7 +462,7 @@ class LocalModels:
             if self.load_queue:  # a thread first, then the room: a waiting load evicts nothing
                 await self._take_slot(model_id, record)
                 slot_held = True
-            await self._admit(model_id, self.initial_units(record))
+            await self._admit(model_id, record)
             admitted = True
             self._wanted_last_used.pop(model_id, None)
             pending_unload = self._unloading.get(model_id)
@@ -650,9 +652,12 @@ class LocalModels:
         # A capped copy leaves the runtime before it leaves the record: the record is what
         # lets another instance load it, so two runtimes never hold it at once.
         capped = entry is not None and self.capped(model_id)
+        # An evicted copy's recent uses go with the record's copy removal (one write), for
+        # whichever instance loads the model next (meshd.decisions.fleet_clock).
+        history = entry.uses_at if entry is not None and entry.state is State.LOADED else ()
         if entry is not None:
             if not capped:
-                await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
+                await self._quiet(self.registry.remove_copy(model_id, self.instance_id, history))
             if self.before_unload is not None:
                 await self._quiet(self.before_unload(model_id))
             waited = 0.0
@@ -674,7 +679,7 @@ class LocalModels:
                         await asyncio.sleep(CAPPED_UNLOAD_RETRY_S)
         finally:
             if capped:  # also when the runtime never confirmed: a record kept forever serves nobody
-                await self._quiet(self.registry.remove_copy(model_id, self.instance_id))
+                await self._quiet(self.registry.remove_copy(model_id, self.instance_id, history))
 
     def capped(self, model_id: str) -> bool:
         """Whether the model has a max copies (its key's policy)."""

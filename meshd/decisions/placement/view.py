@@ -12,7 +12,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from meshd.core.records import EMPTY_LRU_TIME, NATIVE_ADDRESS, InstanceRecord
+from meshd.core.records import EMPTY_LRU_TIME, NATIVE_ADDRESS, InstanceRecord, fleet_reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,8 @@ class InstanceView:
     zone: str = ""
     labels: frozenset[str] = frozenset()
     native: str = ""  # host:port of its native data plane; "" when it has none
+    evicted: int = 0  # units it has evicted, ever (meshd.decisions.fleet_clock)
+    clock: float = 0.0  # its fleet clock
 
     @property
     def free(self) -> int:
@@ -42,6 +44,7 @@ class InstanceView:
         """An instance with nothing loaded says `lruTime` = 2^63-1 (upstream's value); the view
         gives it `empty_lru_ms`, by default its start time (meshd's records used to say the
         publish time: a recent time, never later than a model registered after it)."""
+        evicted, clock = fleet_reading(r.extra)
         return cls(
             instance_id=instance_id,
             location=r.location,
@@ -60,6 +63,8 @@ class InstanceView:
             zone=r.zone,
             labels=frozenset(r.labels),
             native=_text(r.extra.get(NATIVE_ADDRESS)),
+            evicted=evicted,
+            clock=clock,
         )
 
 

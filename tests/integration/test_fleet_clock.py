@@ -1,0 +1,74 @@
+"""The fleet's cache clock and use histories on a real mesh (issue 33): two meshd instances
+with room for one model each. A model used five times on one instance and evicted there (its
+last copy) keeps those uses in its etcd record; the other instance that loads it next starts
+from them, so when it evicts the model in turn the record holds both instances' uses. Each
+instance record carries its eviction count, from which the clock is shared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
+from meshd.core.records import FLEET_CLOCK, FLEET_EVICTED, USE_HISTORY
+from meshd.decisions.cache import to_units
+from meshd.kv.embedded import EmbeddedEtcd
+from meshd.runtimes.models import generate_models
+from meshd.testing.cluster import LocalMesh
+from meshd.testing.procs import wait_until
+
+from .conftest import MODEL_SIZE, Client, NodeFactory, close_enough, expected
+from .test_upstream_keys import under, upstream_key
+
+pytestmark = pytest.mark.slow
+
+ROWS = [[1.0, 2.0, 3.0, 4.0]]
+
+
+def load_on(c: Client, model_id: str) -> None:
+    """Load the model on this instance itself (a peer's internal load), whatever placement says."""
+    with grpc.insecure_channel(f"127.0.0.1:{c.node.peer_port}") as ch:
+        req = peer_pb2.InternalOpRequest(modelId=model_id, load=True, sync=True)
+        state = peer_pb2_grpc.MeshPeerStub(ch).InternalOperation(req, timeout=30).state
+    assert state == peer_pb2.InternalOpResponse.LOADED
+
+
+def test_a_models_use_history_outlives_its_last_copy_and_the_next_instance_starts_from_it(
+    start_node: NodeFactory, mesh: LocalMesh, etcd_server: EmbeddedEtcd, tmp_path: Path
+) -> None:
+    a, b = start_node("inst-a", 1), start_node("inst-b", 1)
+    m, x, y = generate_models(tmp_path / "models", 3, size_bytes=MODEL_SIZE)
+    for model in (m, x, y):
+        a.register(model)
+
+    def record(kind: str, name: str) -> dict[str, Any]:
+        key = upstream_key("", mesh.service, kind, name)
+        return under(etcd_server, key).get(key, {})
+
+    def history_once_gone() -> list[float] | None:
+        rec = record("registry", m.id)
+        return None if rec.get("instanceIds") else rec.get(USE_HISTORY)
+
+    load_on(a, m.id)
+    for _ in range(4):  # a's copy serves: four uses, five with its load's
+        assert close_enough(a.infer(m.id, ROWS), expected(m, ROWS))
+    load_on(a, x.id)  # room for one: m's last copy is evicted
+    wait_until(lambda: history_once_gone() is not None, 15, "m's uses in its record, its copy gone")
+    first = history_once_gone()
+    assert first is not None and len(first) == 5, first
+
+    load_on(b, m.id)  # b starts from a's five uses, plus its load's
+    for _ in range(2):
+        assert close_enough(b.infer(m.id, ROWS), expected(m, ROWS))
+    load_on(b, y.id)
+    wait_until(lambda: len(history_once_gone() or []) == 8, 15, "m's uses on both instances in its record")
+    second = history_once_gone()
+    assert second is not None and second[:5] == first and second == sorted(second), (first, second)
+
+    units = to_units(MODEL_SIZE)
+    for c in (a, b):  # each evicted one model: its record says so, beside its clock
+        wait_until(lambda c=c: record("instances", c.node.instance_id).get(FLEET_EVICTED) == units, 15, "the count")
+        assert isinstance(record("instances", c.node.instance_id).get(FLEET_CLOCK), int | float)

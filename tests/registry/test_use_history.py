@@ -1,0 +1,116 @@
+"""A model's use history in its record (issue 33), on the in-process store: the eviction that
+removes a copy writes it, the next instance to load the model starts from it, and an older
+history never replaces a newer one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from meshd.core.records import USE_HISTORY, ModelRecord, VModelRecord, use_history
+from meshd.decisions.cache import Eviction
+from meshd.decisions.ids import ModelInfo
+from meshd.kv.memory import MemoryStore
+from meshd.kv.table import Table
+from meshd.registry.models import Registry
+from meshd.serving.local import LocalModels
+from meshd.testing.fake_runtime import FakeRuntime, runtime_info
+
+
+async def eventually(check: Callable[[], bool], what: str) -> None:
+    """The mirror catches up with a write in milliseconds; 5 s is a guard against a hang."""
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def new_registry(store: MemoryStore) -> Registry:
+    models = Table(store, "/t/registry/", ModelRecord.decode, ModelRecord.encode)
+    vmodels = Table(store, "/t/vmodels/", VModelRecord.decode, VModelRecord.encode)
+    await models.start()
+    await vmodels.start()
+    return Registry(models, vmodels)
+
+
+def local(instance_id: str, registry: Registry, now: list[int]) -> LocalModels:
+    return LocalModels(
+        instance_id,
+        registry,
+        FakeRuntime(),  # type: ignore[arg-type]
+        runtime_info(1),  # room for one model
+        failure_expiry_ms=900_000,
+        clock=lambda: now[0],
+        eviction=Eviction.RATE,
+    )
+
+
+@pytest.fixture
+async def two() -> AsyncIterator[tuple[LocalModels, LocalModels, Registry]]:
+    store = MemoryStore()
+    ra, rb = await new_registry(store), await new_registry(store)
+    now = [10_000_000]
+    a, b = local("a", ra, now), local("b", rb, now)
+    try:
+        yield a, b, ra
+    finally:
+        for lm, r in ((a, ra), (b, rb)):
+            await lm.close(deregister=False)
+            await r.models.stop()
+            await r.vmodels.stop()
+        await store.close()
+
+
+async def test_the_history_outlives_the_last_copy_and_the_next_instance_starts_from_it(
+    two: tuple[LocalModels, LocalModels, Registry],
+) -> None:
+    a, b, registry = two
+    for m in ("m", "x"):
+        await registry.register(m, ModelInfo("demo", f"/{m}"), 1)
+    await a.ensure("m", registry.get("m"))  # type: ignore[arg-type]
+    for _ in range(4):
+        a.cache.touch("m", a.clock())  # four more uses: five with its load's
+    await a.ensure("x", registry.get("x"))  # type: ignore[arg-type]  # evicts m, m's last copy
+    assert "x" in a.cache and "m" not in a.cache
+
+    def history_written() -> bool:
+        rec = registry.get("m")
+        return rec is not None and not rec.instance_ids and len(use_history(rec.extra)) == 5
+
+    await eventually(history_written, "m's history in its record, its copy gone")
+    history = use_history(registry.get("m").extra)  # type: ignore[union-attr]
+    await asyncio.wait_for(b.registry.models.catch_up(), 5)
+    entry = await b.ensure("m", b.registry.get("m"))  # type: ignore[arg-type]
+    assert entry.uses_at[:5] == history and len(entry.uses_at) == 6
+
+
+async def test_an_older_history_does_not_replace_a_newer_one(two: tuple[LocalModels, LocalModels, Registry]) -> None:
+    _a, _b, registry = two
+    await registry.register("m", ModelInfo("demo", "/m"), 1)
+    await registry.add_copy("m", "a", 1)
+    await registry.add_copy("m", "b", 1)
+
+    def with_history(rec: ModelRecord | None) -> ModelRecord | None:
+        assert rec is not None
+        rec.extra[USE_HISTORY] = [5.0, 9.0]
+        return rec
+
+    await registry.models.update("m", with_history)
+    await registry.remove_copy("m", "a", (1.0, 2.0))  # older than the record's: kept as it was
+
+    def only_b_left() -> bool:
+        r = registry.get("m")
+        return r is not None and list(r.instance_ids) == ["b"]
+
+    await eventually(only_b_left, "a's copy removed")
+    assert use_history(registry.get("m").extra) == (5.0, 9.0)  # type: ignore[union-attr]
+    await registry.remove_copy("m", "b", (3.0, 12.0))  # newer: replaces it
+
+    def newer() -> bool:
+        r = registry.get("m")
+        return r is not None and not r.instance_ids and use_history(r.extra) == (3.0, 12.0)
+
+    await eventually(newer, "the newer history")
