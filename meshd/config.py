@@ -187,6 +187,13 @@ SETTINGS: tuple[Setting, ...] = (
         "rate",
     ),
     Setting(
+        "latency_target_ms",
+        "MESHD_LATENCY_TARGET_MS",
+        "--latency-target-ms",
+        "opt-in (rate, lrfu): copies whose reload would take longer than this are worth 4x to keep (0: none)",
+        "0",
+    ),
+    Setting(
         "load_queue",
         "MESHD_LOAD_QUEUE",
         "--load-queue",
@@ -402,6 +409,7 @@ class Config:
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
     eviction: Eviction = Eviction.RATE
+    latency_target_ms: int = 0  # 0: none
     load_queue: bool = True  # MESHD_LOAD_QUEUE=value; False: fifo (upstream's)
     load_wait_limit_ms: int = 10_000
     data_plane: str = "python"  # resolved: "python" or "native" (MESHD_DATAPLANE=auto picks one)
@@ -603,6 +611,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         ),
         request_timeout_ms=_int(name("request_timeout_ms"), need("request_timeout_ms"), 0),
         eviction=_eviction(name("eviction"), need("eviction")),
+        latency_target_ms=_int(name("latency_target_ms"), need("latency_target_ms"), 0),
         load_queue=_choice(name("load_queue"), need("load_queue"), ("value", "fifo")) == "value",
         load_wait_limit_ms=_int(name("load_wait_limit_ms"), need("load_wait_limit_ms"), 100),
         data_plane=plane[0],

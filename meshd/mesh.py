@@ -365,6 +365,7 @@ class Instance:
             failure_expiry_ms=cfg.load_failure_expiry_ms,
             max_queue_per_copy=cfg.max_inflight_per_copy,
             eviction=cfg.eviction,
+            latency_target_ms=cfg.latency_target_ms,
             metrics=self.metrics,
             load_queue=cfg.load_queue,
             load_wait_limit_ms=cfg.load_wait_limit_ms,

@@ -305,10 +305,9 @@ class Simulation:
         self.gate_bound = queue_bound(fleet.max_concurrency, fleet.max_queue)
         self.default_units = fleet.default_model_units or max(1, sorted(cat.units)[len(cat.units) // 2])
         self.assume_loaded = assume_loaded_ms(fleet.loading_timeout_ms)
-        self.insts = [
-            _Instance(i, f"i{i:03d}", WeightedLRU(fleet.capacity_units, policy.eviction), EPOCH_MS)
-            for i in range(fleet.instances)
-        ]
+        target = policy.latency_target_ms
+        caches = [WeightedLRU(fleet.capacity_units, policy.eviction, target) for _ in range(fleet.instances)]
+        self.insts = [_Instance(i, f"i{i:03d}", cache, EPOCH_MS) for i, cache in enumerate(caches)]
         self.by_id = {inst.instance_id: inst for inst in self.insts}
         self.views: dict[str, InstanceView] = {}
         self.copies: list[dict[str, int]] = [{} for _ in cat.ids]  # model records: holder -> load start

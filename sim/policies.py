@@ -36,6 +36,7 @@ class Policy:
     load_queue: bool = False  # meshd.decisions.placement.loading: value-ordered queue, room at start, fast refusal
     pressure_admission: bool = True  # with load_queue: under pressure, a colder miss evicts nothing (refused)
     fleet_clock: bool = False  # meshd.decisions.fleet_clock: one cache clock for the fleet, use histories in records
+    latency_target_ms: float = 0.0  # MESHD_LATENCY_TARGET_MS (0: none)
 
 
 UPSTREAM = Policy("upstream")

@@ -75,6 +75,21 @@ def test_hot_tail_bound_prints_both_allocations_per_capacity() -> None:
         assert float(popular[3]) > float(tail_first[3]) and float(popular[4].rstrip("%")) > 0, proc.stdout
 
 
+def test_sim_latency_target_prints_upstream_and_each_target_per_capacity() -> None:
+    argv = ["--requests", "3000", "--capacities", "0.1", "--targets", "0,1000"]
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "sim_latency_target.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()[2:]]
+    expected = [("10%", "upstream", "-"), ("10%", "meshd", "-"), ("10%", "meshd", "1000")]
+    assert [(r[0], r[1], r[2]) for r in rows] == expected, proc.stdout
+    assert rows[0][4] == "+0.0 %" and all(int(r[3]) > 0 for r in rows), proc.stdout
+
+
 def test_sim_speed_prints_its_yardstick_and_each_run() -> None:
     # Goal 4's figure is read against the machine's speed, so the bench must print both.
     argv = ["--requests", "4000", "--models", "300", "--instances", "3", "--rate", "20"]
@@ -106,6 +121,9 @@ def test_sim_speed_prints_its_yardstick_and_each_run() -> None:
         ("sim_admission.py", ["--rates", "abc"]),
         ("sim_admission.py", ["--capacities", "0"]),
         ("sim_admission.py", ["--requests", "-5"]),
+        ("sim_latency_target.py", ["--targets", "soon"]),
+        ("sim_latency_target.py", ["--targets", "-5"]),
+        ("sim_latency_target.py", ["--capacities", "0"]),
         ("sim_eviction.py", ["--models", "0"]),
         ("sim_eviction.py", ["--alpha", "-1"]),
     ],

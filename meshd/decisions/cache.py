@@ -84,6 +84,11 @@ RATE_USES_KEPT = 8
 RATE_PRIOR_USES = 2.0
 RATE_PRIOR_TURNOVERS = 8.0
 RATE_HALF_LIFE_TURNOVERS = 4.0
+# MESHD_LATENCY_TARGET_MS (opt-in): a copy whose reload would take longer than the target is
+# worth this many times its value to RATE and LRFU, so the misses that break the target are
+# the ones avoided first. The trade-off (more loads of the fast-loading models) is in
+# docs/policies.md, "A latency target".
+LATENCY_TARGET_WEIGHT = 4.0
 _LRFU_REBASE = 1 << 20  # half-lives of clock after which every clock is rebased (float precision)
 # A copy's reload cost is its load time, and one load's time is noisy (storage, contention):
 # once the fit below has LOAD_FIT_MIN_LOADS loads, the cost is the geometric mean of the load's
@@ -132,9 +137,14 @@ class Admission:
 class WeightedLRU:
     """The cache; named for upstream's order, its default here (the daemon configures RATE by default)."""
 
-    def __init__(self, capacity_units: int, eviction: Eviction = Eviction.LRU) -> None:
+    def __init__(self, capacity_units: int, eviction: Eviction = Eviction.LRU, latency_target_ms: float = 0.0) -> None:
+        """`latency_target_ms` (RATE and LRFU; 0: none): copies whose reload would take longer
+        are worth `LATENCY_TARGET_WEIGHT` times as much (`MESHD_LATENCY_TARGET_MS`)."""
         if capacity_units < 1:
             raise ValueError("cache capacity must be at least one unit")
+        if not latency_target_ms >= 0:
+            raise ValueError("a latency target must be 0 (none) or more milliseconds")
+        self.latency_target_ms = latency_target_ms
         self.capacity_units = capacity_units
         self.used_units = 0
         self.eviction = eviction
@@ -457,7 +467,10 @@ class WeightedLRU:
         if self.eviction is Eviction.LRFU or self.eviction is Eviction.RATE:
             # score x cost per unit, decayed to a common clock; in logs, so the order of two
             # entries does not change while neither is used (both decay at the same rate).
-            return (math.log2(entry.score * _cost_per_unit(entry)) + entry.clock / self._half_life, entry.last_used_ms)
+            value = entry.score * _cost_per_unit(entry)
+            if self.latency_target_ms and entry.load_ms > self.latency_target_ms:
+                value *= LATENCY_TARGET_WEIGHT  # its reload would break the target
+            return (math.log2(value) + entry.clock / self._half_life, entry.last_used_ms)
         return (entry.last_used_ms,)
 
     def _push(self, entry: CacheEntry) -> None:

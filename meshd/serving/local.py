@@ -104,6 +104,7 @@ class LocalModels:
         max_queue_per_copy: int = 0,
         clock: Clock = wall_ms,
         eviction: Eviction = Eviction.LRU,
+        latency_target_ms: int = 0,
         metrics: Metrics = NO_METRICS,
         load_queue: bool = False,
         load_wait_limit_ms: int = DEFAULT_LOAD_WAIT_LIMIT_MS,
@@ -121,7 +122,7 @@ class LocalModels:
         self.info = info
         self.metrics = metrics
         self.queue = LoadQueue(runtime, info, lambda model_id: self._unload_later(model_id), metrics)
-        self.cache = WeightedLRU(to_units(info.capacity_bytes), eviction)
+        self.cache = WeightedLRU(to_units(info.capacity_bytes), eviction, latency_target_ms)
         self.failure_expiry_ms = failure_expiry_ms
         self.max_queue_per_copy = max_queue_per_copy
         self.clock = clock

@@ -388,3 +388,20 @@ def test_an_adapter_slot_goes_to_the_loaded_adapter_of_that_base_used_longest_ag
     victim = adapter_slot_victim("b", bases, cache.get)
     assert victim is not None and victim.model_id == "a2"
     assert adapter_slot_victim("nobody", bases, cache.get) is None
+
+
+@pytest.mark.parametrize(("target_ms", "evicted"), [(0.0, "slow"), (1000.0, "quick")])
+def test_a_latency_target_keeps_the_copy_whose_reload_would_break_it(target_ms: float, evicted: str) -> None:
+    """Without a target, a copy used 2.5 times as often but half as slow to reload is worth
+    more; with a 1 s target the one whose reload takes 1.2 s is kept (MESHD_LATENCY_TARGET_MS)."""
+    from meshd.decisions.cache import Eviction
+
+    cache = WeightedLRU(2, Eviction.RATE, latency_target_ms=target_ms)
+    for name, load_ms in (("slow", 1200.0), ("quick", 600.0)):
+        assert cache.admit(name, 1, 10, 10).admitted
+        cache.set_state(name, State.LOADED, 10, load_ms)
+    for _ in range(3):
+        cache.touch("quick", 11)
+    assert [e.model_id for e in cache.admit("new", 1, 12, 12).evicted] == [evicted]
+    with pytest.raises(ValueError, match="latency target"):
+        WeightedLRU(2, Eviction.RATE, latency_target_ms=-1.0)
