@@ -56,14 +56,17 @@ def test_native_floor_refuses_bad_arguments_with_usage(argv: list[str]) -> None:
     assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_hot_tail_bound_prints_both_allocations_per_capacity() -> None:
+def run_bench(script: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """A simulator bench run to its end (2 minutes at most: a guard, not a timing check)."""
     proc = subprocess.run(
-        [sys.executable, str(BENCH.parent / "hot_tail_bound.py"), "--requests", "5000", "--models", "200"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, str(BENCH.parent / script), *argv], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_hot_tail_bound_prints_both_allocations_per_capacity() -> None:
+    proc = run_bench("hot_tail_bound.py", ["--requests", "5000", "--models", "200"])
     lines = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     by = {(r[0], r[2]): r for r in rows[1:]}
@@ -76,14 +79,7 @@ def test_hot_tail_bound_prints_both_allocations_per_capacity() -> None:
 
 
 def test_sim_latency_target_prints_upstream_and_each_target_per_capacity() -> None:
-    argv = ["--requests", "3000", "--capacities", "0.1", "--targets", "0,1000"]
-    proc = subprocess.run(
-        [sys.executable, str(BENCH.parent / "sim_latency_target.py"), *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = run_bench("sim_latency_target.py", ["--requests", "3000", "--capacities", "0.1", "--targets", "0,1000"])
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()[2:]]
     expected = [("10%", "upstream", "-"), ("10%", "meshd", "-"), ("10%", "meshd", "1000")]
     assert [(r[0], r[1], r[2]) for r in rows] == expected, proc.stdout
@@ -92,14 +88,7 @@ def test_sim_latency_target_prints_upstream_and_each_target_per_capacity() -> No
 
 def test_sim_speed_prints_its_yardstick_and_each_run() -> None:
     # Goal 4's figure is read against the machine's speed, so the bench must print both.
-    argv = ["--requests", "4000", "--models", "300", "--instances", "3", "--rate", "20"]
-    proc = subprocess.run(
-        [sys.executable, str(BENCH.parent / "sim_speed.py"), *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = run_bench("sim_speed.py", ["--requests", "4000", "--models", "300", "--instances", "3", "--rate", "20"])
     out = proc.stdout
     assert re.search(r"^yardstick before: \d+\.\d\d s of CPU", out, re.M), out
     assert re.search(r"^yardstick after: \d+\.\d\d s of CPU", out, re.M), out

@@ -9,16 +9,16 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from meshd.core.records import ModelRecord, VModelRecord
+from meshd.core.records import ModelRecord
 from meshd.decisions.cache import CacheEntry, State
 from meshd.decisions.ids import ModelInfo
 from meshd.decisions.janitor import plan_repairs
 from meshd.decisions.placement.view import ClusterView, InstanceView
 from meshd.kv.memory import MemoryStore
-from meshd.kv.table import Table
 from meshd.registry.models import CopiesFull, Registry
 from meshd.serving.local import LocalModels
 from meshd.testing.fake_runtime import FakeRuntime, runtime_info
+from tests.registry.rig import new_registry
 
 MAX_ONE = '{"meshd": {"max_copies": 1}}'
 MAX_TWO = '{"meshd": {"max_copies": 2}}'
@@ -27,14 +27,6 @@ NOW = 10_000_000
 
 def cluster(self_id: str, *ids: str, leaving: frozenset[str] = frozenset()) -> ClusterView:
     return ClusterView(self_id, NOW, {i: InstanceView(i, shutdown=i in leaving) for i in ids})
-
-
-async def new_registry(store: MemoryStore) -> Registry:
-    models = Table(store, "/t/registry/", ModelRecord.decode, ModelRecord.encode)
-    vmodels = Table(store, "/t/vmodels/", VModelRecord.decode, VModelRecord.encode)
-    await models.start()
-    await vmodels.start()
-    return Registry(models, vmodels)
 
 
 @pytest.fixture

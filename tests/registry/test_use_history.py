@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from meshd.core.records import USE_HISTORY, ModelRecord, VModelRecord, use_history
+from meshd.core.records import USE_HISTORY, ModelRecord, use_history
 from meshd.decisions.cache import Eviction
 from meshd.decisions.ids import ModelInfo
 from meshd.kv.memory import MemoryStore
-from meshd.kv.table import Table
 from meshd.registry.models import Registry
 from meshd.serving.local import LocalModels
 from meshd.testing.fake_runtime import FakeRuntime, runtime_info
+from tests.registry.rig import new_registry
 
 
 async def eventually(check: Callable[[], bool], what: str) -> None:
@@ -26,14 +26,6 @@ async def eventually(check: Callable[[], bool], what: str) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-async def new_registry(store: MemoryStore) -> Registry:
-    models = Table(store, "/t/registry/", ModelRecord.decode, ModelRecord.encode)
-    vmodels = Table(store, "/t/vmodels/", VModelRecord.decode, VModelRecord.encode)
-    await models.start()
-    await vmodels.start()
-    return Registry(models, vmodels)
 
 
 def local(instance_id: str, registry: Registry, now: list[int]) -> LocalModels:
