@@ -6,6 +6,7 @@
     python -m sim --preset zipf --compare-libcachesim  # one cache: meshd vs libCacheSim's algorithms
     python -m sim --preset bursts --max-concurrency 4  # copies serve 4 at a time, the rest queue
     python -m sim --preset zipf --alpha 0.9 --rates 10,20,40,80  # the knee: hit ratio, hot p99, failures by rate
+    python -m sim --preset large-models --client-timeout-s 600  # big models on 3 instances, clients that wait
 
 Prints markdown tables and writes them, with PNG plots (when matplotlib is installed), to
 --out (default results/). Bad arguments end with a one-line error and exit status 2.
