@@ -60,8 +60,11 @@ def test_the_hot_model_keeps_answering_and_cold_misses_are_refused_cleanly(
             stop.wait(0.05)
 
     def ask_cold(i: int) -> grpc.StatusCode:
+        # No deadline: the wait limit decides (a client that allows longer may queue longer).
+        req = make_infer_request(cold[i].id, ROWS)
         try:
-            assert close_enough(clients[i % 3].infer(cold[i].id, ROWS), expected(cold[i], ROWS))
+            answer = clients[i % 3].v2.ModelInfer(req, metadata=(("mm-model-id", cold[i].id),), timeout=None)
+            assert close_enough(decode_infer_response(answer), expected(cold[i], ROWS))
             return grpc.StatusCode.OK
         except grpc.RpcError as e:
             if e.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -438,16 +438,17 @@ def choose_load_target(view: ClusterView, req: LoadRequest, rng: random.Random) 
         # loads 479 / 685 / 655, 49 req/s; queue first: 610 / 613 / 632, 71 req/s).
         near = soonest_start(near)
     remaining = drop_hot(near, hot_factor(last_used_ago, req.scale_up))
-    if req.start_soonest and is_large(remaining, req.size_units):
-        remaining = pack(remaining, req.size_units)
-    elif req.start_soonest:
-        # Room is worth a pile-up only when it is plenty (an instance just started): an
-        # instance a little under "full" (as most are, between evictions) would take every
-        # load until its record caught up, and queue them (measured: added p99 +12-13 %).
-        roomy = [i for i in remaining if i.free >= i.capacity // ROOMY_DIVISOR]
-        remaining = roomy or remaining
+    if req.start_soonest:
         if req.prefer_self and any(i.instance_id == view.self_id for i in remaining):
-            return view.self_id
+            return view.self_id  # mm-balanced: the client spread its requests; load where it asked
+        if is_large(remaining, req.size_units):
+            remaining = pack(remaining, req.size_units)
+        else:
+            # Room is worth a pile-up only when it is plenty (an instance just started): an
+            # instance a little under "full" (as most are, between evictions) would take every
+            # load until its record caught up, and queue them (measured: added p99 +12-13 %).
+            roomy = [i for i in remaining if i.free >= i.capacity // ROOMY_DIVISOR]
+            remaining = roomy or remaining
     # Instance records lag loads by seconds, so a burst of cold misses sees one picture.
     # Among the near-best, favour those this instance has sent the fewest loads to lately
     # (its own placements, which it knows at once): each instance spreads its own burst,

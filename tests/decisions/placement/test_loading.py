@@ -187,6 +187,9 @@ def test_meshd_packs_a_big_model_where_it_leaves_the_least_room_unused() -> None
     assert _picks(big, tight, inst("fuller", used=CAP - 10)) == {"tight"}
     small = LoadRequest("m", "", 10, start_soonest=True)
     assert _picks(small, snug, roomy, tight) == {"snug", "roomy"}  # a quarter free or more
+    # mm-balanced (prefer itself): the client spread its requests; it loads where it asked.
+    balanced = LoadRequest("m", "", 330, start_soonest=True, prefer_self=True)
+    assert _picks(balanced, inst("me"), snug) == {"me"}
 
 
 def test_meshd_prefers_itself_only_among_the_soonest_to_start() -> None:
