@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -68,6 +69,16 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str, interval_
         if check():
             return
         time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+async def wait_until_async(check: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.02) -> None:
+    """`wait_until` on an event loop: polls without blocking it (mirrors catching up, tasks)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        await asyncio.sleep(interval_s)
     raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 

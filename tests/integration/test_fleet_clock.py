@@ -9,10 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
-from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd.core.records import FLEET_CLOCK, FLEET_EVICTED, USE_HISTORY
 from meshd.decisions.cache import to_units
 from meshd.kv.embedded import EmbeddedEtcd
@@ -20,20 +18,13 @@ from meshd.runtimes.models import generate_models
 from meshd.testing.cluster import LocalMesh
 from meshd.testing.procs import wait_until
 
-from .conftest import MODEL_SIZE, Client, NodeFactory, close_enough, expected
+from .conftest import MODEL_SIZE, NodeFactory, close_enough, expected
+from .test_mesh import load_on
 from .test_upstream_keys import under, upstream_key
 
 pytestmark = pytest.mark.slow
 
 ROWS = [[1.0, 2.0, 3.0, 4.0]]
-
-
-def load_on(c: Client, model_id: str) -> None:
-    """Load the model on this instance itself (a peer's internal load), whatever placement says."""
-    with grpc.insecure_channel(f"127.0.0.1:{c.node.peer_port}") as ch:
-        req = peer_pb2.InternalOpRequest(modelId=model_id, load=True, sync=True)
-        state = peer_pb2_grpc.MeshPeerStub(ch).InternalOperation(req, timeout=30).state
-    assert state == peer_pb2.InternalOpResponse.LOADED
 
 
 def test_a_models_use_history_outlives_its_last_copy_and_the_next_instance_starts_from_it(
@@ -69,6 +60,10 @@ def test_a_models_use_history_outlives_its_last_copy_and_the_next_instance_start
     assert second is not None and second[:5] == first and second == sorted(second), (first, second)
 
     units = to_units(MODEL_SIZE)
-    for c in (a, b):  # each evicted one model: its record says so, beside its clock
-        wait_until(lambda c=c: record("instances", c.node.instance_id).get(FLEET_EVICTED) == units, 15, "the count")
-        assert isinstance(record("instances", c.node.instance_id).get(FLEET_CLOCK), int | float)
+    for iid in (a.node.instance_id, b.node.instance_id):  # each evicted one model: its record says so
+
+        def counted(iid: str = iid) -> bool:
+            return bool(record("instances", iid).get(FLEET_EVICTED) == units)
+
+        wait_until(counted, 15, f"{iid}'s eviction count")
+        assert isinstance(record("instances", iid).get(FLEET_CLOCK), int | float)

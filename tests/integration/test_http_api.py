@@ -28,10 +28,12 @@ ST = mm.ModelStatusInfo
 ROWS = [[0.5, -1.0, 2.0, 0.25], [0.0, 0.0, 0.0, 0.0]]
 
 
-def http(client: Client, method: str, path: str, body: bytes | str | None = None) -> tuple[int, Any]:
+def http(
+    client: Client, method: str, path: str, body: bytes | str | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     """Status and decoded JSON body of one request to the node's REST port."""
     data = body.encode() if isinstance(body, str) else body
-    req = urllib.request.Request(client.node.http_url + path, data=data, method=method)
+    req = urllib.request.Request(client.node.http_url + path, data=data, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             status, raw = resp.status, resp.read()

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -20,6 +18,7 @@ from meshd.runtimes.models import decode_infer_response, generate_models, make_i
 from meshd.testing.procs import wait_until
 
 from .conftest import MODEL_SIZE, Client, NodeFactory, close_enough, expected
+from .test_http_api import http
 
 pytestmark = pytest.mark.slow
 
@@ -124,17 +123,8 @@ def test_a_miss_that_could_not_load_before_the_clients_deadline_is_refused_not_t
 
 def _rest_infer(c: Client, model_id: str, headers: dict[str, str]) -> tuple[int, dict[str, object]]:
     doc = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": ROWS[0]}]}
-    req = urllib.request.Request(
-        f"{c.node.http_url}/v2/models/{model_id}/infer",
-        data=json.dumps(doc).encode(),
-        headers={"Content-Type": "application/json", **headers},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    status, body = http(c, "POST", f"/v2/models/{model_id}/infer", json.dumps(doc), headers)
+    return status, body
 
 
 def test_a_patient_request_waits_for_its_load_beyond_the_wait_limit_while_a_hurried_one_is_refused_fast(

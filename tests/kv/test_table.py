@@ -11,20 +11,13 @@ from meshd.core.records import ModelRecord, RecordError
 from meshd.kv.memory import MemoryStore
 from meshd.kv.store import Delete, KVStore
 from meshd.kv.table import KEEP, Table
+from meshd.testing.procs import wait_until_async
 from tests.lagging_store import LaggingStore
 
 
 @pytest.fixture
 def store(any_store: KVStore) -> KVStore:
     return any_store
-
-
-async def eventually(check: object, timeout_s: float = 5.0) -> None:
-    for _ in range(int(timeout_s / 0.02)):
-        if check():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
 
 
 def table(store: KVStore, prefix: str) -> Table[ModelRecord]:
@@ -133,7 +126,7 @@ async def test_compaction_while_not_watching_is_repaired_by_relisting(store: KVS
     t._relist = counting_relist  # type: ignore[method-assign]
     t._task = asyncio.create_task(t._watch())  # resume from the stale, compacted revision
     try:
-        await eventually(lambda: t.get("c") is not None and t.get("b") is None)
+        await wait_until_async(lambda: t.get("c") is not None and t.get("b") is None, 5, "c in and b gone")
         assert relists == 1  # repaired by re-listing, not by replaying history
         assert sorted(i for i, _ in t.items()) == ["a", "c"]
         assert removed == ["b"]
@@ -228,7 +221,7 @@ async def test_catch_up_brings_a_lagging_mirror_to_the_store_without_replaying_e
         assert changes == [("a", None, "t"), ("b", None, "u"), ("a", "t", None)]
         store.flowing.set()  # the held events arrive late: already covered, so skipped
         await store.put("registry/c", ModelRecord(type="v").encode())
-        await eventually(lambda: t.get("c") is not None)
+        await wait_until_async(lambda: t.get("c") is not None, 5, "c in the mirror")
         assert t.get("a") is None and t.get("b") == ModelRecord(type="u")
         assert changes[3:] == [("c", None, "v")]
     finally:

@@ -5,7 +5,7 @@ history never replaces a newer one."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,16 +16,8 @@ from meshd.kv.memory import MemoryStore
 from meshd.registry.models import Registry
 from meshd.serving.local import LocalModels
 from meshd.testing.fake_runtime import FakeRuntime, runtime_info
+from meshd.testing.procs import wait_until_async
 from tests.registry.rig import new_registry
-
-
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    """The mirror catches up with a write in milliseconds; 5 s is a guard against a hang."""
-    for _ in range(500):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def local(instance_id: str, registry: Registry, now: list[int]) -> LocalModels:
@@ -72,7 +64,7 @@ async def test_the_history_outlives_the_last_copy_and_the_next_instance_starts_f
         rec = registry.get("m")
         return rec is not None and not rec.instance_ids and len(use_history(rec.extra)) == 5
 
-    await eventually(history_written, "m's history in its record, its copy gone")
+    await wait_until_async(history_written, 5, "m's history in its record, its copy gone")
     history = use_history(registry.get("m").extra)  # type: ignore[union-attr]
     await asyncio.wait_for(b.registry.models.catch_up(), 5)
     entry = await b.ensure("m", b.registry.get("m"))  # type: ignore[arg-type]
@@ -97,7 +89,7 @@ async def test_an_older_history_does_not_replace_a_newer_one(two: tuple[LocalMod
         r = registry.get("m")
         return r is not None and list(r.instance_ids) == ["b"]
 
-    await eventually(only_b_left, "a's copy removed")
+    await wait_until_async(only_b_left, 5, "a's copy removed")
     assert use_history(registry.get("m").extra) == (5.0, 9.0)  # type: ignore[union-attr]
     await registry.remove_copy("m", "b", (3.0, 12.0))  # newer: replaces it
 
@@ -105,4 +97,4 @@ async def test_an_older_history_does_not_replace_a_newer_one(two: tuple[LocalMod
         r = registry.get("m")
         return r is not None and not r.instance_ids and use_history(r.extra) == (3.0, 12.0)
 
-    await eventually(newer, "the newer history")
+    await wait_until_async(newer, 5, "the newer history")
