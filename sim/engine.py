@@ -62,17 +62,17 @@ from meshd.decisions.gate import Arrival, on_arrival, queue_bound
 from meshd.decisions.placement.loading import (
     DEFAULT_LOAD_WAIT_LIMIT_MS,
     DEFAULT_MEAN_LOAD_MS,
+    Verdict,
     admission_date,
     colder_than_victims,
     displaced_by,
     load_value,
-    may_queue,
     next_load,
     patience_ms,
+    pressed,
+    queue_verdict,
     start_wait_ms,
-    under_pressure,
     update_mean_load_ms,
-    within_deadline,
 )
 from meshd.decisions.placement.rank import (
     DEFAULT_LOADING_TIMEOUT_MS,
@@ -138,6 +138,8 @@ class Fleet:
             raise ValueError("max concurrency must be 0 (unlimited) or more")
         if not self.service_jitter >= 0 or not self.load_jitter >= 0:
             raise ValueError("jitter (a log-normal sigma) must be 0 or more")
+        if self.client_timeout_ms < 0:
+            raise ValueError("a client deadline must be 0 (none) or more milliseconds")
 
 
 @dataclass(slots=True)
@@ -645,8 +647,9 @@ class Simulation:
         mid, units, pop = self.ids[m], self.units[m], inst.popularity
         threads, mean = self.fleet.loading_threads, inst.mean_load_ms
         wait = start_wait_ms(len(inst.pending), inst.loading, threads, mean)
-        refuse = not within_deadline(wait, mean, budget_ms)
-        if not refuse and not may_queue(wait, mean, self.wait_limit_ms, budget_ms):
+        verdict = queue_verdict(wait, mean, self.wait_limit_ms, budget_ms)
+        refuse = verdict is Verdict.LATE
+        if verdict is Verdict.FULL:
             # The queue is at its bound: this load goes in only in place of a less valuable one.
             value = load_value(1, pop.of(mid), units)
             values = {p: load_value(len(inst.waiters[p]), pop.of(self.ids[p]), self.units[p]) for p in inst.pending}
@@ -657,8 +660,9 @@ class Simulation:
                 self._refuse_load(inst, coldest, t, reroute=True)
             else:
                 refuse = True
-        patience = patience_ms(self.wait_limit_ms, mean, budget_ms)
-        pressure = self.policy.pressure_admission and under_pressure(len(inst.pending) + 1, threads, mean, patience)
+        pressure = self.policy.pressure_admission and pressed(
+            len(inst.pending), threads, mean, self.wait_limit_ms, budget_ms
+        )
         if not refuse and pressure:
             victims = inst.cache.victims_for(mid, units, last_used)
             refuse = victims is None or colder_than_victims(pop.of(mid), 1, [pop.of(v.model_id) for v in victims])
@@ -669,7 +673,7 @@ class Simulation:
             return False
         inst.waiters[m] = []
         inst.pending[m] = t
-        inst.patience[m] = t + patience
+        inst.patience[m] = t + patience_ms(self.wait_limit_ms, mean, budget_ms)
         self.copies[m][inst.instance_id] = t  # recorded now, so requests elsewhere join this load
         return True
 

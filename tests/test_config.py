@@ -157,6 +157,14 @@ def test_load_queue_switch() -> None:
     assert not cfg.load_queue and cfg.load_wait_limit_ms == 30_000  # upstream's queue, one setting away
 
 
+def test_the_latency_target_is_off_by_default_and_a_bad_one_is_a_clear_error() -> None:
+    assert load_config(None, {}).latency_target_ms == 0
+    assert load_config(None, {"MESHD_LATENCY_TARGET_MS": "1500"}).latency_target_ms == 1500
+    for bad, says in (("soon", "must be an integer"), ("-1", "must be at least 0")):
+        with pytest.raises(ConfigError, match=rf"MESHD_LATENCY_TARGET_MS .*{says}"):
+            load_config(None, {"MESHD_LATENCY_TARGET_MS": bad})
+
+
 def test_http_port_and_model_repository(tmp_path: object) -> None:
     assert load_config(None, {}).http_port == 8091  # not 8008: the pod's rest-proxy holds it
     assert load_config(None, {}).model_repository is None

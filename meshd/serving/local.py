@@ -35,17 +35,17 @@ from meshd.decisions.janitor import Repairs, plan_repairs
 from meshd.decisions.placement.liveness import counted_for_max_copies
 from meshd.decisions.placement.loading import (
     DEFAULT_LOAD_WAIT_LIMIT_MS,
+    Verdict,
     admission_date,
     colder_than_victims,
     displaced_by,
     exhausted_message,
     load_value,
-    may_queue,
     patience_ms,
+    pressed,
+    queue_verdict,
     soonest_end_ms,
     start_wait_ms,
-    under_pressure,
-    within_deadline,
 )
 from meshd.decisions.placement.modelkey import at_max_copies, policy_from_key
 from meshd.decisions.placement.view import ClusterView
@@ -258,13 +258,14 @@ class LocalModels:
         threads, mean = q.threads, q.mean_load_ms
         wait = start_wait_ms(q.waiting, q.busy, threads, mean)
         units = self.initial_units(record)
-        if not within_deadline(wait, mean, budget_ms):
+        verdict = queue_verdict(wait, mean, self.load_wait_limit_ms, budget_ms)
+        if verdict is Verdict.LATE:
             left, end = max(0.0, budget_ms or 0.0) / 1000, soonest_end_ms(wait, mean) / 1000
             why = (
                 f"the request's deadline is {left:.1f} s away, and a load here could end in {end:.1f} s at the soonest"
             )
             return exhausted_message(model_id, why, wait)
-        if not may_queue(wait, mean, self.load_wait_limit_ms, budget_ms):
+        if verdict is Verdict.FULL:
             value = load_value(1, self.popularity.of(model_id), units)
             waiting = q.waiting_models()
             values = [(self._value(m), since, i) for i, (m, since) in enumerate(waiting)]
@@ -275,8 +276,7 @@ class LocalModels:
             why = f"{model_id!r} is wanted more than it"
             q.displace(displaced, ResourceExhausted(exhausted_message(displaced, why, wait)))
             self.metrics.load_refused()
-        limit = patience_ms(self.load_wait_limit_ms, mean, budget_ms)
-        if wait > 0 and under_pressure(q.waiting + 1, threads, mean, limit):
+        if wait > 0 and pressed(q.waiting, threads, mean, self.load_wait_limit_ms, budget_ms):
             victims = self.cache.victims_for(model_id, units, last_used_ms)
             pops = [self.popularity.of(v.model_id) for v in victims or ()]
             if victims is None or colder_than_victims(self.popularity.of(model_id), 1, pops):

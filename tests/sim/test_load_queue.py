@@ -153,3 +153,8 @@ def test_requests_served_after_their_clients_deadline_are_counted_late() -> None
         fleet = Fleet(1, 3 * UNITS, loading_threads=1, load_jitter=0.0, service_time=False, client_timeout_ms=timeout)
         r = simulate(wl, fleet, MESHD_FIFO)
         assert (r.failed, r.late) == (0, late), timeout
+
+
+def test_a_negative_client_deadline_is_refused() -> None:
+    with pytest.raises(ValueError, match="client deadline"):
+        Fleet(1, UNITS, client_timeout_ms=-1)

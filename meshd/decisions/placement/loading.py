@@ -32,6 +32,7 @@ congestion collapse"). The rules, in the order a miss meets them:
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -200,6 +201,30 @@ def within_deadline(wait_ms: float, mean_load_ms: float, budget_ms: float | None
     starts at once always may: its request may time out, but the copy serves the next ones; a
     load that would only queue behind others to end after its caller left holds a place others need."""
     return budget_ms is None or wait_ms <= 0 or soonest_end_ms(wait_ms, mean_load_ms) <= budget_ms
+
+
+class Verdict(enum.Enum):
+    """What the queue says to a miss (`queue_verdict`), before the admission test."""
+
+    JOIN = "join"  # it may wait for a loading thread
+    LATE = "late"  # its load could not end before its request's deadline: refused at once
+    FULL = "full"  # past the wait limit in force: it takes a less valuable load's place, or is refused
+
+
+def queue_verdict(wait_ms: float, mean_load_ms: float, wait_limit_ms: float, budget_ms: float | None) -> Verdict:
+    """The first two rules a miss meets, in order: its deadline (`within_deadline`), then the
+    wait limit or its patience (`may_queue`). The daemon and the simulator both ask this."""
+    if not within_deadline(wait_ms, mean_load_ms, budget_ms):
+        return Verdict.LATE
+    if not may_queue(wait_ms, mean_load_ms, wait_limit_ms, budget_ms):
+        return Verdict.FULL
+    return Verdict.JOIN
+
+
+def pressed(waiting: int, threads: int, mean_load_ms: float, wait_limit_ms: float, budget_ms: float | None) -> bool:
+    """Whether a queue holding `waiting` loads is under pressure for one more, asked for by a
+    request with `budget_ms` left: pressure is judged against its patience (`patience_ms`)."""
+    return under_pressure(waiting + 1, threads, mean_load_ms, patience_ms(wait_limit_ms, mean_load_ms, budget_ms))
 
 
 def under_pressure(queued: int, threads: int, mean_load_ms: float, wait_limit_ms: float) -> bool:

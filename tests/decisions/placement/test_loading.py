@@ -297,6 +297,18 @@ def test_a_request_that_will_wait_longer_than_the_limit_may_queue_while_its_load
     assert loading.patience_ms(10_000, 30_000.0, 60_000) == 90_000  # slow loads: the stretched limit
 
 
+def test_a_miss_meets_its_deadline_first_then_the_limit_and_pressure_is_judged_by_its_patience() -> None:
+    late, full, join = loading.Verdict.LATE, loading.Verdict.FULL, loading.Verdict.JOIN
+    # A 20 s wait behind 1 s loads, a 10 s limit:
+    assert loading.queue_verdict(20_000, 1_000.0, 10_000, None) is full  # no deadline: the limit
+    assert loading.queue_verdict(20_000, 1_000.0, 10_000, 15_000) is late  # cannot end in time
+    assert loading.queue_verdict(20_000, 1_000.0, 10_000, 60_000) is join  # a minute: it waits
+    assert loading.queue_verdict(0.0, 1_000.0, 10_000, 1) is join  # starts at once: never late
+    # Eight 1 s loads waiting on one thread: pressure for a hurried miss, not for a patient one.
+    assert loading.pressed(8, 1, 1_000.0, 10_000, None)
+    assert not loading.pressed(8, 1, 1_000.0, 10_000, 60_000)
+
+
 def test_peers_reported_loads_count_only_while_fresh() -> None:
     reported = {"b": (3, 9_000), "c": (0, 9_900), "d": (5, 10_000)}
     assert loading.fresh_loads(reported, 10_000) == {"b": 3, "c": 0, "d": 5}  # 1 s: all three
