@@ -7,11 +7,12 @@ clock counts every instance's evictions, in units per instance: each instance ad
 clock by its own evictions at once and by its peers' as their records report their
 cumulative count (`meshdEvicted`), so every clock moves with the same events, a couple of
 seconds apart. An instance that joins a running fleet starts from its peers' clock
-(`meshdClock`). A model's recent uses travel in its record on this clock (`meshdUses`).
+(`meshdClock`, their median). A model's recent uses travel in its record on this clock (`meshdUses`).
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -44,7 +45,9 @@ class FleetClock:
                 fresh += evicted - before if evicted >= before else evicted
         floor = 0.0
         if not self._joined and peers:
-            floor = max(clock for _, clock in peers.values())
+            # The peers' median, not their largest: one record with a wild clock (another
+            # tool's write) must not throw a joining instance's clock far ahead of the fleet.
+            floor = statistics.median_high(clock for _, clock in peers.values())
             self._joined = True
         self._seen = {iid: evicted for iid, (evicted, _) in peers.items()}
         return Step(size, fresh / size, floor)

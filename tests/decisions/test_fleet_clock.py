@@ -18,6 +18,8 @@ def test_peers_evictions_advance_the_clock_per_instance_from_the_second_sight_on
     newcomer = clock.step({"b": (560, 50.0), "c": (9, 0.0), "d": (700, 0.0)})
     assert (newcomer.fleet_size, newcomer.advance) == (4, 0.0)  # d's past is not new to the fleet
     assert FleetClock().step({}).fleet_size == 1  # alone: the cache's own turnover
+    wild = FleetClock().step({"b": (5, 40.0), "c": (5, 41.0), "d": (5, 1e300)})
+    assert wild.floor == 41.0  # one wild record does not throw a joining clock ahead
 
 
 def test_a_cache_in_a_fleet_counts_its_own_evictions_per_instance_and_never_runs_back() -> None:
