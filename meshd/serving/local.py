@@ -452,7 +452,7 @@ class LocalModels:
         event.set()
 
     async def _load(self, model_id: str, record: ModelRecord, fut: asyncio.Future[CacheEntry]) -> None:
-        admitted = False
+        admitted = recorded = False
         epoch = self.runtime_epoch
         slot_held = False
         try:
@@ -460,11 +460,20 @@ class LocalModels:
             if base is not None:  # an adapter loads into its base's engine: the base first
                 self.bases[model_id] = base
                 await self.ensure(base, self.registry.get(base) or await self.registry.fetch(base))
+            # In the record before it waits for a thread or room, so requests at other instances
+            # join this load instead of placing one of their own meanwhile (loads wait up to
+            # seconds when the hot set moves). Refused (CopiesFull) when the model's max copies
+            # are already on serving holders.
+            if not await self.registry.add_copy(model_id, self.instance_id, self.clock(), self._serving()):
+                raise NotFound(f"model {model_id!r} was unregistered")
+            recorded = True
             if self.load_queue:  # a thread first, then the room: a waiting load evicts nothing
                 await self._take_slot(model_id, record)
                 slot_held = True
             await self._admit(model_id, record)
             admitted = True
+            if self.registry.get(model_id) is None:
+                raise NotFound(f"model {model_id!r} was unregistered while its load waited")
             self._wanted_last_used.pop(model_id, None)
             pending_unload = self._unloading.get(model_id)
             if pending_unload is not None:
@@ -475,9 +484,6 @@ class LocalModels:
             if predicted and model_id in self.cache:
                 self._evict_all(self.cache.resize(model_id, to_units(predicted), self._keep(model_id)))
             self._check_runtime(model_id, epoch)
-            # Refused (CopiesFull) when the model's max copies are already on serving holders.
-            if not await self.registry.add_copy(model_id, self.instance_id, self.clock(), self._serving()):
-                raise NotFound(f"model {model_id!r} was unregistered")
             try:
                 slot_held, held = False, slot_held  # load() gives the thread back
                 try:
@@ -519,11 +525,11 @@ class LocalModels:
             finally:
                 _resolve(fut, e)
         except asyncio.CancelledError:
-            self._forget_failed_admission(model_id, admitted)
+            self._forget_failed_admission(model_id, admitted, recorded)
             _resolve(fut, Unavailable(f"load of {model_id!r} was cancelled (instance stopping)"))
             raise
         except Exception as e:
-            self._forget_failed_admission(model_id, admitted)
+            self._forget_failed_admission(model_id, admitted, recorded)
             if isinstance(e, RuntimeGone) and admitted:  # its entry went with the outage, maybe not its record
                 self._spawn(self._remove_copy_bounded(model_id))
             if not isinstance(e, MeshError):
@@ -572,10 +578,14 @@ class LocalModels:
         if self.runtime_epoch != epoch:
             raise RuntimeGone(f"load of {model_id!r} abandoned: the runtime stopped answering meanwhile")
 
-    def _forget_failed_admission(self, model_id: str, admitted: bool) -> None:
+    def _forget_failed_admission(self, model_id: str, admitted: bool, recorded: bool) -> None:
+        """A load that will not run: its room and its copy in the record go (recorded while it
+        waited for a thread or room, it never took room)."""
         if admitted and self.cache.get(model_id) is not None:
             self._remove(model_id)
-            self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
+        elif not (recorded and not admitted and model_id not in self.cache):
+            return
+        self._spawn(self._quiet(self.registry.remove_copy(model_id, self.instance_id)))
 
     async def _size_later(self, model_id: str) -> None:
         sizing = time.monotonic()
@@ -717,9 +727,10 @@ class LocalModels:
         entries = self.cache.entries()
         repairs = plan_repairs(self.instance_id, dict(table.items()), entries, table.corrupt, live, leaving)
         for mid in repairs.remove_from_records:
-            # Still true after the awaits before it; and not a capped copy still leaving the
-            # runtime (its record goes once the runtime let it go).
-            if mid not in self.cache and mid not in self._unloading:
+            # Still true after the awaits before it; not a load waiting for a thread or room (in
+            # the record, not yet in the cache); not a capped copy still leaving the runtime
+            # (its record goes once the runtime let it go).
+            if mid not in self.cache and mid not in self._unloading and mid not in self._loading:
                 await self._quiet(self.registry.remove_copy(mid, self.instance_id))
         for mid in repairs.add_to_records:
             entry = self.cache.get(mid)

@@ -120,6 +120,34 @@ async def test_a_waiting_load_takes_no_room_so_the_serving_copy_stays(
     assert "c2" in lm.cache  # room taken once its load started (evicting the LRU then)
 
 
+async def test_a_waiting_load_is_in_the_record_so_requests_elsewhere_join_it(
+    local: tuple[LocalModels, FakeRuntime, Registry],
+) -> None:
+    """Before it waits for a thread the copy is recorded (as the simulator always had it): a
+    peer reading the record sends its requests here instead of loading a second copy. On a
+    bench whose hot set jumps, recording only once the load began cost 7 % more loads."""
+    lm, runtime, registry = local
+    recs = {m: await registry.register(m, ModelInfo("demo", f"/{m}"), 1) for m in ("c1", "c2")}
+    gate = runtime.hold("c1")
+    c1 = asyncio.create_task(lm.ensure("c1", recs["c1"], 200))
+    await settle()
+    c2 = asyncio.create_task(lm.ensure("c2", recs["c2"], 300))
+    await settle()
+    try:
+        assert lm.queue.waiting == 1 and "c2" not in lm.cache
+        waiting = registry.get("c2")
+        assert waiting is not None and "me" in waiting.instance_ids
+        await lm.reconcile()  # the janitor leaves it: not in the cache yet, but loading here
+        await settle()
+        still = registry.get("c2")
+        assert still is not None and "me" in still.instance_ids
+    finally:
+        gate.set()
+    await asyncio.wait_for(asyncio.gather(c1, c2), timeout=5)
+    loaded = registry.get("c2")
+    assert loaded is not None and "me" in loaded.instance_ids
+
+
 async def test_a_load_that_cannot_start_within_the_limit_is_refused_at_once(
     local: tuple[LocalModels, FakeRuntime, Registry],
 ) -> None:
@@ -192,6 +220,9 @@ async def test_a_hotter_miss_displaces_a_load_that_just_began_waiting(
         gate.set()
     await asyncio.wait_for(asyncio.gather(running, hot), timeout=5)
     assert "hot" in lm.cache and "cold" not in lm.cache
+    await settle()
+    displaced = registry.get("cold")  # recorded while it waited; gone with the load
+    assert displaced is not None and "me" not in displaced.instance_ids
 
 
 async def test_a_load_that_has_waited_keeps_its_place_and_the_newcomer_is_refused_fast(
