@@ -2,7 +2,7 @@
 
     python bench/peers.py [--models N] [--cache-models K] [--requests R] [--warmup W]
                           [--concurrency C] [--zipf S] [--kill-requests R2] [--runs N]
-                          [--systems meshd,ray,ray-grpc] [--seed X] [--quick]
+                          [--systems meshd,meshd-lru,ray,ray-grpc] [--seed X] [--quick]
 
 The workload (one seed): N models whose size, load time and service time are drawn from one
 distribution (size lognormal around 8 MiB, 2-32 MiB; load time 40 ms + 10 ms per MiB, times a
@@ -16,7 +16,10 @@ Zipf(S) popularity ("zipf"), R requests whose Zipf ranking rotates by N/4 models
 The systems, three model-serving processes each, each process allowed K models:
     meshd  etcd + 3 meshd, each beside a reference runtime (meshd.runtimes.demo) with
            capacity K x the mean model size; clients spread round-robin over the 3 meshd
-           (gRPC KServe V2 ModelInfer with the mm-model-id header);
+           (gRPC KServe V2 ModelInfer with the mm-model-id header); meshd's own eviction
+           order (RATE) unless --meshd-eviction names one;
+    meshd-lru  the same with MESHD_EVICTION=lru: Ray's multiplexing's order, so the two
+           differ only in their machinery (placement, routing, load queue);
     ray    a local Ray cluster with one Serve deployment of 3 replicas,
            @serve.multiplexed(max_num_models_per_replica=K), reached through Serve's HTTP
            ingress with the serve_multiplexed_model_id header (bench/peers_ray.py, run in
@@ -25,7 +28,7 @@ The systems, three model-serving processes each, each process allowed K models:
     ray-grpc  the same, a Ray cluster of its own, reached through Serve's gRPC ingress:
            KServe V2 ModelInfer, the bytes meshd is sent, with the multiplexed_model_id
            metadata (one channel, as to one proxy).
-Both run the same model code (meshd.runtimes.model_work). C requests are in flight from one
+All run the same model code (meshd.runtimes.model_work). C requests are in flight from one
 client process (uvloop); every answer is checked against the model file (bias[0] is the
 model's index, so an answer from the wrong model is caught).
 
@@ -109,7 +112,8 @@ RAY_VERSION = "2.60.0"
 RAY_START_TIMEOUT_S = 180.0
 MIB = 1 << 20
 TRACES = ("zipf", "shift")
-SYSTEMS = ("meshd", "ray", "ray-grpc")  # ray: Serve's HTTP ingress; ray-grpc: its gRPC ingress
+SYSTEMS = ("meshd", "meshd-lru", "ray", "ray-grpc")  # ray: Serve's HTTP ingress; ray-grpc: its gRPC ingress
+MESHD_SYSTEMS = {"meshd": "", "meshd-lru": "lru"}  # -> eviction order ("": --meshd-eviction, default rate)
 GRPC_MODEL_HEADER = "multiplexed_model_id"  # where Serve's gRPC ingress reads the model id
 
 
@@ -549,8 +553,9 @@ async def kill_run(system: System, call: Call, planned: list[Planned], args: arg
 class MeshdSystem(System):
     name = "meshd"
 
-    def __init__(self, mesh: LocalMesh, nodes: list[Node], clients: list[MeshClient]) -> None:
+    def __init__(self, mesh: LocalMesh, nodes: list[Node], clients: list[MeshClient], name: str = "meshd") -> None:
         self.mesh, self.nodes, self.clients = mesh, nodes, clients
+        self.name = name  # "meshd" (its default eviction, or --meshd-eviction) or "meshd-lru"
 
     def pids(self) -> list[int]:
         etcd = [self.mesh.etcd.pid] if self.mesh.etcd is not None and self.mesh.etcd.pid else []
@@ -571,12 +576,12 @@ class MeshdSystem(System):
         return f"runtime of {node.instance_id} (pid {node.runtime.pid})"
 
 
-def meshd_settings(args: argparse.Namespace, metrics_port: int) -> dict[str, str | int]:
+def meshd_settings(eviction: str, metrics_port: int) -> dict[str, str | int]:
     """One meshd's settings: metrics on, as a deployment runs it (Ray keeps its own metrics and
-    access logs on); the eviction order when `--meshd-eviction` names one."""
+    access logs on); the eviction order when one is named ("": meshd's default)."""
     settings: dict[str, str | int] = {"metrics": f"prometheus:port={metrics_port}"}
-    if args.meshd_eviction:
-        settings["eviction"] = args.meshd_eviction
+    if eviction:
+        settings["eviction"] = eviction
     return settings
 
 
@@ -588,7 +593,11 @@ def meshd_capacity(args: argparse.Namespace, workload: Workload) -> int:
     return int(args.cache_models * workload.mean_size)
 
 
-def run_meshd(workload: Workload, args: argparse.Namespace, workdir: Path, costs: tuple[float, float]) -> Any:
+def run_meshd(
+    workload: Workload, args: argparse.Namespace, workdir: Path, costs: tuple[float, float], name: str = "meshd"
+) -> Any:
+    """`name`: "meshd" (eviction `--meshd-eviction`, default meshd's own) or "meshd-lru" (LRU: Ray's order)."""
+    eviction = MESHD_SYSTEMS[name] or args.meshd_eviction
     with mesh_of_run(LocalMesh(workdir / "meshd", service=f"bench-peers-{uuid.uuid4().hex[:8]}")) as mesh:
         mesh.start_etcd()
         runtime_args = [
@@ -602,10 +611,10 @@ def run_meshd(workload: Workload, args: argparse.Namespace, workdir: Path, costs
         ]
         metrics_ports = free_ports(PROCESSES)
         nodes = [
-            mesh.add_node(f"peers-{i}", runtime_args=runtime_args, settings=meshd_settings(args, port))
+            mesh.add_node(f"peers-{i}", runtime_args=runtime_args, settings=meshd_settings(eviction, port))
             for i, port in enumerate(metrics_ports)
         ]
-        log("  [meshd] up: " + "; ".join(f"meshd {n.meshd.pid} runtime {n.runtime.pid}" for n in nodes))
+        log(f"  [{name}] up: " + "; ".join(f"meshd {n.meshd.pid} runtime {n.runtime.pid}" for n in nodes))
 
         async def go() -> tuple[list[TraceResult], KillResult | None]:
             clients = [MeshClient.open(n) for n in nodes]
@@ -617,13 +626,13 @@ def run_meshd(workload: Workload, args: argparse.Namespace, workdir: Path, costs
                         timeout=30,
                     )
                 call = grpc_call([c.channel for c in clients])
-                return await run_traces(MeshdSystem(mesh, nodes, clients), call, workload, args, *costs)
+                return await run_traces(MeshdSystem(mesh, nodes, clients, name), call, workload, args, *costs)
             finally:
                 for c in clients:
                     await c.close()
 
         out = asyncio_run(go())
-        log("  [meshd] where requests waited (whole run): " + waits(metrics_ports))
+        log(f"  [{name}] where requests waited (whole run): " + waits(metrics_ports))
         if any(r.tally.n_errors or r.tally.wrong for r in out[0]):
             dump_logs(mesh, log)
         return out
@@ -869,13 +878,13 @@ def report(
         f"{meshd_capacity(args, workload) / MIB:.0f} MiB; Ray max_num_models_per_replica "
         f"{args.cache_models}); meshd loading threads "
         f"{args.meshd_loading_threads or 'runtime default (2)'} (Ray: 1 per replica, its multiplex lock); "
-        f"model sizes {args.model_sizes}; meshd eviction {args.meshd_eviction or 'default (rate)'}; "
+        f"model sizes {args.model_sizes}; meshd eviction {args.meshd_eviction or 'default (rate)'}, meshd-lru lru; "
         f"meshd metrics on; zipf {args.zipf:g}; concurrency {args.concurrency}; "
         f"{len(workload.warmup)} warm-up, {args.requests} per trace, seed {args.seed}"
     )
     out.append("")
     hdr = (
-        f"{'trace':<6} {'system':<8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} {'loads':>6} "
+        f"{'trace':<6} {'system':<9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} {'loads':>6} "
         f"{'hit%':>6} {'errors':>6} {'wrong':>5} {'layer ms/req':>12} {'model-proc ms/req':>17} "
         f"{'client ms/req':>13} {'RSS MiB':>8} {'model-proc RSS':>14} {'held':>5} "
         f"{'req/s range':>11} {'p99 range':>11} {'loads range':>11}"
@@ -887,7 +896,7 @@ def report(
         for s in systems:
             rs = [next(t for t in r[s][0] if t.trace == trace) for r in runs]
             out.append(
-                f"{trace:<6} {s:<8} {fmt(med([r.rps for r in rs]), '7.0f')} "
+                f"{trace:<6} {s:<9} {fmt(med([r.rps for r in rs]), '7.0f')} "
                 f"{fmt(med([r.lat(50) for r in rs]), '7.1f')} "
                 f"{fmt(med([r.lat(99) for r in rs]), '7.1f')} {fmt(med([r.lat(99.9) for r in rs]), '8.1f')} "
                 f"{fmt(med([r.loads for r in rs]), '6.0f')} {fmt(med([100 * r.hit_ratio for r in rs]), '6.1f')} "
@@ -908,15 +917,16 @@ def report(
         "per request; model-proc = the 3 runtimes / the 3 replicas alone (model work included); "
         "RSS at the end of the trace; held = models loaded across the system at the end; ranges: min-max over runs"
     )
-    for other in (s for s in systems if s != "meshd" and "meshd" in systems):
+    pairs = [(m, o) for m in systems if m in MESHD_SYSTEMS for o in systems if o not in MESHD_SYSTEMS]
+    for mine, other in pairs:
         for trace in TRACES:
             ratios = []
             for r in runs:
-                m = next(t for t in r["meshd"][0] if t.trace == trace)
+                m = next(t for t in r[mine][0] if t.trace == trace)
                 y = next(t for t in r[other][0] if t.trace == trace)
                 ratios.append((m.rps / y.rps, m.lat(99) / y.lat(99), m.loads / max(1, y.loads)))
             out.append(
-                f"{trace}: meshd/{other} throughput {med([x[0] for x in ratios]):.2f}x, p99 ratio "
+                f"{trace}: {mine}/{other} throughput {med([x[0] for x in ratios]):.2f}x, p99 ratio "
                 f"{med([x[1] for x in ratios]):.2f}, loads ratio {med([x[2] for x in ratios]):.2f} "
                 f"(per run: {', '.join(f'{x[0]:.2f}' for x in ratios)})"
             )
@@ -925,7 +935,7 @@ def report(
         out.append("")
         out.append(f"kill run: {args.kill_requests} zipf requests, one model-serving process SIGKILLed after a third")
         hdr2 = (
-            f"{'system':<8} {'killed':<34} {'failed':>6} {'wrong':>5} {'last failure s':>14} "
+            f"{'system':<9} {'killed':<34} {'failed':>6} {'wrong':>5} {'last failure s':>14} "
             f"{'req/s before':>12} {'req/s after':>11} {'replaced s':>10}"
         )
         out.append(hdr2)
@@ -933,7 +943,7 @@ def report(
         for s, k in kills:
             assert k is not None
             out.append(
-                f"{s:<8} {k.killed[:34]:<34} {k.failed:>6} {k.wrong:>5} {fmt(k.last_failure_after_s, '14.2f')} "
+                f"{s:<9} {k.killed[:34]:<34} {k.failed:>6} {k.wrong:>5} {fmt(k.last_failure_after_s, '14.2f')} "
                 f"{fmt(k.rps_before, '12.0f')} {fmt(k.rps_after, '11.0f')} {fmt(k.replaced_after_s, '10.2f')}"
             )
             out.extend(f"    {e}" for e in k.first_errors[:3])
@@ -993,7 +1003,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--systems",
         default=",".join(SYSTEMS),
-        help="comma-separated subset of meshd, ray (Serve's HTTP ingress), ray-grpc (its gRPC ingress); default all",
+        help="comma-separated subset of meshd, meshd-lru (meshd with LRU eviction, Ray's order), ray (Serve's HTTP "
+        "ingress), ray-grpc (its gRPC ingress); default all",
     )
     p.add_argument(
         "--ray-version", default=RAY_VERSION, help=f"ray[serve] version for its venv (default {RAY_VERSION})"
@@ -1046,9 +1057,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             order = args.system_list if run % 2 == 0 else args.system_list[::-1]
             for s in order:
                 log(f"run {run + 1}/{args.runs}: {s}")
-                where = workdir / f"run{run}{'g' if s == 'ray-grpc' else ''}"  # short: Ray's socket paths
-                if s == "meshd":
-                    results[s] = run_meshd(workload, args, where, costs)
+                suffix = {"ray-grpc": "g", "meshd-lru": "l"}.get(s, "")
+                where = workdir / f"run{run}{suffix}"  # short: Ray's socket paths
+                if s in MESHD_SYSTEMS:
+                    results[s] = run_meshd(workload, args, where, costs, s)
                 else:
                     results[s] = run_ray(workload, args, where, costs, "grpc" if s == "ray-grpc" else "http")
             runs.append(results)

@@ -86,6 +86,29 @@ def test_sim_latency_target_prints_upstream_and_each_target_per_capacity() -> No
     assert rows[0][4] == "+0.0 %" and all(int(r[3]) > 0 for r in rows), proc.stdout
 
 
+def test_peers_replay_prints_every_replay_for_both_traces() -> None:
+    """Issue 36: the peers traces replayed by eviction order. Loads are counted after the
+    warm-up, so each cell is at most the trace's requests and, on cold models, more than 0."""
+    argv = ["--models", "40", "--cache-models", "4", "--requests", "200", "--warmup", "50", "--seeds", "2"]
+    proc = run_bench("peers_replay.py", argv)
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines() if line.startswith("| ")
+    ]
+    names = [r[0] for r in rows[1:]]
+    assert names == [
+        "simulator: meshd (rate)",
+        "simulator: meshd lru",
+        "simulator: upstream",
+        "order only: LRU of 4 per process, misses anywhere (Ray's multiplexing)",
+        "order only: one LRU of 12",
+    ], proc.stdout
+    for row in rows[1:]:
+        for cell in row[1:]:
+            mean, spread = re.fullmatch(r"(\d+) \((\d+-\d+)\)", cell).groups()  # type: ignore[union-attr]
+            low, high = (int(x) for x in spread.split("-"))
+            assert 0 < low <= int(mean) <= high <= 200, proc.stdout
+
+
 def test_sim_speed_prints_its_yardstick_and_each_run() -> None:
     # Goal 4's figure is read against the machine's speed, so the bench must print both.
     proc = run_bench("sim_speed.py", ["--requests", "4000", "--models", "300", "--instances", "3", "--rate", "20"])
@@ -115,6 +138,9 @@ def test_sim_speed_prints_its_yardstick_and_each_run() -> None:
         ("sim_latency_target.py", ["--capacities", "0"]),
         ("sim_eviction.py", ["--models", "0"]),
         ("sim_eviction.py", ["--alpha", "-1"]),
+        ("peers_replay.py", ["--rate", "0"]),
+        ("peers_replay.py", ["--zipf", "-1"]),
+        ("peers_replay.py", ["--seeds", "0"]),
     ],
 )
 def test_simulator_benches_refuse_bad_arguments_with_usage(script: str, argv: list[str]) -> None:

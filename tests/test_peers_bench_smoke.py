@@ -18,7 +18,8 @@ import peers  # noqa: E402 - bench/ is not a package
 
 def test_defaults_and_quick() -> None:
     a = peers.parse_args([])
-    assert (a.models, a.cache_models, a.concurrency, a.system_list) == (300, 16, 16, ["meshd", "ray", "ray-grpc"])
+    systems = ["meshd", "meshd-lru", "ray", "ray-grpc"]
+    assert (a.models, a.cache_models, a.concurrency, a.system_list) == (300, 16, 16, systems)
     # Equal footing by default: one load at a time per serving process (Ray's multiplex lock),
     # models of one size (a count and bytes are the same capacity), medians of three runs.
     assert (a.meshd_loading_threads, a.model_sizes, a.runs) == (1, "equal", 3)
@@ -78,14 +79,17 @@ def _rows(stdout: str) -> dict[tuple[str, str], list[str]]:
 def test_meshd_side_quick() -> None:
     # Two loading threads: --quick's 4 models per process are so load-bound that one thread
     # refuses cold misses under pressure (RESOURCE_EXHAUSTED, by design); this checks the bench.
-    proc = _run(["--quick", "--systems", "meshd", "--kill-requests", "60", "--meshd-loading-threads", "2"])
+    argv = ["--quick", "--systems", "meshd,meshd-lru", "--kill-requests", "60", "--meshd-loading-threads", "2"]
+    proc = _run(argv)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
     rows = _rows(proc.stdout)
     for trace in ("zipf", "shift"):
-        row = rows[(trace, "meshd")]
-        assert row[8] == "0" and row[9] == "0", row  # errors, wrong answers
-        assert int(row[6]) > 0, row  # loads happened
+        for system in ("meshd", "meshd-lru"):
+            row = rows[(trace, system)]
+            assert row[8] == "0" and row[9] == "0", row  # errors, wrong answers
+            assert int(row[6]) > 0, row  # loads happened
     assert "kill run:" in proc.stdout
+    assert "meshd eviction default (rate), meshd-lru lru" in proc.stdout
 
 
 @pytest.mark.slow
