@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from meshd.core.errors import ResourceExhausted
+from meshd.core.errors import NotFound, ResourceExhausted
 from meshd.core.records import ModelRecord, VModelRecord
 from meshd.decisions.cache import State
 from meshd.decisions.ids import ModelInfo
@@ -146,6 +146,34 @@ async def test_a_waiting_load_is_in_the_record_so_requests_elsewhere_join_it(
     await asyncio.wait_for(asyncio.gather(c1, c2), timeout=5)
     loaded = registry.get("c2")
     assert loaded is not None and "me" in loaded.instance_ids
+
+
+async def test_a_load_refused_while_it_waited_for_its_record_gives_its_thread_back(
+    local: tuple[LocalModels, FakeRuntime, Registry], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load queues for a thread while its record is written: when the write finds the model
+    unregistered, the thread it was handed meanwhile goes back and the next load takes it."""
+    lm, _runtime, registry = local
+    recs = {m: await registry.register(m, ModelInfo("demo", f"/{m}"), 1) for m in ("gone", "next")}
+    written = asyncio.Event()
+    add_copy = registry.add_copy
+
+    async def unregistered_meanwhile(model_id: str, *args: object, **kwargs: object) -> bool:
+        if model_id == "gone":
+            await written.wait()
+            return False  # what add_copy says when the record went
+        return await add_copy(model_id, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(registry, "add_copy", unregistered_meanwhile)
+    gone = asyncio.create_task(lm.ensure("gone", recs["gone"], 200))
+    await settle()
+    assert lm.queue.busy == 1  # the thread is its own while the write is under way
+    written.set()
+    with pytest.raises(NotFound, match="unregistered"):
+        await asyncio.wait_for(gone, timeout=5)
+    assert lm.queue.busy == 0 and lm.queue.waiting == 0
+    loaded = await asyncio.wait_for(lm.ensure("next", recs["next"], 300), timeout=5)
+    assert loaded.state is State.LOADED and "gone" not in lm.cache
 
 
 async def test_a_load_that_cannot_start_within_the_limit_is_refused_at_once(
