@@ -65,6 +65,13 @@ def test_embedded_etcd_keeps_records_across_restarts_and_stops_with_meshd(tmp_pa
                 meshd = procs.start(f"meshd-{run}", [sys.executable, "-m", "meshd", "serve"], env)
                 wait_until(lambda m=meshd: port_open(grpc_port) or not m.alive(), 60, "meshd to serve")  # type: ignore[misc]
                 assert meshd.alive(), meshd.log_tail()
+                # The port opens before start-up ends; a SIGTERM before then has nothing to drain
+                # and says so instead (seen once in a full suite run): stop it once it is ready.
+                wait_until(
+                    lambda m=meshd: "meshd solo ready:" in m.log_path.read_text() or not m.alive(),  # type: ignore[misc]
+                    60,
+                    "meshd to say it is ready",
+                )
                 found = re.search(r"embedded etcd pid (\d+)", meshd.log_path.read_text())
                 assert found, meshd.log_tail()
                 etcd_pids.append(int(found.group(1)))  # until seen gone
