@@ -46,7 +46,7 @@ class PeerServicer(pb_grpc.MeshPeerServicer):  # type: ignore[misc]
                 # Shielded: a caller's deadline must not cancel the load others wait on.
                 with contextlib.suppress(LoadFailed):
                     await asyncio.shield(fut)
-        entry = self.local.cache.get(request.modelId)
+        entry = self.local.view(request.modelId)  # a load waiting for a thread is LOADING, as in its record
         if entry is None:
             state = pb.InternalOpResponse.NOT_HERE
         else:

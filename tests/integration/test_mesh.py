@@ -397,6 +397,37 @@ def test_requests_during_a_cold_load_wait_for_it_instead_of_loading_more_copies(
     assert sum(m.id in n.runtime_loaded() for n in nodes) == 1  # one copy, not one per ingress
 
 
+def test_a_request_at_another_instance_joins_a_load_still_waiting_for_a_thread(
+    start_node: NodeFactory, models: list[GeneratedModel]
+) -> None:
+    """Issue 36: a load waiting for a loading thread is in the model's record already, so a
+    request for it at another instance waits for that load instead of loading a second copy
+    (the record used to be written only once the load had a thread)."""
+    one_thread = ["--max-loading-concurrency", "1"]
+    a = start_node("inst-a", runtime_args=one_thread)
+    b = start_node("inst-b", runtime_args=one_thread)
+    wait_until(lambda: listed_instances(b) >= {"inst-a", "inst-b"}, 15, "inst-b to see inst-a")
+    busy, queued = models[:2]
+    for m, delay_ms in ((busy, 3000), (queued, 300)):
+        info = mm.ModelInfo(type="demo", path=str(m.path), key=f'{{"load_delay_ms": {delay_ms}}}')
+        a.mm.registerModel(mm.RegisterModelRequest(modelId=m.id, modelInfo=info), timeout=10)
+
+    def loading_on_a(model_id: str) -> bool:
+        return any(x.location == "inst-a" and x.copyStatus == ST.LOADING for x in b.status(model_id).modelCopyInfos)
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(load_on, a, busy.id)  # a's one loading thread, for 3 s
+        wait_until(lambda: loading_on_a(busy.id), 10, "busy's load on inst-a in its record")
+        second = pool.submit(load_on, a, queued.id)  # waits for that thread
+        # Its record has it, and a says LOADING (a waiting load has no cache entry yet).
+        wait_until(lambda: loading_on_a(queued.id), 10, "queued's waiting load on inst-a in its status")
+        assert not first.done()  # it was recorded while it waited, not once it had the thread
+        assert close_enough(b.infer(queued.id, ROWS), expected(queued, ROWS))
+        first.result()
+        second.result()
+    assert queued.id not in b.runtime_loaded() and queued.id in a.runtime_loaded()
+
+
 def test_vmodel_autodelete_switches_under_traffic_fail_nothing(
     start_node: NodeFactory, models: list[GeneratedModel]
 ) -> None:
