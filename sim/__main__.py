@@ -35,7 +35,7 @@ from sim.args import (
     whole,
 )
 from sim.engine import Fleet, Result, simulate
-from sim.policies import Policy, parse_policies
+from sim.policies import POLICIES, Policy, parse_policies
 
 PRESETS: dict[str, Callable[[w.Catalogue, int, float, float, int], w.Workload]] = {
     "zipf": lambda c, n, a, r, s: w.zipf(c, n, a, r, seed=s),
@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policies",
         default="upstream,meshd,random",
-        help="comma-separated: upstream, meshd, meshd-lrfu, meshd-gdsf, meshd-fifo, random",
+        help=f"comma-separated: {', '.join(POLICIES)}",
     )
     p.add_argument("--capacities", type=shares, default=[0.1, 0.2, 0.3], help="fleet capacity, share of catalogue")
     p.add_argument(

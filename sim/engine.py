@@ -8,7 +8,7 @@ reports. Every decision is meshd's own, called as the daemon calls it:
 - which copy serves: `placement.serving.choose_copy` (router), with the in-flight counts
   the router keeps: per instance, the requests it forwarded to each peer and has not seen
   answered (waiting for the peer's load, queued at its gate, or running);
-- where a miss loads: `placement.rank.choose_load_target` with `RecentPlacements` (router);
+- where a miss loads: `placement.rank.choose_load` (and `stays`, at the target) with `RecentPlacements` (router);
 - what to admit and evict: `cache.WeightedLRU` (local), LRFU, GDSF or LRU;
 - a copy's concurrency limit (`Fleet.max_concurrency`, the runtime's maxConcurrency):
   `gate.on_arrival` (run, queue first come first served, or refuse) with `gate.queue_bound`;
@@ -77,11 +77,14 @@ from meshd.decisions.placement.loading import (
 from meshd.decisions.placement.rank import (
     DEFAULT_LOADING_TIMEOUT_MS,
     LoadRequest,
+    Placement,
     RecentPlacements,
     background_load_used_ms,
-    choose_load_target,
+    choose_load,
     eligible,
     load_here_as_last_resort,
+    load_price,
+    stays,
 )
 from meshd.decisions.placement.scaling import (
     DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT,
@@ -172,6 +175,7 @@ class Result:
     load_wait_p99_ms: float = 0.0
     evicted_in_use: int = 0
     hot_added_p99_ms: float = 0.0
+    repriced: int = 0  # loads a peer refused for price or queue (placement by price): placed again
     refused_fast: int = 0  # Policy.load_queue: misses refused at once (RESOURCE_EXHAUSTED), counted in `failed`
     failed_slow: int = 0  # failed after waiting more than FAST_REFUSAL_MS (the rest were refused at once)
     late: int = 0  # with Fleet.client_timeout_ms: served, but answered after the client's deadline
@@ -438,6 +442,7 @@ class Simulation:
         me = inst.instance_id
         inflight = inst.inflight
         answers = inst.answers
+        offer_price = True  # the next load sent to a peer is placed by price (once per request)
         while answers and answers[0][0] <= t:  # answers that came back by now
             inflight[heapq.heappop(answers)[1]] -= 1
         for _ in range(MAX_ATTEMPTS):
@@ -477,13 +482,23 @@ class Simulation:
             if busy:  # every copy is saturated: a new load would not answer in time
                 self._failed(True, t - arrival)
                 return
-            target = self._load_target(view, m, frozenset(excluded))
-            if target is None:
+            placed = self._load_target(view, m, frozenset(excluded))
+            if placed is None:
                 if not load_here_as_last_resort(view, excluded, frozenset(), frozenset()):
                     break
-                target = me
+                placed = Placement(me)
+            target = placed.target
             holder = self.by_id[target]
             joining = m in holder.waiters
+            if target != me and offer_price and placed.price_limit is not None:
+                # Router: the first load sent to a peer carries its price limit; the peer
+                # refuses it (Router.forwarded_entry) if it would evict more, or queue.
+                offer_price = False
+                if not joining and not self._stays(holder, m, placed.price_limit):
+                    excluded.add(target)
+                    if self.counting:
+                        self.result.repriced += 1
+                    continue
             self.exhausted = False
             if self._start_load(holder, m, t, t, self._budget(t, arrival)):
                 forwarded = target != me
@@ -595,7 +610,7 @@ class Simulation:
         else:
             self.totals.append(total)
 
-    def _load_target(self, view: ClusterView, m: int, exclude: frozenset[str]) -> str | None:
+    def _load_target(self, view: ClusterView, m: int, exclude: frozenset[str]) -> Placement | None:
         inst = self.by_id[view.self_id]
         req = LoadRequest(
             model_id=self.ids[m],
@@ -605,18 +620,26 @@ class Simulation:
             default_model_units=self.default_units,
             recent_placements=inst.placed.counts(view.now_ms) if self.policy.spread_recent_loads else {},
             start_soonest=self.policy.load_queue,
+            by_price=self.policy.by_price,
         )
         if self.policy.random_placement:
             candidates = eligible(view, req)
             if not candidates:
                 return None
-            return candidates[self.placement_rng.randrange(len(candidates))].instance_id
-        if self.policy.load_queue:  # the router's own queue as it is now, not as published
+            return Placement(candidates[self.placement_rng.randrange(len(candidates))].instance_id)
+        if self.policy.load_queue:  # the router's own queue and cache as they are now, not as published
             view = view.with_loads({inst.instance_id: self._loads_in_progress(inst)})
-        target = choose_load_target(view, req, self.placement_rng)
-        if target is not None and self.policy.spread_recent_loads:
-            inst.placed.add(view.now_ms, target)
-        return target
+            if self.policy.by_price:
+                view = view.with_own_cache(inst.cache.used_units, inst.cache.victim_value())
+        placed = choose_load(view, req, self.placement_rng)
+        if placed is not None and self.policy.spread_recent_loads:
+            inst.placed.add(view.now_ms, placed.target)
+        return placed
+
+    def _stays(self, inst: _Instance, m: int, price_limit: float) -> bool:
+        """Router.forwarded_entry's check of a load placed by price, on the instance as it is now."""
+        own = load_price(inst.cache.free_units, inst.cache.victim_value(), self.units[m])
+        return stays(own, price_limit, self._loads_in_progress(inst), self.fleet.loading_threads)
 
     # ---- loading -----------------------------------------------------------------------
     def _start_load(self, inst: _Instance, m: int, t: int, last_used: int, budget_ms: float | None = None) -> bool:
@@ -889,8 +912,8 @@ class Simulation:
             target = self._load_target(view, m, exclude)
             if target is None:
                 return
-            placed.add(target)
-            self._start_load(self.by_id[target], m, t, used)
+            placed.add(target.target)
+            self._start_load(self.by_id[target.target], m, t, used)
 
 
 def _summary(zeros: int, values: array[float]) -> tuple[float, float, float]:

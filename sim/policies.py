@@ -9,6 +9,10 @@
   starts, the most valuable load first, misses beyond load capacity refused at once. And the
   fleet clock (`meshd.decisions.fleet_clock`, issue 33): every cache's clock counts the fleet's
   evictions, and a model's recent uses travel in its record to the next instance that loads it.
+  And placement by price (`meshd.decisions.placement.rank.cheapest`, issue 33): a load goes to
+  one of the three instances, where it starts soonest, whose next victim is worth least, and
+  stays there only if that is still so when it arrives.
+- `meshd-unpriced`: `meshd` without placement by price (meshd before it, until 2026-11-27).
 - `meshd-own-clock`: `meshd` before issue 33: each cache's clock runs with its own evictions,
   and a model's use history stays with the instance that evicted it.
 - `meshd-gdsf`: `meshd` with GDSF eviction (meshd's default before LRFU: counts that never decay).
@@ -36,19 +40,34 @@ class Policy:
     load_queue: bool = False  # meshd.decisions.placement.loading: value-ordered queue, room at start, fast refusal
     pressure_admission: bool = True  # with load_queue: under pressure, a colder miss evicts nothing (refused)
     fleet_clock: bool = False  # meshd.decisions.fleet_clock: one cache clock for the fleet, use histories in records
+    by_price: bool = True  # with load_queue: placement by price (placement.rank.cheapest, stays)
     latency_target_ms: float = 0.0  # MESHD_LATENCY_TARGET_MS (0: none)
 
 
 UPSTREAM = Policy("upstream")
 MESHD = Policy("meshd", eviction=Eviction.RATE, spread_recent_loads=True, load_queue=True, fleet_clock=True)
-# meshd before issue 33: each instance's clock runs with its own evictions; no use histories.
-MESHD_OWN_CLOCK = Policy("meshd-own-clock", eviction=Eviction.RATE, spread_recent_loads=True, load_queue=True)
+# meshd before placement by price (issue 33): the fleet clock, loads placed without prices.
+MESHD_UNPRICED = Policy(
+    "meshd-unpriced",
+    eviction=Eviction.RATE,
+    spread_recent_loads=True,
+    load_queue=True,
+    fleet_clock=True,
+    by_price=False,
+)
+# meshd before issue 33: each instance's clock runs with its own evictions; no use histories;
+# no placement by price.
+MESHD_OWN_CLOCK = Policy(
+    "meshd-own-clock", eviction=Eviction.RATE, spread_recent_loads=True, load_queue=True, by_price=False
+)
 MESHD_GDSF = Policy("meshd-gdsf", eviction=Eviction.GDSF, spread_recent_loads=True, load_queue=True)
 MESHD_LRFU = Policy("meshd-lrfu", eviction=Eviction.LRFU, spread_recent_loads=True, load_queue=True)
 MESHD_FIFO = Policy("meshd-fifo", eviction=Eviction.GDSF, spread_recent_loads=True)  # meshd before issue 24
 RANDOM = Policy("random", random_placement=True)
 
-POLICIES = {p.name: p for p in (UPSTREAM, MESHD, MESHD_OWN_CLOCK, MESHD_LRFU, MESHD_GDSF, MESHD_FIFO, RANDOM)}
+POLICIES = {
+    p.name: p for p in (UPSTREAM, MESHD, MESHD_UNPRICED, MESHD_OWN_CLOCK, MESHD_LRFU, MESHD_GDSF, MESHD_FIFO, RANDOM)
+}
 
 
 def as_configured(eviction: Eviction, load_queue: bool = True) -> Policy:

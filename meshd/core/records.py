@@ -185,6 +185,9 @@ NATIVE_ADDRESS = "meshdNative"  # host:port of the instance's native data plane 
 FLEET_EVICTED = "meshdEvicted"
 FLEET_CLOCK = "meshdClock"
 USE_HISTORY = "meshdUses"
+# What the copy an instance evicts next is worth (log2, `WeightedLRU.victim_value`; absent
+# under LRU and GDSF): placement sends a load where it evicts the least (rank.cheapest).
+VICTIM_VALUE = "meshdVictim"
 USE_HISTORY_KEPT = 8  # RATE's uses kept (meshd.decisions.cache.RATE_USES_KEPT)
 
 
@@ -219,6 +222,12 @@ def fleet_reading(extra: Mapping[str, Any]) -> tuple[int, float]:
     evicted = _number(extra.get(FLEET_EVICTED))
     clock = _number(extra.get(FLEET_CLOCK))
     return (int(evicted) if evicted is not None and evicted >= 0 else 0, clock if clock is not None else 0.0)
+
+
+def victim_reading(extra: Mapping[str, Any]) -> float | None:
+    """An instance record's `meshdVictim`; None when absent or malformed (placement then
+    does without prices)."""
+    return _number(extra.get(VICTIM_VALUE))
 
 
 @dataclass(slots=True)

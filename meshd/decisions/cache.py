@@ -199,10 +199,25 @@ class WeightedLRU:
 
     def loaded_summary(self, now_ms: int) -> tuple[int, int]:
         """(loaded copies, `lru_ms`) in one pass: an instance record needs both, each publish."""
+        victim = self._next_victim()
+        return self._loaded, now_ms if victim is None else victim.last_used_ms
+
+    def victim_value(self) -> float | None:
+        """RATE and LRFU: log2 of what the copy evicted next is worth now (its use score x reload
+        cost per unit, decayed to the cache's clock); None under LRU and GDSF, whose orders have
+        no such scale, and when nothing is loaded. On the fleet clock, instances' values compare:
+        placement sends a load where it evicts the least (`rank.cheapest`)."""
+        if self.eviction is not Eviction.RATE and self.eviction is not Eviction.LRFU:
+            return None
+        victim = self._next_victim()
+        return None if victim is None else self._key(victim)[0] - self.clock / self._half_life
+
+    def _next_victim(self) -> CacheEntry | None:
+        """The first loaded entry in eviction order (None: nothing loaded)."""
         if not self._loaded:
-            return 0, now_ms
-        # The first loaded entry in eviction order: the heap's top, past stale items (dropped
-        # here for good) and loads in progress (pushed back). No scan of every entry.
+            return None
+        # The heap's top, past stale items (dropped here for good) and loads in progress
+        # (pushed back). No scan of every entry.
         heap = self._heap
         kept: list[tuple[tuple[float, ...], int, str]] = []
         found: CacheEntry | None = None
@@ -216,7 +231,7 @@ class WeightedLRU:
                 found = entry
         for item in kept:
             heapq.heappush(heap, item)
-        return self._loaded, now_ms if found is None else found.last_used_ms
+        return found
 
     # ---- decisions -----------------------------------------------------------------
     def touch(self, model_id: str, now_ms: int, uses: int = 1) -> None:

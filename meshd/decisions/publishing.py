@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any
 
 from meshd import __version__
-from meshd.core.records import EMPTY_LRU_TIME, FLEET_CLOCK, FLEET_EVICTED, InstanceRecord
+from meshd.core.records import EMPTY_LRU_TIME, FLEET_CLOCK, FLEET_EVICTED, VICTIM_VALUE, InstanceRecord
 from meshd.decisions.cache import WeightedLRU
 
 PUBLISH_MIN_INTERVAL_MS = 2_000  # upstream: >= 2 s apart
@@ -74,6 +74,10 @@ def instance_record(
     now_ms: int,
 ) -> InstanceRecord:
     count, lru_ms = cache.loaded_summary(now_ms)
+    extra: dict[str, Any] = {FLEET_EVICTED: cache.evicted_units, FLEET_CLOCK: round(cache.clock, 3)}
+    victim = cache.victim_value()
+    if victim is not None:
+        extra[VICTIM_VALUE] = round(victim, 3)
     return InstanceRecord(
         lru_time=lru_ms if count else EMPTY_LRU_TIME,  # upstream's value when empty
         count=count,
@@ -88,7 +92,7 @@ def instance_record(
         location=me.location,
         zone=me.zone,
         labels=list(me.labels),
-        extra={FLEET_EVICTED: cache.evicted_units, FLEET_CLOCK: round(cache.clock, 3)},
+        extra=extra,
     )
 
 
@@ -120,9 +124,9 @@ _MATERIAL = operator.attrgetter(
 
 
 def material(r: InstanceRecord) -> tuple[Any, ...]:
-    """The record without the fields that drift with every request (LRU time, request rate) or
-    with peers' evictions (the fleet clock)."""
-    extra = {k: v for k, v in r.extra.items() if k != FLEET_CLOCK}
+    """The record without the fields that drift with every request (LRU time, request rate, the
+    next victim's value) or with peers' evictions (the fleet clock)."""
+    extra = {k: v for k, v in r.extra.items() if k != FLEET_CLOCK and k != VICTIM_VALUE}
     return (*_MATERIAL(r), extra)
 
 

@@ -14,7 +14,16 @@ import grpc
 from meshd.observability.tracing import Tracing
 from meshd.serving.cluster import Cluster
 from meshd.serving.invocations import SERVED
-from meshd.serving.peer_protocol import ACCEPTED, HOP, MODE, Refused, peer_failure, reported_loads
+from meshd.serving.peer_protocol import (
+    ACCEPTED,
+    HOP,
+    MODE,
+    PRICE_LIMIT,
+    Refused,
+    peer_failure,
+    price_header,
+    reported_loads,
+)
 from meshd.serving.peers import PeerChannel, Peers
 from meshd.serving.proxy.headers import Metadata
 from meshd.serving.proxy.methods import MethodSpec
@@ -44,9 +53,10 @@ class Forwarder:
         metadata: Metadata,
         remaining_s: float | None,
         mode: str,
+        price_limit: float | None = None,
     ) -> bytes:
         peer = self.channel(target)
-        md = (*metadata, (HOP, self.self_id), (MODE, mode))
+        md = _peer_metadata(metadata, self.self_id, mode, price_limit)
         if self.note_served:
             SERVED.set((model_id, target))
         self.inflight[target] = self.inflight.get(target, 0) + 1
@@ -106,11 +116,12 @@ class Forwarder:
         metadata: Metadata,
         remaining_s: float | None,
         mode: str,
+        price_limit: float | None = None,
     ) -> ResponseStream:
         """Open the stream on a peer. No request message leaves before the peer accepts
         (initial metadata `meshd-accepted`), so a refusal reroutes with nothing lost."""
         peer = self.channel(target)
-        md = (*metadata, (HOP, self.self_id), (MODE, mode))
+        md = _peer_metadata(metadata, self.self_id, mode, price_limit)
         if self.note_served:
             SERVED.set((model_id, target))
         if self.tracing is not None:
@@ -146,3 +157,9 @@ class Forwarder:
         if inst is None or not inst.location:
             raise Refused(f"{target} is not live")
         return self.peers.get(target, inst.location)
+
+
+def _peer_metadata(metadata: Metadata, self_id: str, mode: str, price_limit: float | None) -> Metadata:
+    """A forwarded call's metadata: the client's, then this instance's marks (`meshd-*`)."""
+    md = (*metadata, (HOP, self_id), (MODE, mode))
+    return md if price_limit is None else (*md, (PRICE_LIMIT, price_header(price_limit)))

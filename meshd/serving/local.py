@@ -48,6 +48,7 @@ from meshd.decisions.placement.loading import (
     start_wait_ms,
 )
 from meshd.decisions.placement.modelkey import at_max_copies, policy_from_key
+from meshd.decisions.placement.rank import load_price, stays
 from meshd.decisions.placement.view import ClusterView
 from meshd.decisions.status import failure_expired
 from meshd.observability.metrics import NO_METRICS, Metrics
@@ -290,6 +291,15 @@ class LocalModels:
         those waiting for a thread too (they hold no room, but a new load starts after them)."""
         q = self.queue
         return q.busy + q.waiting if self.load_queue else q.in_progress
+
+    def takes_priced_load(self, model_id: str, record: ModelRecord, price_limit: float) -> bool:
+        """Whether a load a peer placed by price stays here (`rank.stays`): what it would evict
+        now is worth no more than `price_limit` and a loading thread is free. A copy here, or
+        its load under way, is no new load: taken."""
+        if model_id in self.cache or model_id in self._loading:
+            return True
+        own = load_price(self.cache.free_units, self.cache.victim_value(), self.initial_units(record))
+        return stays(own, price_limit, self.loads_in_progress, self.queue.threads)
 
     def pending(self, model_id: str) -> asyncio.Future[CacheEntry] | None:
         """The load under way here, if any (join it with asyncio.shield)."""

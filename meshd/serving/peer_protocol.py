@@ -5,6 +5,7 @@ the sender (reroute, not found, a request it could not parse, or the status as i
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import grpc
@@ -14,10 +15,14 @@ from meshd.core.errors import InvalidArgument, MeshError, NotFound, RuntimeStatu
 # Internal metadata, only ever read on the internal port (the external one strips meshd-*).
 HOP = "meshd-hop"  # instance id of the forwarding peer
 MODE = "meshd-mode"  # "serve": only a loaded copy here; "load": load here first if needed
+# With "load": the sender placed it by price (placement.rank.cheapest): load here only if what
+# this instance would evict is worth no more (log2, as `meshdVictim`) and a thread is free.
+PRICE_LIMIT = "meshd-price-limit"
 REASON = "meshd-reason"  # trailing metadata on a refusal: why, so the sender reroutes
 NOT_HERE = "not-here"  # no loaded copy there (or it could not take the load): reroute
 LOAD_FAILED = "load-failed"  # the load failed there (recorded): reroute
 UNKNOWN_MODEL = "unknown-model"  # the model is not registered (any more)
+REPRICED = "repriced"  # a load placed by price would evict more here, or wait: place it again
 BUSY = "busy"  # the copy's queue is full (its concurrency limit): try another copy
 AT_MAX = "at-max"  # not loaded there: the model's max copies are on other instances
 # The caller is not (yet) a live instance of the mesh there: its record may be back in etcd
@@ -37,6 +42,22 @@ def reported_loads(trailers: Any) -> int | None:
             text = value if isinstance(value, str) else value.decode()
             return int(text) if text.isascii() and text.isdigit() else None  # not '²', which int() refuses
     return None
+
+
+def price_header(price_limit: float) -> str:
+    """`meshd-price-limit`'s value ("-inf": only free room will do)."""
+    return "-inf" if price_limit == -math.inf else f"{price_limit:.4f}"
+
+
+def read_price_limit(value: str | bytes) -> float | None:
+    """A `meshd-price-limit` value (None: not a number this instance can use; the load then
+    goes unconditionally, as from a sender that does not price)."""
+    text = value if isinstance(value, str) else value.decode("ascii", "replace")
+    try:
+        limit = float(text)
+    except ValueError:
+        return None
+    return limit if math.isfinite(limit) or limit == -math.inf else None
 
 
 class Refused(Exception):
@@ -84,7 +105,7 @@ def peer_failure(code: grpc.StatusCode, details: str | None, trailers: Any, mode
             reason = value if isinstance(value, str) else value.decode()
     if reason == LOAD_FAILED:
         return Refused(f"{reason}: {details}", load_failed=True)
-    if reason in (NOT_HERE, UNKNOWN_PEER):
+    if reason in (NOT_HERE, UNKNOWN_PEER, REPRICED):
         return Refused(f"{reason}: {details}")
     if reason == BUSY:
         return Refused(f"busy: {details}", busy=True)

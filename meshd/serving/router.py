@@ -49,10 +49,11 @@ from meshd.decisions.placement.liveness import trusted_peer
 from meshd.decisions.placement.loading import EXHAUSTED_PREFIX, fresh_loads
 from meshd.decisions.placement.rank import (
     LoadRequest,
+    Placement,
     RecentPlacements,
     adapter_exclusions,
     background_load_used_ms,
-    choose_load_target,
+    choose_load,
     load_here_as_last_resort,
 )
 from meshd.decisions.placement.serving import MAX_ATTEMPTS, MAX_BUSY_RETRIES, choose_copy
@@ -70,6 +71,7 @@ from meshd.serving.peer_protocol import (
     BUSY,
     LOAD_FAILED,
     NOT_HERE,
+    REPRICED,
     PeerRefusal,
     Refused,
     peer_failure,
@@ -113,7 +115,7 @@ class Attempt(Protocol[T_co]):
 
     async def here(self, record: ModelRecord) -> T_co: ...
 
-    async def peer(self, target: str, mode: str) -> T_co: ...
+    async def peer(self, target: str, mode: str, price_limit: float | None = None) -> T_co: ...
 
     def retarget(self, model_id: str) -> Attempt[T_co]: ...
 
@@ -177,9 +179,10 @@ class Router:
         holders = frozenset(i for i in record.instance_ids if i == self.self_id or view.live(i))
         expiry = self.failure_expiry_ms
         failed = frozenset(recent_failures(record.failed_in, view.now_ms, expiry))
-        target = self._load_target(view, model_id, record, exclude | holders | failed, prefer_self=False)
-        if target is None:
+        placed = self._load_target(view, model_id, record, exclude | holders | failed, prefer_self=False)
+        if placed is None:
             return None
+        target = placed.target
         used = background_load_used_ms(last_used_ms, record.last_used, view.now_ms)
         if target == self.self_id:
             self.local.start_load(model_id, record, used)
@@ -340,6 +343,7 @@ class Router:
         # that healed leaves its mark for a while, and a capped model has no other copy.
         retry: list[str] | None = None  # made only when a refusal names such holders
         retried: frozenset[str] = frozenset()
+        offer_price = True  # the first load sent to a peer goes with its price limit (rank.stays)
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
             view = self.cluster.view()
@@ -364,6 +368,7 @@ class Router:
                 )
             )
             mode = "serve"
+            price_limit: float | None = None
             if target is None:
                 if busy:  # every copy is saturated: a new load would not answer in time
                     raise ResourceExhausted(f"model {model_id!r}: every copy is at its concurrency limit")
@@ -371,24 +376,30 @@ class Router:
                 recent = recent_failures(record.failed_in, now, expiry)
                 if len(recent) >= MAX_RECENT_FAILURES:
                     raise ModelLoadError(given_up_message(model_id, record, recent))
-                target = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
+                placed = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
                 mode = "load"
-                if target is None:
+                if placed is None:
                     if not load_here_as_last_resort(
                         view, excluded, self.labels, self.constraints.for_type(record.type)[0]
                     ):
                         break
                     target = self.self_id  # nothing better known (alone, or records not yet seen)
+                else:
+                    target = placed.target
+                    if target != self.self_id and offer_price:
+                        price_limit, offer_price = placed.price_limit, placed.price_limit is None
             try:
                 if target == self.self_id:
                     return await attempt.here(record)
                 self.forwarded += 1
-                answer = await attempt.peer(target, mode)
+                answer = await attempt.peer(target, mode, price_limit)
                 if target in retried:
                     self.cluster.note_reachable(target)
                 return answer
             except Refused as e:
-                log.info("rerouting %s away from %s: %s", model_id, target, e)
+                # A load placed by price and refused for it is routine (records lag): not news.
+                level = logging.DEBUG if str(e).startswith(REPRICED) else logging.INFO
+                log.log(level, "rerouting %s away from %s: %s", model_id, target, e)
                 tried.append(f"{target} ({mode}): {e}")
                 if e.load_failed:
                     failed_now[target] = str(e).removeprefix(f"{LOAD_FAILED}: ").removeprefix("meshd: ")
@@ -473,7 +484,7 @@ class Router:
 
     def _load_target(
         self, view: ClusterView, model_id: str, record: ModelRecord, exclude: frozenset[str], prefer_self: bool
-    ) -> str | None:
+    ) -> Placement | None:
         """Where a copy should load (placement's pick), remembered for the next picks."""
         required, preferred = self.constraints.for_type(record.type)
         base = base_model_of(record.key)
@@ -494,10 +505,12 @@ class Router:
         )
         loads = fresh_loads(self.forwarder.peer_loads, int(time.monotonic() * 1000))
         loads[self.self_id] = self.local.loads_in_progress
-        target = choose_load_target(view.with_loads(loads), request, self.rng)
-        if target is not None:
-            self._placed.add(view.now_ms, target)
-        return target
+        cache = self.local.cache
+        view = view.with_loads(loads).with_own_cache(cache.used_units, cache.victim_value())
+        placed = choose_load(view, request, self.rng)
+        if placed is not None:
+            self._placed.add(view.now_ms, placed.target)
+        return placed
 
     # ---- serving here ----------------------------------------------------------------
     async def ensure_here(self, model_id: str, record: ModelRecord, deadline: float | None = None) -> CacheEntry:
@@ -679,9 +692,12 @@ class Router:
         return ResponseStream(call, Relay(None, _no_more(), None), lambda: self._leave(entry, started, timed=False))
 
     # ---- calls forwarded by peers ------------------------------------------------------
-    async def forwarded_entry(self, model_id: str, mode: str, deadline: float | None = None) -> CacheEntry:
+    async def forwarded_entry(
+        self, model_id: str, mode: str, deadline: float | None = None, price_limit: float | None = None
+    ) -> CacheEntry:
         """The copy a peer's call is served from (loading it first in "load" mode; `deadline`:
-        when the call gives up, time.monotonic() seconds, for the load queue).
+        when the call gives up, time.monotonic() seconds, for the load queue; `price_limit`: a
+        load placed by price, taken only if it `stays` here).
 
         Refusals carry `meshd-reason` in the trailing metadata so the peer reroutes."""
         self.local.counters.requests += 1
@@ -689,6 +705,8 @@ class Router:
             self.tracing.note_model(model_id, None)
         if mode == "load":
             record = await self.record(model_id)
+            if price_limit is not None and not self.local.takes_priced_load(model_id, record, price_limit):
+                raise PeerRefusal(REPRICED, f"{self.self_id} would evict more for {model_id!r}, or queue it")
             try:
                 return await self._ensure(model_id, record, deadline)  # served even if evicted since
             except LoadFailed as e:
@@ -726,11 +744,18 @@ class Router:
             self.local.cache.touch(base, self.local.clock())
 
     async def serve_forwarded(
-        self, spec: MethodSpec, request: bytes, model_id: str, mode: str, metadata: Metadata, remaining_s: float | None
+        self,
+        spec: MethodSpec,
+        request: bytes,
+        model_id: str,
+        mode: str,
+        metadata: Metadata,
+        remaining_s: float | None,
+        price_limit: float | None = None,
     ) -> bytes:
         """A peer's unary call: serve from the local copy (loading first in "load" mode)."""
         deadline = _deadline_after(remaining_s)
-        entry = await self.forwarded_entry(model_id, mode, deadline)
+        entry = await self.forwarded_entry(model_id, mode, deadline, price_limit)
         try:
             return await self._serve_entry(entry, spec, request, model_id, metadata, _left(deadline))
         except Refused as e:
@@ -744,10 +769,11 @@ class Router:
         mode: str,
         metadata: Metadata,
         remaining_s: float | None,
+        price_limit: float | None = None,
     ) -> ResponseStream:
         """A peer's stream, on the local copy; the caller accepts it, relays and closes it."""
         deadline = _deadline_after(remaining_s)
-        entry = await self.forwarded_entry(model_id, mode, deadline)
+        entry = await self.forwarded_entry(model_id, mode, deadline, price_limit)
         try:
             return await self.open_entry_stream(entry, spec, None, requests, model_id, metadata, _left(deadline))
         except Refused as e:
@@ -787,9 +813,10 @@ class _Unary:
     async def here(self, record: ModelRecord) -> bytes:
         return await self.local(await self.router.ensure_here(self.model_id, record, self.deadline))
 
-    async def peer(self, target: str, mode: str) -> bytes:
+    async def peer(self, target: str, mode: str, price_limit: float | None = None) -> bytes:
         forward = self.router.forwarder.unary
-        return await forward(target, self.spec, self.request, self.model_id, self.metadata, _left(self.deadline), mode)
+        left = _left(self.deadline)
+        return await forward(target, self.spec, self.request, self.model_id, self.metadata, left, mode, price_limit)
 
 
 class _Stream:
@@ -827,10 +854,11 @@ class _Stream:
     async def here(self, record: ModelRecord) -> ResponseStream:
         return await self.local(await self.router.ensure_here(self.model_id, record, self.deadline))
 
-    async def peer(self, target: str, mode: str) -> ResponseStream:
+    async def peer(self, target: str, mode: str, price_limit: float | None = None) -> ResponseStream:
         r = self.router
+        left = _left(self.deadline)
         return await r.forwarder.stream(
-            target, self.spec, self.first, self.requests, self.model_id, self.metadata, _left(self.deadline), mode
+            target, self.spec, self.first, self.requests, self.model_id, self.metadata, left, mode, price_limit
         )
 
 
@@ -899,8 +927,8 @@ class _Answered:
         router = self.stream.router
         return await self.local(await router.ensure_here(self.model_id, record, self.stream.deadline))
 
-    async def peer(self, target: str, mode: str) -> Answered:
-        opened = await self.stream.peer(target, mode)
+    async def peer(self, target: str, mode: str, price_limit: float | None = None) -> Answered:
+        opened = await self.stream.peer(target, mode, price_limit)
         try:
             return await _first_answer(opened)
         except grpc.aio.AioRpcError as e:

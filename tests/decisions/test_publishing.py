@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshd.decisions.cache import State, WeightedLRU
+from meshd.core.records import VICTIM_VALUE, victim_reading
+from meshd.decisions.cache import Eviction, State, WeightedLRU
 from meshd.decisions.publishing import (
     Identity,
     RpmMeter,
@@ -95,3 +96,32 @@ def test_an_empty_instance_publishes_upstreams_lru_time() -> None:
     from meshd.core.records import EMPTY_LRU_TIME
 
     assert instance_record(ME, WeightedLRU(100), 2, 0, 0, False, 1000).lru_time == EMPTY_LRU_TIME
+
+
+def test_the_record_carries_what_the_next_victim_is_worth_under_rate_and_lrfu_only() -> None:
+    """`meshdVictim` (placement by price): log2 of the next victim's worth, decayed to the
+    cache's clock; a drift like the LRU time, not a reason to publish; absent under LRU."""
+    rate = WeightedLRU(20, Eviction.RATE)
+    assert VICTIM_VALUE not in instance_record(ME, rate, 2, 0, 0, False, 1000).extra  # nothing loaded
+    for model, uses in (("a", 1), ("b", 6)):
+        rate.admit(model, 10, 1000, 1000)
+        rate.set_state(model, State.LOADED, 1000, 100.0)
+        for _ in range(uses - 1):
+            rate.touch(model, 1001)
+    cheap = instance_record(ME, rate, 2, 0, 0, False, 2000)
+    assert cheap.extra[VICTIM_VALUE] == round(rate.victim_value() or 0.0, 3)
+    rate.remove("a")  # the used one is next: it is worth more
+    dear = instance_record(ME, rate, 2, 0, 0, False, 2000)
+    assert dear.extra[VICTIM_VALUE] > cheap.extra[VICTIM_VALUE]
+    drift = replace(cheap, extra={**cheap.extra, VICTIM_VALUE: 99.0})
+    assert not publish_due(cheap, drift, 1000, 30_000, False)
+    lru = WeightedLRU(20)
+    lru.admit("a", 10, 1000, 1000)
+    lru.set_state("a", State.LOADED, 1000, 100.0)
+    assert lru.victim_value() is None and VICTIM_VALUE not in instance_record(ME, lru, 2, 0, 0, False, 2000).extra
+
+
+def test_a_victim_value_that_is_not_a_number_reads_as_none() -> None:
+    assert victim_reading({VICTIM_VALUE: 1.5}) == 1.5
+    for bad in ("1.5", True, float("nan"), None, [1]):
+        assert victim_reading({VICTIM_VALUE: bad}) is None

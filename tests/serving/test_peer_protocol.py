@@ -5,6 +5,8 @@ evidence its record is stale."""
 
 from __future__ import annotations
 
+import math
+
 import grpc
 import pytest
 
@@ -13,11 +15,15 @@ from meshd.serving.peer_protocol import (
     HOP,
     LOADS,
     MODE,
+    PRICE_LIMIT,
     REASON,
+    REPRICED,
     UNKNOWN_PEER,
     PeerRefusal,
     Refused,
     peer_failure,
+    price_header,
+    read_price_limit,
     reported_loads,
     runtime_failure,
 )
@@ -90,3 +96,19 @@ def test_a_peers_load_count_is_read_only_when_it_is_a_count() -> None:
     assert reported_loads(None) is None
     assert reported_loads(((LOADS, "-1"),)) is None and reported_loads(((LOADS, "many"),)) is None
     assert reported_loads(((LOADS, "\u00b2"),)) is None  # a digit to str.isdigit(), not to int()
+
+
+def test_a_load_placed_by_price_carries_its_limit_and_a_repricing_refusal_reroutes() -> None:
+    call = (*_call("inst-b"), (PRICE_LIMIT, price_header(-1.25)))
+    assert parse_peer_metadata(call, lambda iid: True)[3] == -1.25
+    assert parse_peer_metadata(_call("inst-b"), lambda iid: True)[3] is None  # no limit: load unconditionally
+    refused = peer_failure(grpc.StatusCode.UNAVAILABLE, "would evict more", ((REASON, REPRICED),), "m")
+    assert isinstance(refused, Refused) and refused.exclude and not refused.unreachable and not refused.busy
+
+
+def test_price_limits_round_trip_and_a_bad_one_is_no_limit() -> None:
+    assert read_price_limit(price_header(-math.inf)) == -math.inf  # only free room will do
+    assert read_price_limit(price_header(3.14159)) == 3.1416
+    assert read_price_limit(b"2.5") == 2.5
+    for bad in ("", "abc", "nan", "inf", "1e999"):
+        assert read_price_limit(bad) is None, bad

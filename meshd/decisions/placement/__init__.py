@@ -6,8 +6,9 @@ No I/O, no asyncio: each function reads plain data (a `ClusterView` snapshot wit
 exactly this code. Public names, by module:
 
 - `view`: `InstanceView`, `ClusterView` -- the snapshot every decision reads.
-- `rank`: `LoadRequest`, `choose_load_target(view, req, rng) -> str | None` (where a cache
-  miss loads), `placement_key(inst, now_ms, newest_version, *, default_model_units,
+- `rank`: `LoadRequest`, `choose_load(view, req, rng) -> Placement | None` (where a cache
+  miss loads, and on what condition: placement by price, `cheapest`, `stays`, `load_price`),
+  `choose_load_target` (its target alone), `placement_key(inst, now_ms, newest_version, *, default_model_units,
   min_churn_age_ms)` (upstream's PLACEMENT_ORDER), `is_full`, `full_threshold_units`,
   `rank`, `shortlist`, `hot_factor`, `drop_hot`, `min_churn_age_ms`, `RecentPlacements`
   (the router's memory of its recent loads), `may_load_as_last_resort`,

@@ -12,7 +12,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from meshd.core.records import EMPTY_LRU_TIME, NATIVE_ADDRESS, InstanceRecord, fleet_reading
+from meshd.core.records import EMPTY_LRU_TIME, NATIVE_ADDRESS, InstanceRecord, fleet_reading, victim_reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,7 @@ class InstanceView:
     native: str = ""  # host:port of its native data plane; "" when it has none
     evicted: int = 0  # units it has evicted, ever (meshd.decisions.fleet_clock)
     clock: float = 0.0  # its fleet clock
+    victim_value: float | None = None  # log2 worth of the copy it evicts next (None: not published)
 
     @property
     def free(self) -> int:
@@ -65,6 +66,7 @@ class InstanceView:
             native=_text(r.extra.get(NATIVE_ADDRESS)),
             evicted=evicted,
             clock=clock,
+            victim_value=victim_reading(r.extra),
         )
 
 
@@ -131,3 +133,14 @@ class ClusterView:
         if not changed:
             return self
         return dataclasses.replace(self, instances={**self.instances, **changed})
+
+    def with_own_cache(self, used: int, victim_value: float | None) -> ClusterView:
+        """This view with the deciding instance's room and next victim's value as its cache has
+        them now, not as its record said up to 2 s ago (placement by price, `rank.cheapest`).
+        Unchanged when the cache has no value to give (LRU, GDSF, nothing loaded): placement
+        without prices reads the records as it always has."""
+        me = self.instances.get(self.self_id)
+        if me is None or victim_value is None or (me.used == used and me.victim_value == victim_value):
+            return self
+        mine = dataclasses.replace(me, used=used, victim_value=victim_value)
+        return dataclasses.replace(self, instances={**self.instances, self.self_id: mine})

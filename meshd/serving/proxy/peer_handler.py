@@ -20,10 +20,12 @@ from meshd.serving.peer_protocol import (
     LOADS,
     MODE,
     PASSED_ON,
+    PRICE_LIMIT,
     REASON,
     UNKNOWN_MODEL,
     UNKNOWN_PEER,
     PeerRefusal,
+    read_price_limit,
 )
 from meshd.serving.proxy.handler import RawMethodHandler, StreamHandler, UnaryHandler, relay_responses
 from meshd.serving.proxy.headers import INTERNAL_PREFIX, MODEL_ID, MODEL_ID_BIN, Metadata
@@ -32,16 +34,19 @@ from meshd.serving.proxy.methods import MethodSpec
 ACCEPTED_METADATA = ((ACCEPTED, "1"),)
 
 
-def parse_peer_metadata(metadata: Any, is_peer: Callable[[str], bool]) -> tuple[str, str, Metadata]:
-    """(model id, mode, headers for the runtime) of a forwarded call from a live peer."""
+def parse_peer_metadata(metadata: Any, is_peer: Callable[[str], bool]) -> tuple[str, str, Metadata, float | None]:
+    """(model id, mode, headers for the runtime, price limit) of a forwarded call from a live peer."""
     hop = mode = None
     model_id: str | None = None
+    price_limit: float | None = None
     runtime_md: list[tuple[str, str | bytes]] = []
     for key, value in metadata:
         if key == HOP:
             hop = value
         elif key == MODE:
             mode = value
+        elif key == PRICE_LIMIT:
+            price_limit = read_price_limit(value)
         elif key.startswith(INTERNAL_PREFIX) or key.startswith("grpc-") or key in ("content-type", "user-agent"):
             continue
         else:
@@ -57,7 +62,7 @@ def parse_peer_metadata(metadata: Any, is_peer: Callable[[str], bool]) -> tuple[
         # record may be back in etcd but not in this mirror. Refused, so the sender reroutes,
         # never INVALID_ARGUMENT to its client.
         raise PeerRefusal(UNKNOWN_PEER, f"{hop} is not (yet) a live instance of the mesh here")
-    return model_id, mode, tuple(runtime_md)
+    return model_id, mode, tuple(runtime_md), price_limit
 
 
 async def _refuse(context: Any, e: MeshError, loads: int | None = None) -> None:
@@ -84,9 +89,9 @@ class PeerInferenceHandler(RawMethodHandler):
 
         async def handle(request: bytes, context: Any) -> bytes:
             try:
-                model_id, mode, metadata = parse_peer_metadata(context.invocation_metadata(), router.is_peer)
+                model_id, mode, metadata, limit = parse_peer_metadata(context.invocation_metadata(), router.is_peer)
                 response = await router.serve_forwarded(
-                    spec, request, model_id, mode, metadata, context.time_remaining()
+                    spec, request, model_id, mode, metadata, context.time_remaining(), limit
                 )
             except MeshError as e:
                 await _refuse(context, e, router.local.loads_in_progress)
@@ -109,10 +114,10 @@ class PeerInferenceHandler(RawMethodHandler):
             requests: AsyncIterator[bytes], context: Any, active: Activate = contextlib.nullcontext
         ) -> AsyncIterator[bytes]:
             try:
-                model_id, mode, metadata = parse_peer_metadata(context.invocation_metadata(), router.is_peer)
+                model_id, mode, metadata, limit = parse_peer_metadata(context.invocation_metadata(), router.is_peer)
                 with active():
                     stream = await router.open_forwarded_stream(
-                        spec, requests, model_id, mode, metadata, context.time_remaining()
+                        spec, requests, model_id, mode, metadata, context.time_remaining(), limit
                     )
             except MeshError as e:
                 await _refuse(context, e)

@@ -1,0 +1,74 @@
+"""Placement by price on real meshd processes (issue 33): an instance's record says what its
+next victim is worth (`meshdVictim`), and a load a peer placed by price (`meshd-price-limit`)
+is refused, with nothing evicted, where it would evict more than the sender counted on; under
+the limit it loads and serves as any forwarded load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+
+from meshd._proto.inference import grpc_predict_v2_pb2 as v2
+from meshd.core.records import VICTIM_VALUE
+from meshd.kv.embedded import EmbeddedEtcd
+from meshd.runtimes.models import GeneratedModel, decode_infer_response, make_infer_request
+from meshd.testing.cluster import LocalMesh
+from meshd.testing.procs import wait_until
+
+from .conftest import NodeFactory, close_enough, expected, listed_instances
+from .test_mesh import load_on
+from .test_upstream_keys import under, upstream_key
+
+pytestmark = pytest.mark.slow
+
+ROWS = [[1.0, 2.0, 3.0, 4.0]]
+
+
+def test_a_load_placed_by_price_loads_only_where_it_evicts_no_more_than_its_limit(
+    start_node: NodeFactory, mesh: LocalMesh, etcd_server: EmbeddedEtcd, models: list[GeneratedModel]
+) -> None:
+    a = start_node("inst-a", 2)  # room for two models
+    start_node("inst-b")  # the peer the calls come from, as a sees it
+    wait_until(lambda: listed_instances(a) >= {"inst-a", "inst-b"}, 15, "inst-a to see inst-b")
+    cold, hot, new = models[:3]
+    for m in (cold, hot, new):
+        a.register(m)
+    load_on(a, cold.id)
+    load_on(a, hot.id)
+    for _ in range(3):
+        assert close_enough(a.infer(hot.id, ROWS), expected(hot, ROWS))
+
+    def victim_value() -> float | None:
+        key = upstream_key("", mesh.service, "instances", "inst-a")
+        value = under(etcd_server, key).get(key, {}).get(VICTIM_VALUE)
+        return value if isinstance(value, float | int) else None
+
+    wait_until(lambda: victim_value() is not None, 15, "inst-a's record to say what its next victim is worth")
+    value = victim_value()
+    assert value is not None
+
+    def load_as_peer(limit: str) -> Any:
+        with grpc.insecure_channel(f"127.0.0.1:{a.node.peer_port}") as ch:
+            infer = ch.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=v2.ModelInferRequest.SerializeToString,
+                response_deserializer=v2.ModelInferResponse.FromString,
+            )
+            md = (("mm-model-id", new.id), ("meshd-hop", "inst-b"), ("meshd-mode", "load"))
+            return infer(make_infer_request(new.id, ROWS), metadata=(*md, ("meshd-price-limit", limit)), timeout=30)
+
+    with pytest.raises(grpc.RpcError) as refused:  # "-inf": only free room would do, and a is full
+        load_as_peer("-inf")
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert dict(refused.value.trailing_metadata())["meshd-reason"] == "repriced"
+    assert a.runtime_loaded() == sorted([cold.id, hot.id])  # nothing evicted, nothing loaded
+
+    with pytest.raises(grpc.RpcError) as under_value:  # just under what its next victim is worth
+        load_as_peer(f"{value - 0.01:.4f}")
+    assert dict(under_value.value.trailing_metadata())["meshd-reason"] == "repriced"
+
+    answer = load_as_peer(f"{value + 0.01:.4f}")  # worth no more than the limit: loaded, served
+    assert close_enough(decode_infer_response(answer), expected(new, ROWS))
+    assert a.runtime_loaded() == sorted([hot.id, new.id])  # the cheap copy made the room
