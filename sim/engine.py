@@ -443,6 +443,7 @@ class Simulation:
         inflight = inst.inflight
         answers = inst.answers
         offer_price = True  # the next load sent to a peer is placed by price (once per request)
+        ceiling: float | None = None  # its limit, once refused: the next pick's ceiling
         while answers and answers[0][0] <= t:  # answers that came back by now
             inflight[heapq.heappop(answers)[1]] -= 1
         for _ in range(MAX_ATTEMPTS):
@@ -482,7 +483,7 @@ class Simulation:
             if busy:  # every copy is saturated: a new load would not answer in time
                 self._failed(True, t - arrival)
                 return
-            placed = self._load_target(view, m, frozenset(excluded))
+            placed = self._load_target(view, m, frozenset(excluded), ceiling)
             if placed is None:
                 if not load_here_as_last_resort(view, excluded, frozenset(), frozenset()):
                     break
@@ -496,6 +497,7 @@ class Simulation:
                 offer_price = False
                 if not joining and not self._stays(holder, m, placed.price_limit):
                     excluded.add(target)
+                    ceiling = placed.price_limit
                     if self.counting:
                         self.result.repriced += 1
                     continue
@@ -610,7 +612,9 @@ class Simulation:
         else:
             self.totals.append(total)
 
-    def _load_target(self, view: ClusterView, m: int, exclude: frozenset[str]) -> Placement | None:
+    def _load_target(
+        self, view: ClusterView, m: int, exclude: frozenset[str], price_ceiling: float | None = None
+    ) -> Placement | None:
         inst = self.by_id[view.self_id]
         req = LoadRequest(
             model_id=self.ids[m],
@@ -621,6 +625,7 @@ class Simulation:
             recent_placements=inst.placed.counts(view.now_ms) if self.policy.spread_recent_loads else {},
             start_soonest=self.policy.load_queue,
             by_price=self.policy.by_price,
+            price_ceiling=price_ceiling,
         )
         if self.policy.random_placement:
             candidates = eligible(view, req)

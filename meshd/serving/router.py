@@ -344,6 +344,7 @@ class Router:
         retry: list[str] | None = None  # made only when a refusal names such holders
         retried: frozenset[str] = frozenset()
         offer_price = True  # the first load sent to a peer goes with its price limit (rank.stays)
+        ceiling: float | None = None  # that limit, once its target refused it: the next pick's ceiling
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
             view = self.cluster.view()
@@ -376,7 +377,8 @@ class Router:
                 recent = recent_failures(record.failed_in, now, expiry)
                 if len(recent) >= MAX_RECENT_FAILURES:
                     raise ModelLoadError(given_up_message(model_id, record, recent))
-                placed = self._load_target(view, model_id, record, frozenset(excluded | set(recent)), balanced)
+                avoid = frozenset(excluded | set(recent))
+                placed = self._load_target(view, model_id, record, avoid, balanced, ceiling)
                 mode = "load"
                 if placed is None:
                     if not load_here_as_last_resort(
@@ -398,8 +400,12 @@ class Router:
                 return answer
             except Refused as e:
                 # A load placed by price and refused for it is routine (records lag): not news.
-                level = logging.DEBUG if str(e).startswith(REPRICED) else logging.INFO
-                log.log(level, "rerouting %s away from %s: %s", model_id, target, e)
+                repriced = str(e).startswith(REPRICED)
+                if repriced:
+                    ceiling = price_limit
+                log.log(
+                    logging.DEBUG if repriced else logging.INFO, "rerouting %s away from %s: %s", model_id, target, e
+                )
                 tried.append(f"{target} ({mode}): {e}")
                 if e.load_failed:
                     failed_now[target] = str(e).removeprefix(f"{LOAD_FAILED}: ").removeprefix("meshd: ")
@@ -483,9 +489,16 @@ class Router:
         return trusted_peer(self.cluster.view(), instance_id, self.cluster.gone_since_ms(instance_id))
 
     def _load_target(
-        self, view: ClusterView, model_id: str, record: ModelRecord, exclude: frozenset[str], prefer_self: bool
+        self,
+        view: ClusterView,
+        model_id: str,
+        record: ModelRecord,
+        exclude: frozenset[str],
+        prefer_self: bool,
+        price_ceiling: float | None = None,
     ) -> Placement | None:
-        """Where a copy should load (placement's pick), remembered for the next picks."""
+        """Where a copy should load (placement's pick), remembered for the next picks;
+        `price_ceiling`: the limit of a load placed by price that its target refused."""
         required, preferred = self.constraints.for_type(record.type)
         base = base_model_of(record.key)
         if base is not None:  # an adapter: where its base is loaded, when it is loaded anywhere
@@ -502,6 +515,7 @@ class Router:
             prefer_self=prefer_self,
             recent_placements=self._placed.counts(view.now_ms),
             start_soonest=self.local.load_queue,
+            price_ceiling=price_ceiling,
         )
         loads = fresh_loads(self.forwarder.peer_loads, int(time.monotonic() * 1000))
         loads[self.self_id] = self.local.loads_in_progress

@@ -5,19 +5,21 @@ the limit it loads and serves as any forwarded load."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as v2
+from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd.core.records import VICTIM_VALUE
 from meshd.kv.embedded import EmbeddedEtcd
-from meshd.runtimes.models import GeneratedModel, decode_infer_response, make_infer_request
+from meshd.runtimes.models import GeneratedModel, decode_infer_response, generate_models, make_infer_request
 from meshd.testing.cluster import LocalMesh
 from meshd.testing.procs import wait_until
 
-from .conftest import NodeFactory, close_enough, expected, listed_instances
+from .conftest import MODEL_SIZE, NodeFactory, close_enough, expected, listed_instances
 from .test_mesh import load_on
 from .test_upstream_keys import under, upstream_key
 
@@ -72,3 +74,48 @@ def test_a_load_placed_by_price_loads_only_where_it_evicts_no_more_than_its_limi
     answer = load_as_peer(f"{value + 0.01:.4f}")  # worth no more than the limit: loaded, served
     assert close_enough(decode_infer_response(answer), expected(new, ROWS))
     assert a.runtime_loaded() == sorted([hot.id, new.id])  # the cheap copy made the room
+
+
+def test_misses_load_where_the_fleet_evicts_least_and_never_on_the_instance_whose_copies_cost_most(
+    start_node: NodeFactory, mesh: LocalMesh, etcd_server: EmbeddedEtcd, tmp_path: Path
+) -> None:
+    """Four full instances (five models each: small enough to place by price, not to pack);
+    inst-a's copies took 300 ms each to load, the others' a few, so a's next victim is worth
+    far more (a reload costs more). Cold misses at inst-d go to the three cheapest (b, c, d)
+    and none evicts from a; placement without prices would pick a for one in four."""
+    per = 5
+    nodes = {x: start_node(f"inst-{x}", per) for x in "abcd"}
+    ingress = nodes["d"]
+    wait_until(lambda: listed_instances(ingress) >= {f"inst-{x}" for x in "abcd"}, 15, "inst-d to see the fleet")
+    models = generate_models(tmp_path / "models", 4 * per + 8, size_bytes=MODEL_SIZE)
+    slow, quick, cold = models[:per], models[per : 4 * per], models[4 * per :]
+    for m in slow:
+        info = mm.ModelInfo(type="demo", path=str(m.path), key='{"load_delay_ms": 300}')
+        ingress.mm.registerModel(mm.RegisterModelRequest(modelId=m.id, modelInfo=info), timeout=10)
+    for m in (*quick, *cold):
+        ingress.register(m)
+    for m in slow:
+        load_on(nodes["a"], m.id)
+    for n, x in enumerate("bcd"):
+        for m in quick[n * per : (n + 1) * per]:
+            load_on(nodes[x], m.id)
+
+    def values() -> dict[str, float]:
+        records = under(etcd_server, upstream_key("", mesh.service, "instances"))
+        out = {}
+        for key, rec in records.items():
+            value = rec.get(VICTIM_VALUE)
+            if isinstance(value, float | int) and rec.get("count") == per:
+                out[key.rsplit("/", 1)[-1]] = float(value)
+        return out
+
+    def a_dearest() -> bool:
+        v = values()
+        return len(v) == 4 and v["inst-a"] > max(v[f"inst-{x}"] for x in "bcd")
+
+    wait_until(a_dearest, 15, "every record to say what its next victim is worth, inst-a's the most")
+    for m in cold:
+        assert close_enough(ingress.infer(m.id, ROWS), expected(m, ROWS))
+    assert nodes["a"].runtime_loaded() == sorted(m.id for m in slow)  # nothing placed there, nothing evicted
+    # Each miss loaded on one of the others (a later one may have evicted an earlier one there).
+    assert {m.id for x in "bcd" for m in cold if m.id in nodes[x].runtime_loaded()}

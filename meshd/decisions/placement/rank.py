@@ -220,6 +220,9 @@ class LoadRequest:
     # With start_soonest: place by price where records publish one (`cheapest`); False: the
     # simulator's `meshd-unpriced`, meshd's placement before it
     by_price: bool = True
+    # A load placed by price that its target refused (`stays`) is placed once more among the
+    # instances whose price is at most the limit it carried, without a limit this time
+    price_ceiling: float | None = None
 
 
 def hot_factor(last_used_ago_ms: int, scale_up: bool) -> float | None:
@@ -314,6 +317,11 @@ def cheapest(
     priced.sort(key=lambda pc: pc[0])  # stable: equal prices stay in random order
     top = priced[:PRICED_CHOICES]
     return [c for _, c in top], top[-1][0]
+
+
+def under_ceiling(candidates: Sequence[InstanceView], size_units: int, ceiling: float) -> list[InstanceView]:
+    """The candidates whose price for the load is known and at most `ceiling`."""
+    return [c for c in candidates if (p := price(c, size_units)) is not None and p <= ceiling]
 
 
 def stays(own_price: float | None, price_limit: float | None, loads_in_progress: int, loading_threads: int) -> bool:
@@ -518,6 +526,8 @@ def choose_load(view: ClusterView, req: LoadRequest, rng: random.Random) -> Plac
             return Placement(view.self_id)  # mm-balanced: the client spread its requests; load where it asked
         if is_large(remaining, req.size_units):
             remaining = pack(remaining, req.size_units)
+        elif req.price_ceiling is not None and (under := under_ceiling(remaining, req.size_units, req.price_ceiling)):
+            return Placement(under[rng.randrange(len(under))].instance_id)
         elif req.by_price and (priced := cheapest(remaining, req.size_units, rng))[1] is not None:
             choices, limit = priced
             return Placement(choices[rng.randrange(len(choices))].instance_id, limit)

@@ -17,6 +17,7 @@ from meshd.decisions.placement.rank import (
     load_price,
     price,
     stays,
+    under_ceiling,
 )
 from tests.decisions.placement.factories import CAP, UNITS, inst, view
 
@@ -127,3 +128,14 @@ def test_a_fleet_that_publishes_no_price_is_not_priced_even_where_all_have_room(
     others = [priced("a", 1.0), priced("b", 2.0), priced("c", 3.0)]
     chosen, limit = cheapest([empty, *others], UNITS, random.Random(1))  # type: ignore[list-item]
     assert limit == 2.0 and {c.instance_id for c in chosen} == {"empty", "a", "b"}
+
+
+def test_a_load_its_target_refused_goes_among_those_at_most_its_old_limit_without_a_new_one() -> None:
+    cands = [priced("a", 9.0), priced("b", 1.0), priced("c", 2.0)]  # b, the target, is excluded
+    assert [c.instance_id for c in under_ceiling(cands, UNITS, 2.0)] == ["b", "c"]  # type: ignore[misc]
+    v = view(*cands)  # type: ignore[arg-type]
+    for seed in range(50):
+        placed = choose_load(v, soonest(price_ceiling=2.0, exclude=frozenset({"b"})), random.Random(seed))
+        assert placed == Placement("c")  # not a, dearer than the limit; no limit this time
+    # None under the ceiling (all dearer now): placed without prices, anywhere.
+    assert choose_load(view(priced("a", 9.0)), soonest(price_ceiling=2.0), random.Random(1)) == Placement("a")  # type: ignore[arg-type]
