@@ -78,10 +78,10 @@ PACK_DIVISOR = 4
 # next victim is worth): a load goes to one of the PRICED_CHOICES instances, of those where it
 # starts soonest, whose next victim is worth least (`cheapest`); the one chosen takes it only
 # if, as it is now, it would evict no more than the dearest of those and has a thread free
-# (`stays`), else the sender places it once more without it. Records are up to 2 s old: the
-# cheapest alone drew every sender's loads (queued, p99 up 20-60 %); a random one of three,
-# checked live, kept the p99 and saved 0.5-1.2 points of loads on the presets
-# (docs/simulator.md).
+# (`stays`), else the sender places it once more among those at most that price, with no
+# condition. Records are up to 2 s old: the cheapest alone drew every sender's loads (queued,
+# p99 up 20-70 %); a random one of three, checked live, kept the p99 and saved up to 1.6
+# points of loads on the presets (docs/simulator.md). Not with 3 candidates or fewer.
 PRICED_CHOICES = 3
 
 # --- recent placements ----------------------------------------------------------------------
