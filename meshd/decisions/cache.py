@@ -206,7 +206,9 @@ class WeightedLRU:
         """RATE and LRFU: log2 of what the copy evicted next is worth now (its use score x reload
         cost per unit, decayed to the cache's clock); None under LRU and GDSF, whose orders have
         no such scale, and when nothing is loaded. On the fleet clock, instances' values compare:
-        placement sends a load where it evicts the least (`rank.cheapest`)."""
+        placement sends a load where it evicts the least (`rank.cheapest`). Exactly so between
+        instances of one capacity; with mixed capacities each value decays on its own
+        half-life (turnovers of its own capacity), a bias not measured."""
         if self.eviction is not Eviction.RATE and self.eviction is not Eviction.LRFU:
             return None
         victim = self._next_victim()
