@@ -78,6 +78,7 @@ from meshd.decisions.placement.rank import (
     DEFAULT_LOADING_TIMEOUT_MS,
     LoadRequest,
     Placement,
+    PriceOffer,
     RecentPlacements,
     background_load_used_ms,
     choose_load,
@@ -442,8 +443,7 @@ class Simulation:
         me = inst.instance_id
         inflight = inst.inflight
         answers = inst.answers
-        offer_price = True  # the next load sent to a peer is placed by price (once per request)
-        ceiling: float | None = None  # its limit, once refused: the next pick's ceiling
+        offer = PriceOffer()  # placement by price, once per request
         while answers and answers[0][0] <= t:  # answers that came back by now
             inflight[heapq.heappop(answers)[1]] -= 1
         for _ in range(MAX_ATTEMPTS):
@@ -483,7 +483,7 @@ class Simulation:
             if busy:  # every copy is saturated: a new load would not answer in time
                 self._failed(True, t - arrival)
                 return
-            placed = self._load_target(view, m, frozenset(excluded), ceiling)
+            placed = self._load_target(view, m, frozenset(excluded), offer.ceiling)
             if placed is None:
                 if not load_here_as_last_resort(view, excluded, frozenset(), frozenset()):
                     break
@@ -491,16 +491,15 @@ class Simulation:
             target = placed.target
             holder = self.by_id[target]
             joining = m in holder.waiters
-            if target != me and offer_price and placed.price_limit is not None:
-                # Router: the first load sent to a peer carries its price limit; the peer
-                # refuses it (Router.forwarded_entry) if it would evict more, or queue.
-                offer_price = False
-                if not joining and not self._stays(holder, m, placed.price_limit):
-                    excluded.add(target)
-                    ceiling = placed.price_limit
-                    if self.counting:
-                        self.result.repriced += 1
-                    continue
+            limit = offer.limit_for(placed, me)
+            # The peer refuses a load sent with a limit (Router.forwarded_entry) if it would
+            # evict more, or queue it; one it is loading already it joins.
+            if limit is not None and not joining and not self._stays(holder, m, limit):
+                excluded.add(target)
+                offer.refused(limit)
+                if self.counting:
+                    self.result.repriced += 1
+                continue
             self.exhausted = False
             if self._start_load(holder, m, t, t, self._budget(t, arrival)):
                 forwarded = target != me

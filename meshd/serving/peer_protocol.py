@@ -76,8 +76,10 @@ class Refused(Exception):
         holders: dict[str, int] | None = None,
         unreachable: bool = False,
         load_failed: bool = False,
+        repriced: bool = False,
     ) -> None:
         super().__init__(message)
+        self.repriced = repriced  # a load sent with a price limit, refused for it (rank.stays)
         self.exclude = exclude
         self.unreachable = unreachable
         self.load_failed = load_failed  # the load failed there (its record says so once etcd's watch catches up)
@@ -105,7 +107,9 @@ def peer_failure(code: grpc.StatusCode, details: str | None, trailers: Any, mode
             reason = value if isinstance(value, str) else value.decode()
     if reason == LOAD_FAILED:
         return Refused(f"{reason}: {details}", load_failed=True)
-    if reason in (NOT_HERE, UNKNOWN_PEER, REPRICED):
+    if reason == REPRICED:
+        return Refused(f"{reason}: {details}", repriced=True)
+    if reason in (NOT_HERE, UNKNOWN_PEER):
         return Refused(f"{reason}: {details}")
     if reason == BUSY:
         return Refused(f"busy: {details}", busy=True)

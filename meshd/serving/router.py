@@ -50,6 +50,7 @@ from meshd.decisions.placement.loading import EXHAUSTED_PREFIX, fresh_loads
 from meshd.decisions.placement.rank import (
     LoadRequest,
     Placement,
+    PriceOffer,
     RecentPlacements,
     adapter_exclusions,
     background_load_used_ms,
@@ -343,8 +344,7 @@ class Router:
         # that healed leaves its mark for a while, and a capped model has no other copy.
         retry: list[str] | None = None  # made only when a refusal names such holders
         retried: frozenset[str] = frozenset()
-        offer_price = True  # the first load sent to a peer goes with its price limit (rank.stays)
-        ceiling: float | None = None  # that limit, once its target refused it: the next pick's ceiling
+        offer = PriceOffer()  # placement by price, once per request
         for _ in range(MAX_ATTEMPTS):
             record = self.registry.get(model_id) or record
             view = self.cluster.view()
@@ -378,7 +378,7 @@ class Router:
                 if len(recent) >= MAX_RECENT_FAILURES:
                     raise ModelLoadError(given_up_message(model_id, record, recent))
                 avoid = frozenset(excluded | set(recent))
-                placed = self._load_target(view, model_id, record, avoid, balanced, ceiling)
+                placed = self._load_target(view, model_id, record, avoid, balanced, offer.ceiling)
                 mode = "load"
                 if placed is None:
                     if not load_here_as_last_resort(
@@ -388,8 +388,7 @@ class Router:
                     target = self.self_id  # nothing better known (alone, or records not yet seen)
                 else:
                     target = placed.target
-                    if target != self.self_id and offer_price:
-                        price_limit, offer_price = placed.price_limit, placed.price_limit is None
+                    price_limit = offer.limit_for(placed, self.self_id)
             try:
                 if target == self.self_id:
                     return await attempt.here(record)
@@ -399,12 +398,11 @@ class Router:
                     self.cluster.note_reachable(target)
                 return answer
             except Refused as e:
+                if e.repriced and price_limit is not None:
+                    offer.refused(price_limit)
                 # A load placed by price and refused for it is routine (records lag): not news.
-                repriced = str(e).startswith(REPRICED)
-                if repriced:
-                    ceiling = price_limit
                 log.log(
-                    logging.DEBUG if repriced else logging.INFO, "rerouting %s away from %s: %s", model_id, target, e
+                    logging.DEBUG if e.repriced else logging.INFO, "rerouting %s away from %s: %s", model_id, target, e
                 )
                 tried.append(f"{target} ({mode}): {e}")
                 if e.load_failed:

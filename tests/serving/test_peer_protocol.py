@@ -103,7 +103,8 @@ def test_a_load_placed_by_price_carries_its_limit_and_a_repricing_refusal_rerout
     assert parse_peer_metadata(call, lambda iid: True)[3] == -1.25
     assert parse_peer_metadata(_call("inst-b"), lambda iid: True)[3] is None  # no limit: load unconditionally
     refused = peer_failure(grpc.StatusCode.UNAVAILABLE, "would evict more", ((REASON, REPRICED),), "m")
-    assert isinstance(refused, Refused) and refused.exclude and not refused.unreachable and not refused.busy
+    assert isinstance(refused, Refused) and refused.repriced and refused.exclude and not refused.unreachable
+    assert not refused.busy
 
 
 def test_price_limits_round_trip_and_a_bad_one_is_no_limit() -> None:

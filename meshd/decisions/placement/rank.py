@@ -319,6 +319,27 @@ def cheapest(
     return [c for _, c in top], top[-1][0]
 
 
+@dataclass(slots=True)
+class PriceOffer:
+    """One request's placement by price, as the router and the simulator follow it: the first
+    load sent to a peer carries its price limit; once that peer refuses it (`stays` false), the
+    limit is the ceiling of the next pick (`LoadRequest.price_ceiling`), which carries none."""
+
+    offered: bool = False
+    ceiling: float | None = None
+
+    def limit_for(self, placed: Placement, self_id: str) -> float | None:
+        """The limit to send with `placed` (None: none; a load here needs none)."""
+        if self.offered or placed.target == self_id or placed.price_limit is None:
+            return None
+        self.offered = True
+        return placed.price_limit
+
+    def refused(self, price_limit: float) -> None:
+        """The target of the load sent with `price_limit` refused it."""
+        self.ceiling = price_limit
+
+
 def under_ceiling(candidates: Sequence[InstanceView], size_units: int, ceiling: float) -> list[InstanceView]:
     """The candidates whose price for the load is known and at most `ceiling`."""
     return [c for c in candidates if (p := price(c, size_units)) is not None and p <= ceiling]

@@ -11,6 +11,7 @@ from meshd.decisions.placement.rank import (
     PRICED_CHOICES,
     LoadRequest,
     Placement,
+    PriceOffer,
     cheapest,
     choose_load,
     choose_load_target,
@@ -139,3 +140,15 @@ def test_a_load_its_target_refused_goes_among_those_at_most_its_old_limit_withou
         assert placed == Placement("c")  # not a, dearer than the limit; no limit this time
     # None under the ceiling (all dearer now): placed without prices, anywhere.
     assert choose_load(view(priced("a", 9.0)), soonest(price_ceiling=2.0), random.Random(1)) == Placement("a")  # type: ignore[arg-type]
+
+
+def test_a_request_offers_a_price_once_and_a_refusal_makes_it_the_ceiling() -> None:
+    """`PriceOffer`, as the router and the simulator follow it."""
+    offer = PriceOffer()
+    assert offer.limit_for(Placement("me", 1.0), "me") is None  # a load here needs no limit
+    assert offer.limit_for(Placement("a", None), "me") is None  # nothing priced: still to offer
+    assert offer.limit_for(Placement("a", 1.0), "me") == 1.0
+    assert offer.ceiling is None
+    offer.refused(1.0)
+    assert offer.ceiling == 1.0
+    assert offer.limit_for(Placement("b", 2.0), "me") is None  # once per request
