@@ -189,6 +189,10 @@ USE_HISTORY = "meshdUses"
 # under LRU and GDSF): placement sends a load where it evicts the least (rank.cheapest).
 VICTIM_VALUE = "meshdVictim"
 USE_HISTORY_KEPT = 8  # RATE's uses kept (meshd.decisions.cache.RATE_USES_KEPT)
+# The models whose pulled files the instance's runtime keeps on its disk (issue 42's disk tier),
+# as a Bloom filter with the pull time per GiB (meshd.decisions.placement.disk): placement
+# counts a load there as one without a pull. Absent: the runtime has no disk tier.
+DISK_TIER = "meshdDisk"
 
 
 def _number(value: object) -> float | None:

@@ -1,6 +1,7 @@
 """What this instance's record says and when it is published (SPEC §5, §6), pure.
 
-The record: cache fill, LRU time, loading threads, request rate, identity. Publication:
+The record: cache fill, LRU time, loading threads, request rate, identity, and (with a disk
+tier) the models on the runtime's disk. Publication:
 when it changed materially, at most every 2 s, at least every 40 s while changed, and
 right after loads. `judge_stored` says what the mirror's copy of the own record means
 (lagging, ours, gone, changed, or another process's). `meshd.registry.instances` does the
@@ -15,12 +16,13 @@ import functools
 import operator
 import re
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from meshd import __version__
-from meshd.core.records import EMPTY_LRU_TIME, FLEET_CLOCK, FLEET_EVICTED, VICTIM_VALUE, InstanceRecord
+from meshd.core.records import DISK_TIER, EMPTY_LRU_TIME, FLEET_CLOCK, FLEET_EVICTED, VICTIM_VALUE, InstanceRecord
 from meshd.decisions.cache import WeightedLRU
 
 PUBLISH_MIN_INTERVAL_MS = 2_000  # upstream: >= 2 s apart
@@ -72,12 +74,17 @@ def instance_record(
     rpm: int,
     shutdown: bool,
     now_ms: int,
+    disk: Mapping[str, Any] | None = None,
 ) -> InstanceRecord:
+    """`disk`: the runtime's disk tier as the record carries it (`placement.disk.disk_value`;
+    None: it has none)."""
     count, lru_ms = cache.loaded_summary(now_ms)
     extra: dict[str, Any] = {FLEET_EVICTED: cache.evicted_units, FLEET_CLOCK: round(cache.clock, 3)}
     victim = cache.victim_value()
     if victim is not None:
         extra[VICTIM_VALUE] = round(victim, 3)
+    if disk is not None:
+        extra[DISK_TIER] = disk
     return InstanceRecord(
         lru_time=lru_ms if count else EMPTY_LRU_TIME,  # upstream's value when empty
         count=count,

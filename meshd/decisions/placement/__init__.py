@@ -25,5 +25,7 @@ exactly this code. Public names, by module:
 - `modelkey`: `policy_from_key(key) -> ModelPolicy` (the `"meshd"` object in ModelInfo.key).
 - `loading`: the load queue's rules (issue 24, docs/policies.md): `load_value`, `next_load`,
   `least_valuable`, `displaced_by`, `start_wait_ms`, `accepts`, `under_pressure`, `colder_than_victims`,
-  `soonest_start`, `exhausted_message`.
+  `soonest_start`, `ready_soonest` (with a disk tier), `exhausted_message`.
+- `disk`: the disk tier in instance records (issue 42): `DiskSet` (a Bloom filter of the models
+  on an instance's disk, with its pull time per GiB), `disk_value`, `disk_reading`, `pull_estimate_ms`.
 """

@@ -21,7 +21,8 @@ congestion collapse"). The rules, in the order a miss meets them:
    its requests, refused now, would fail slowly, after waiting (`least_valuable`). The refusal
    is RESOURCE_EXHAUSTED, saying why and when to retry (`exhausted_message`).
 4. *Placement weighs each instance's queue* (`queue_backlog`): among the near-best
-   instances, a load goes where it can start soonest.
+   instances, a load goes where it can start soonest; with a disk tier, where it is ready
+   soonest, a pull skipped where the model's files are on disk (`ready_soonest`).
 5. *A request's deadline is its patience* (`patience_ms`, `may_queue`): a miss whose request
    has longer left than the wait limit may queue as long as its load could still end in
    time, and its load waits for a thread until the last of its requests' deadlines; one that
@@ -266,6 +267,35 @@ def soonest_start(candidates: Sequence[InstanceView]) -> list[InstanceView]:
     backlogs = [queue_backlog(c) for c in candidates]
     least = min(backlogs)
     return [c for c, b in zip(candidates, backlogs, strict=True) if b == least]
+
+
+def ready_soonest(
+    candidates: Sequence[InstanceView], model_id: str, pull_ms: float | None, mean_load_ms: float
+) -> list[InstanceView]:
+    """`soonest_start`, counting the pull a load skips where the model's files are on disk
+    (issue 42's disk tier): a load is ready after its wait for a thread, its pull (none where
+    the files are) and the runtime's load, the same everywhere. The instances holding the files
+    (`InstanceView.disk`) win when the soonest of them starts no later than the soonest of the
+    others plus the pull, and then the one of them that starts soonest is taken; else the
+    others are, as `soonest_start` takes them. A wait is the loads ahead of it per thread, at
+    `mean_load_ms` each. Without a pull estimate (`pull_ms` None or 0), or with the files on
+    none or every candidate: `soonest_start`."""
+    if not pull_ms or pull_ms <= 0 or len(candidates) < 2:
+        return soonest_start(candidates)
+    holders: list[InstanceView] = []
+    others: list[InstanceView] = []
+    for c in candidates:
+        (holders if c.disk is not None and model_id in c.disk else others).append(c)
+    if not holders or not others:
+        return soonest_start(candidates)
+    if min(_start_ms(h, mean_load_ms) for h in holders) <= min(_start_ms(o, mean_load_ms) for o in others) + pull_ms:
+        return soonest_start(holders)
+    return soonest_start(others)
+
+
+def _start_ms(inst: InstanceView, mean_load_ms: float) -> float:
+    """How long until a load placed on `inst` now would start, by its queue."""
+    return queue_backlog(inst) * mean_load_ms / max(1, inst.loading_threads)
 
 
 def retry_after_s(wait_ms: float) -> int:

@@ -25,7 +25,9 @@ every eligible instance is a candidate, and before step 5 only those whose load 
 shortest stay (the deciding instance's own queue as it is now, `ClusterView.with_own_loads`),
 after it the ones with a quarter of their capacity free when any has it (for a model of a
 quarter of an instance or more: where it leaves the least room unused, `pack`), then those
-this instance sent the fewest loads to lately. Where instance records publish what each one's
+this instance sent the fewest loads to lately. With a disk tier the shortest queue is the
+soonest ready: an instance whose disk holds the model's files skips the pull
+(`loading.ready_soonest`). Where instance records publish what each one's
 next victim is worth (RATE and LRFU eviction), the last two steps give way to placement by
 price (`cheapest`): one of the three where the load evicts least, on condition that it still
 does when it arrives there (`stays`, checked by the target: `Placement.price_limit`).
@@ -41,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from meshd.decisions.placement.loading import soonest_start
+from meshd.decisions.placement.loading import DEFAULT_MEAN_LOAD_MS, ready_soonest
 from meshd.decisions.placement.serving import assume_loaded_ms
 from meshd.decisions.placement.view import ClusterView, InstanceView
 
@@ -223,6 +225,11 @@ class LoadRequest:
     # A load placed by price that its target refused (`stays`) is placed once more among the
     # instances whose price is at most the limit it carried, without a limit this time
     price_ceiling: float | None = None
+    # With start_soonest: what pulling the model's files would take (None: not known, or no
+    # instance has a disk tier), and the mean load time that a place in a queue costs; a load
+    # goes where the files are on disk when it is ready sooner there (loading.ready_soonest)
+    pull_ms: float | None = None
+    mean_load_ms: float = DEFAULT_MEAN_LOAD_MS
 
 
 def hot_factor(last_used_ago_ms: int, scale_up: bool) -> float | None:
@@ -540,7 +547,8 @@ def choose_load(view: ClusterView, req: LoadRequest, rng: random.Random) -> Plac
         # filtered first, the instance serving the most requests took no loads while its
         # thread was idle and the others' queued (bench/peers.py, one thread per runtime:
         # loads 479 / 685 / 655, 49 req/s; queue first: 610 / 613 / 632, 71 req/s).
-        near = soonest_start(near)
+        # With a disk tier: where it is ready soonest, the pull skipped where the files are (issue 42).
+        near = ready_soonest(near, req.model_id, req.pull_ms, req.mean_load_ms)
     remaining = drop_hot(near, hot_factor(last_used_ago, req.scale_up))
     if req.start_soonest:
         if req.prefer_self and any(i.instance_id == view.self_id for i in remaining):

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from meshd.core.records import EMPTY_LRU_TIME, NATIVE_ADDRESS, InstanceRecord, fleet_reading, victim_reading
+from meshd.decisions.placement.disk import DiskSet, disk_reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class InstanceView:
     evicted: int = 0  # units it has evicted, ever (meshd.decisions.fleet_clock)
     clock: float = 0.0  # its fleet clock
     victim_value: float | None = None  # log2 worth of the copy it evicts next (None: not published)
+    disk: DiskSet | None = None  # the models on its runtime's disk tier (None: it has none)
 
     @property
     def free(self) -> int:
@@ -67,6 +69,7 @@ class InstanceView:
             evicted=evicted,
             clock=clock,
             victim_value=victim_reading(r.extra),
+            disk=disk_reading(r.extra),
         )
 
 
