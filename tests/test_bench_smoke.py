@@ -165,3 +165,27 @@ def test_llm_bench_smoke() -> None:
             for path in ("direct", "meshd", "ratio"):
                 assert any(r[:3] == [model, conc, path] for r in rows), f"no {model} c={conc} {path}:\n{proc.stdout}"
     assert any(r[:3] == ["relay", "added", "p50"] for r in rows), proc.stdout
+
+
+@pytest.mark.slow
+def test_llm_relay_bench_smoke() -> None:
+    """bench/llm_relay.py drives the paced engine directly and through meshd, every row printed,
+    no stream failed on either path."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "llm_relay.py"), "--smoke"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    rows = {(r[0], r[1]): r for r in (line.split() for line in proc.stdout.splitlines()) if len(r) > 2}
+    for streams in ("4", "16"):
+        for path in ("direct", "meshd"):
+            row = rows[(streams, path)]
+            assert float(row[2]) > 0 and row[-1] == "0", f"{streams} {path}:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+        assert float(rows[(streams, "ratio")][2]) > 0, proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["--runs", "0"], ["--pieces", "1"], ["--streams", "0"], ["--seconds", "0"]])
+def test_llm_relay_bench_refuses_bad_arguments_with_usage(argv: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "llm_relay.py"), *argv], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
