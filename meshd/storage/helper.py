@@ -1,0 +1,666 @@
+"""The storage helper: pulls a model's files onto local disk before the runtime loads it, and
+keeps them there afterwards as a cache tier.
+
+On disk (`ROOT_MODEL_DIR`, upstream's layout): `<root>/<modelId>/<name>` is the model (a file
+or a directory), `<root>/<modelId>/.meshd-done` the done marker (JSON: size, pull time, last
+use, the source it came from), written only after every file was renamed into place. A file
+is written as `<file>.partial` and renamed when its size (and MD5 where the store gives one)
+matches. At start-up a model directory without its marker is a half-written pull and is
+removed; entries starting with `_` belong to the runtime adapters and are left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshd.decisions.storage import (
+    FilePlan,
+    Listed,
+    ModelPlan,
+    Source,
+    StorageConfigError,
+    check_model_id,
+    parse_key,
+    plan_files,
+    redact,
+    resolve,
+    rewritten_key,
+    safe_relpath,
+    schema_name,
+    within,
+)
+from meshd.decisions.storage_plan import (
+    MAX_PARTS_IN_FLIGHT,
+    PART_BYTES,
+    PART_THRESHOLD,
+    RETRIES_PER_PART,
+    STALL_TIMEOUT_MS,
+    DiskTier,
+    Failure,
+    Part,
+    backoff_ms,
+    default_budget,
+    plan_parts,
+    retryable,
+)
+from meshd.storage.errors import StorageError, TransferError
+from meshd.storage.stores import Store, open_store
+from meshd.storage.transport import check_status
+
+log = logging.getLogger(__name__)
+
+DONE_MARKER = ".meshd-done"
+PARTIAL_SUFFIX = ".partial"
+DEFAULT_ROOT_MODEL_DIR = "/models"  # upstream's ROOT_MODEL_DIR
+DEFAULT_STORAGE_CONFIG_DIR = "/storage-config"  # upstream's STORAGE_CONFIG_DIR
+DEFAULT_PVC_MOUNTS_DIR = "/pvc_mounts"  # upstream's (hard-coded there; PVC_MOUNTS_DIR here)
+CONFIG_KIND = "config"
+PROGRESS_LOG_S = 5.0
+BUFFER_BYTES = 4 << 20  # one worker's read buffer: a few large writes per part, not many small ones
+MD5_LIMIT = 64 << 20  # checked for single-GET objects up to this size (an MD5 costs ~2 ms/MiB of CPU)
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    root_dir: Path
+    config_dir: Path = Path(DEFAULT_STORAGE_CONFIG_DIR)
+    pvc_dir: Path = Path(DEFAULT_PVC_MOUNTS_DIR)
+    budget_bytes: int | None = None  # None: DISK_BUDGET_SHARE of the volume holding root_dir
+    stall_ms: int = STALL_TIMEOUT_MS
+    parts_in_flight: int = MAX_PARTS_IN_FLIGHT
+    part_bytes: int = PART_BYTES
+    part_threshold: int = PART_THRESHOLD
+
+    @classmethod
+    def from_env(cls, root_dir: str | Path | None = None, env: Mapping[str, str] | None = None) -> StorageSettings:
+        """ROOT_MODEL_DIR, STORAGE_CONFIG_DIR, PVC_MOUNTS_DIR (upstream's), MESHD_DISK_CACHE_BYTES,
+        MESHD_PULL_STALL_MS, MESHD_PULL_PARALLEL."""
+        e = os.environ if env is None else env
+        budget = e.get("MESHD_DISK_CACHE_BYTES", "")
+        return cls(
+            Path(root_dir or e.get("ROOT_MODEL_DIR", DEFAULT_ROOT_MODEL_DIR)),
+            Path(e.get("STORAGE_CONFIG_DIR", DEFAULT_STORAGE_CONFIG_DIR)),
+            Path(e.get("PVC_MOUNTS_DIR", DEFAULT_PVC_MOUNTS_DIR)),
+            int(budget) if budget else None,
+            int(e.get("MESHD_PULL_STALL_MS", STALL_TIMEOUT_MS)),
+            int(e.get("MESHD_PULL_PARALLEL", MAX_PARTS_IN_FLIGHT)),
+        )
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """A model ready on local disk: the path and key to hand the runtime."""
+
+    model_id: str
+    local_path: str
+    key: str  # the rewritten key: storage fields removed, disk_size_bytes measured
+    disk_size_bytes: int
+    pull_ms: int  # how long its pull took (the first time, when it came from the disk tier)
+    from_disk: bool  # found complete on disk: no byte moved
+
+
+@dataclass(frozen=True)
+class DiskModel:
+    model_id: str
+    size_bytes: int
+    pull_ms: int
+    last_used_ms: int
+
+
+@dataclass(frozen=True)
+class Inventory:
+    models: tuple[DiskModel, ...]
+    budget_bytes: int
+    used_bytes: int
+    version: int
+
+
+@dataclass
+class _Progress:
+    total: int
+    done: int = 0
+    last_ms: float = field(default_factory=lambda: time.monotonic() * 1000)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    failed: BaseException | None = None
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.done += n
+            self.last_ms = time.monotonic() * 1000
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class StorageHelper:
+    """Pulls models (one pull per model at a time, however many ask) and keeps the disk tier."""
+
+    def __init__(self, settings: StorageSettings) -> None:
+        self.settings = settings
+        self.root = settings.root_dir
+        self.root.mkdir(parents=True, exist_ok=True)
+        budget = settings.budget_bytes
+        if budget is None:
+            budget = default_budget(shutil.disk_usage(self.root).total)
+        self.tier = DiskTier(budget)
+        self._held: set[str] = set()
+        self._pulls: dict[str, asyncio.Future[Pulled]] = {}
+        self._plans: dict[str, tuple[str, ModelPlan]] = {}
+        self._lock = threading.Lock()
+        self._started = False
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        await asyncio.to_thread(self.scan)
+
+    def scan(self) -> None:
+        """Remove half-written pulls, restore complete ones into the tier (oldest first)."""
+        found = []
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(("_", ".")) or not entry.is_dir() or entry.is_symlink():
+                continue
+            marker = _read_marker(entry / DONE_MARKER)
+            if marker is None:
+                log.info("storage: removing the half-written pull of %s", entry.name)
+                shutil.rmtree(entry, ignore_errors=True)
+                continue
+            if marker.get("pvc"):
+                shutil.rmtree(entry, ignore_errors=True)  # a link, remade on each load
+                continue
+            found.append((_int(marker, "last_used_ms"), entry.name, marker))
+        for last_used, model_id, marker in sorted(found, reverse=True):
+            if not self.tier.restore(model_id, _int(marker, "size_bytes"), _int(marker, "pull_ms"), last_used):
+                log.info("storage: %s is over the disk budget, removed", model_id)
+                shutil.rmtree(self.root / model_id, ignore_errors=True)
+        self._started = True
+
+    async def close(self) -> None:
+        return None
+
+    # ---- the API -----------------------------------------------------------------------
+    def source_of(self, model_id: str, model_path: str, model_key: str) -> Source | None:
+        """The model's source, or None when its path is local (no storage fields)."""
+        try:
+            key = parse_key(model_key)
+            return resolve(model_path, key, self._read_config)
+        except StorageConfigError as e:
+            raise StorageError(model_id, "storage-config", model_path, CONFIG_KIND, str(e)) from None
+
+    async def predict_size(self, model_id: str, model_path: str, model_key: str) -> int | None:
+        """The model's size from its store's listing (before a byte moves), or None for a
+        local path. A model already on disk answers from the disk."""
+        source = self.source_of(model_id, model_path, model_key)
+        if source is None:
+            return None
+        marker = _read_marker(self.root / model_id / DONE_MARKER)
+        if marker is not None and marker.get("source") == _fingerprint(source):
+            return _int(marker, "size_bytes")
+        if source.type == "pvc":
+            return await asyncio.to_thread(self._pvc_size, model_id, source)
+        plan = await asyncio.to_thread(self._plan, model_id, source)
+        return plan.total_bytes
+
+    async def pull(self, model_id: str, model_path: str, model_key: str) -> Pulled | None:
+        """The model on local disk (pulled now, or found there), or None for a local path.
+        The same model asked for twice at once is pulled once."""
+        check = self.source_of(model_id, model_path, model_key)
+        if check is None:
+            return None
+        try:
+            check_model_id(model_id)
+        except StorageConfigError as e:
+            raise StorageError(model_id, check.store, model_path, CONFIG_KIND, str(e)) from None
+        running = self._pulls.get(model_id)
+        if running is None:
+            loop = asyncio.get_running_loop()
+            running = loop.create_future()
+            self._pulls[model_id] = running
+
+            async def run() -> None:
+                assert running is not None
+                try:
+                    running.set_result(await asyncio.to_thread(self._pull_sync, model_id, check, model_key))
+                except BaseException as e:  # handed to every waiter
+                    running.set_exception(e)
+                finally:
+                    self._pulls.pop(model_id, None)
+
+            task = loop.create_task(run())
+            running.add_done_callback(lambda _f: task)  # keep the task referenced until done
+        return await asyncio.shield(running)
+
+    def release(self, model_id: str) -> None:
+        """The runtime unloaded the model: its files stay, and may now be evicted."""
+        self._held.discard(model_id)
+
+    async def remove(self, model_id: str) -> None:
+        """Delete the model's files now (unless a pull of it is running)."""
+        if model_id in self._pulls:
+            return
+        self._held.discard(model_id)
+        with self._lock:
+            self.tier.drop(model_id)
+        await asyncio.to_thread(shutil.rmtree, self.root / model_id, True)
+
+    def inventory(self) -> Inventory:
+        with self._lock:
+            entries = [e for e in self.tier.entries() if e.complete]
+            return Inventory(
+                tuple(DiskModel(e.model_id, e.size_bytes, e.pull_ms, e.last_used_ms) for e in entries),
+                self.tier.budget_bytes,
+                self.tier.used_bytes,
+                self.tier.version,
+            )
+
+    # ---- internals ---------------------------------------------------------------------
+    def _read_config(self, name: str) -> Mapping[str, object] | None:
+        path = self.settings.config_dir / name
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            raise StorageConfigError(f"storage config {name!r} is not JSON") from None
+        if not isinstance(value, dict):
+            raise StorageConfigError(f"storage config {name!r} is not a JSON object")
+        return value
+
+    def _error(self, model_id: str, source: Source, obj: str, kind: str, detail: str) -> StorageError:
+        return StorageError(model_id, source.store, obj, kind, redact(detail, source.config))
+
+    def _plan(self, model_id: str, source: Source) -> ModelPlan:
+        fp = _fingerprint(source)
+        cached = self._plans.get(model_id)
+        if cached is not None and cached[0] == fp:
+            return cached[1]
+        store = self._store(model_id, source)
+        try:
+            listed = store.list_objects(source.path)
+        except TransferError as e:
+            raise self._error(model_id, source, source.path, e.kind, e.detail) from None
+        finally:
+            store.transport.close()
+        try:
+            plan = plan_files(source.path, listed)
+        except StorageConfigError as e:
+            raise self._error(model_id, source, source.path, Failure.BAD, str(e)) from None
+        if not plan.files:
+            raise self._error(model_id, source, source.path, Failure.NOT_FOUND, "no such object or folder")
+        self._plans[model_id] = (fp, plan)
+        return plan
+
+    def _store(self, model_id: str, source: Source) -> Store:
+        try:
+            return open_store(source, self.settings.stall_ms / 1000)
+        except (OSError, ValueError) as e:  # a CA or client certificate that does not load
+            raise self._error(
+                model_id, source, "", Failure.TLS, f"bad certificate in the storage config: {e}"
+            ) from None
+
+    def _pull_sync(self, model_id: str, source: Source, model_key: str) -> Pulled:
+        key = parse_key(model_key)
+        fp = _fingerprint(source)
+        mdir = self.root / model_id
+        marker = _read_marker(mdir / DONE_MARKER)
+        if source.type == "pvc":
+            return self._link_pvc(model_id, source, key)
+        if marker is not None and marker.get("source") == fp and model_id in self.tier:
+            now = _now_ms()
+            with self._lock:
+                self.tier.touch(model_id, now)
+                self._held.add(model_id)
+            _write_marker(mdir / DONE_MARKER, {**marker, "last_used_ms": now})
+            log.info("storage: %s from the disk tier (%d bytes)", model_id, marker["size_bytes"])
+            return self._pulled(model_id, key, marker, from_disk=True)
+        if model_id in self.tier:  # a stale copy (another source) or a marker gone
+            with self._lock:
+                self.tier.drop(model_id)
+        shutil.rmtree(mdir, ignore_errors=True)
+        plan = self._plan(model_id, source)
+        schema_plan: ModelPlan | None = None
+        if source.schema_path:
+            schema_plan = plan_files(source.schema_path.lstrip("/"), self._list_one(model_id, source), None)
+            schema_plan = ModelPlan(
+                tuple(
+                    FilePlan(f.key, schema_name(source.schema_path, plan.name), f.size, f.etag)
+                    for f in schema_plan.files[:1]
+                ),
+                schema_name(source.schema_path, plan.name),
+            )
+        files = list(plan.files) + (list(schema_plan.files) if schema_plan else [])
+        total = sum(f.size for f in files)
+        now = _now_ms()
+        with self._lock:
+            admission = self.tier.admit(model_id, total, now, held=self._held)
+        if not admission.admitted:
+            raise self._error(
+                model_id, source, source.path, Failure.DISK, f"too large for the disk: {admission.reason}"
+            )
+        for victim in admission.evict:
+            log.info("storage: evicting %s from the disk tier for %s", victim, model_id)
+            shutil.rmtree(self.root / victim, ignore_errors=True)
+        free = shutil.disk_usage(self.root).free
+        if free < total:
+            with self._lock:
+                self.tier.drop(model_id)
+            raise self._error(
+                model_id, source, source.path, Failure.DISK, f"needs {total} bytes, the volume has {free} free"
+            )
+        started = time.monotonic()
+        try:
+            mdir.mkdir(parents=True, exist_ok=True)
+            self._download(model_id, source, mdir, files)
+        except BaseException:
+            shutil.rmtree(mdir, ignore_errors=True)
+            with self._lock:
+                self.tier.drop(model_id)
+            raise
+        pull_ms = max(1, int((time.monotonic() - started) * 1000))
+        now = _now_ms()
+        marker = {
+            "size_bytes": total,
+            "pull_ms": pull_ms,
+            "last_used_ms": now,
+            "source": fp,
+            "name": plan.name,
+            "schema": schema_plan.name if schema_plan else None,
+        }
+        _write_marker(mdir / DONE_MARKER, marker)
+        with self._lock:
+            self.tier.done(model_id, total, pull_ms, now)
+            self._held.add(model_id)
+        self._plans.pop(model_id, None)
+        mib = total / (1 << 20)
+        log.info(
+            "storage: pulled %s from %s: %d files, %.1f MiB in %d ms (%.0f MiB/s)",
+            model_id,
+            source.store,
+            len(files),
+            mib,
+            pull_ms,
+            mib / (pull_ms / 1000),
+        )
+        return self._pulled(model_id, key, marker, from_disk=False)
+
+    def _list_one(self, model_id: str, source: Source) -> list[Listed]:
+        store = self._store(model_id, source)
+        try:
+            return store.list_objects(source.schema_path.lstrip("/"))
+        except TransferError as e:
+            raise self._error(model_id, source, source.schema_path, e.kind, e.detail) from None
+        finally:
+            store.transport.close()
+
+    def _pulled(
+        self, model_id: str, key: Mapping[str, object], marker: Mapping[str, object], from_disk: bool
+    ) -> Pulled:
+        mdir = self.root / model_id
+        schema = marker.get("schema")
+        size = int(str(marker["size_bytes"]))
+        return Pulled(
+            model_id,
+            str(mdir / str(marker["name"])),
+            rewritten_key(key, size, str(mdir / str(schema)) if schema else None),
+            size,
+            int(str(marker.get("pull_ms", 0))),
+            from_disk,
+        )
+
+    # ---- PVC ---------------------------------------------------------------------------
+    def _pvc_target(self, model_id: str, source: Source) -> Path:
+        root = self.settings.pvc_dir / str(source.config["name"])
+        try:
+            rel = safe_relpath(source.path)
+            check_model_id(str(source.config["name"]))
+        except StorageConfigError as e:
+            raise self._error(model_id, source, source.path, Failure.BAD, str(e)) from None
+        target = (root / rel).resolve()
+        if not within(str(root.resolve()), str(target)):
+            raise self._error(
+                model_id, source, source.path, Failure.BAD, "the path leaves the volume (a link out of it)"
+            )
+        if not target.exists():
+            raise self._error(model_id, source, source.path, Failure.NOT_FOUND, "no such file or folder on the volume")
+        return target
+
+    def _pvc_size(self, model_id: str, source: Source) -> int:
+        return _tree_size(self._pvc_target(model_id, source))
+
+    def _link_pvc(self, model_id: str, source: Source, key: Mapping[str, object]) -> Pulled:
+        target = self._pvc_target(model_id, source)
+        mdir = self.root / model_id
+        shutil.rmtree(mdir, ignore_errors=True)
+        mdir.mkdir(parents=True)
+        name = target.name or "_model"
+        (mdir / name).symlink_to(target)
+        size = _tree_size(target)
+        marker = {"size_bytes": size, "pull_ms": 0, "name": name, "pvc": True, "source": _fingerprint(source)}
+        _write_marker(mdir / DONE_MARKER, marker)
+        return self._pulled(model_id, key, marker, from_disk=True)
+
+    # ---- the download ------------------------------------------------------------------
+    def _download(self, model_id: str, source: Source, mdir: Path, files: list[FilePlan]) -> None:
+        progress = _Progress(sum(f.size for f in files))
+        tasks: list[tuple[FilePlan, Path, Part | None]] = []
+        for f in files:
+            path = mdir / f.local
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + PARTIAL_SUFFIX)
+            try:
+                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    if f.size:
+                        os.posix_fallocate(fd, 0, f.size)  # a full disk shows now, not mid-object
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise self._disk_error(model_id, source, f.key, e) from None
+            parts = plan_parts(f.size, self.settings.part_bytes, self.settings.part_threshold)
+            if not parts:
+                tasks.append((f, partial, None))
+            for part in parts:
+                tasks.append((f, partial, part if len(parts) > 1 else None))
+        store = self._store(model_id, source)
+        stop = threading.Event()
+        workers = max(1, min(self.settings.parts_in_flight, len(tasks)))
+        watcher = threading.Thread(target=self._report, args=(model_id, progress, stop), daemon=True)
+        watcher.start()
+        try:
+            with ThreadPoolExecutor(workers, thread_name_prefix=f"pull-{model_id[:16]}") as pool:
+                futures = [pool.submit(self._fetch, model_id, source, store, t, progress, stop) for t in tasks]
+                first: BaseException | None = None
+                for fut in futures:
+                    try:
+                        fut.result()
+                    except BaseException as e:  # the first failure is the one reported
+                        stop.set()
+                        first = first or e
+            if first is not None:
+                raise first
+        finally:
+            stop.set()
+            store.transport.close()
+        for f in files:
+            path = mdir / f.local
+            partial = path.with_name(path.name + PARTIAL_SUFFIX)
+            got = partial.stat().st_size
+            if got != f.size:
+                raise self._error(model_id, source, f.key, Failure.TRANSIENT, f"got {got} bytes of {f.size}")
+            if _plain_md5(f.etag) and f.size < min(self.settings.part_threshold, MD5_LIMIT):
+                # Small single objects: their ETag (S3) or md5 (GCS, Azure) is the body's MD5.
+                digest = hashlib.md5(partial.read_bytes(), usedforsecurity=False).hexdigest()
+                if digest != f.etag.lower():
+                    raise self._error(model_id, source, f.key, Failure.TRANSIENT, "the body does not match its MD5")
+            _fsync_file(partial)  # renamed only once its bytes are on the disk
+            os.replace(partial, path)
+        _fsync_dir(mdir)
+
+    def _disk_error(self, model_id: str, source: Source, obj: str, e: OSError) -> StorageError:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return self._error(model_id, source, obj, Failure.DISK, "the disk is full")
+        return self._error(model_id, source, obj, Failure.DISK, f"cannot write locally: {e.strerror}")
+
+    def _fetch(
+        self,
+        model_id: str,
+        source: Source,
+        store: Store,
+        task: tuple[FilePlan, Path, Part | None],
+        progress: _Progress,
+        stop: threading.Event,
+    ) -> None:
+        f, partial, part = task
+        if f.size == 0:
+            return
+        start = part.start if part else 0
+        end = part.end if part else f.size - 1
+        done = [0]  # bytes of this part written so far: a retry resumes after them
+        attempt = 0
+        while True:
+            if stop.is_set():
+                return
+            attempt += 1
+            try:
+                ranged = part is not None or done[0] > 0
+                rest = Part(start + done[0], end) if ranged else None
+                left = end - start + 1 - done[0]
+                self._fetch_once(store, f, partial, rest, start + done[0], left, progress, stop, done)
+                return
+            except TransferError as e:
+                if not retryable(e.kind) or attempt > RETRIES_PER_PART or stop.is_set():
+                    raise self._error(model_id, source, f.key, e.kind, e.detail) from None
+                wait = backoff_ms(attempt, random.random()) / 1000
+                log.info("storage: %s object %r: %s; retry %d in %.1f s", model_id, f.key, e.detail, attempt, wait)
+                stop.wait(wait)
+            except OSError as e:
+                raise self._disk_error(model_id, source, f.key, e) from None
+
+    def _fetch_once(
+        self,
+        store: Store,
+        f: FilePlan,
+        partial: Path,
+        part: Part | None,
+        start: int,
+        size: int,
+        progress: _Progress,
+        stop: threading.Event,
+        done: list[int],
+    ) -> None:
+        resp = store.get(f.key, part, f.etag if "-" in f.etag or len(f.etag) == 32 else "")
+        check_status(resp, f"{f.key!r}" + (f" bytes {part.start}-{part.end}" if part else ""))
+        if part is not None and resp.status != 206:
+            store.transport.discard(resp)
+            raise TransferError(Failure.BAD, "the store ignores byte ranges")
+        length = resp.header("Content-Length")
+        if length.isdigit() and int(length) != size:
+            store.transport.discard(resp)
+            raise TransferError(Failure.TRANSIENT, f"the store sends {length} bytes where {size} were listed")
+        buf = bytearray(min(BUFFER_BYTES, max(1, size)))
+        view = memoryview(buf)
+        written = 0
+        fd = os.open(partial, os.O_WRONLY)
+        try:
+            while written < size:
+                if stop.is_set():
+                    return
+                want = min(len(buf), size - written)
+                n = store.transport.read_into(resp, view[:want])
+                if n == 0:
+                    raise TransferError(
+                        Failure.TRANSIENT, f"connection dropped mid-object after {written} of {size} bytes"
+                    )
+                _pwrite_all(fd, view[:n], start + written)
+                written += n
+                done[0] += n
+                progress.add(n)
+        finally:
+            os.close(fd)
+
+    def _report(self, model_id: str, progress: _Progress, stop: threading.Event) -> None:
+        started = time.monotonic()
+        while not stop.wait(PROGRESS_LOG_S):
+            elapsed = time.monotonic() - started
+            log.info(
+                "storage: pulling %s: %.0f of %.0f MiB (%.0f MiB/s)",
+                model_id,
+                progress.done / (1 << 20),
+                progress.total / (1 << 20),
+                progress.done / (1 << 20) / max(elapsed, 1e-3),
+            )
+
+
+def _int(marker: Mapping[str, object], name: str) -> int:
+    value = marker.get(name, 0)
+    return int(value) if isinstance(value, int | float | str) else 0
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while len(data):
+        n = os.pwrite(fd, data, offset)
+        data = data[n:]
+        offset += n
+
+
+def _plain_md5(etag: str) -> bool:
+    return len(etag) == 32 and all(c in "0123456789abcdefABCDEF" for c in etag)
+
+
+def _fingerprint(source: Source) -> str:
+    """What identifies a model's bytes: the store and path, never a credential."""
+    return hashlib.sha256(f"{source.store}\0{source.path}\0{source.schema_path}".encode()).hexdigest()[:32]
+
+
+def _read_marker(path: Path) -> dict[str, object] | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) and "size_bytes" in value and "name" in value else None
+
+
+def _write_marker(path: Path, marker: Mapping[str, object]) -> None:
+    tmp = path.with_name(path.name + PARTIAL_SUFFIX)
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(marker, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _tree_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -1,0 +1,209 @@
+"""Blocking HTTP(S) for the pull workers: stdlib `http.client`, one kept-alive connection per
+host and worker thread, bodies read straight into the file's buffer (`readinto`), TLS with a CA
+given as PEM content or a path, and client certificates (mTLS).
+
+Why blocking threads rather than the daemon's aiohttp: a worker's `recv_into` and `pwrite`
+release the GIL, so 16 workers move bytes in parallel with one copy (socket -> buffer -> page
+cache) and no event-loop hop per chunk; the helper's API stays async (`asyncio.to_thread`).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import ssl
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from meshd.decisions.storage_plan import Failure, classify_status
+from meshd.storage.errors import TransferError
+
+MAX_REDIRECTS = 5
+
+
+def tls_context(ca: str | None, client_cert: str | None = None, client_key: str | None = None) -> ssl.SSLContext:
+    """A client TLS context: the system CAs, or `ca` (PEM content, as ModelMesh's secret holds
+    it, or a file path, as KServe's does: modelmesh-serving#460); a client certificate and key
+    (content or paths) for mTLS."""
+    ctx = ssl.create_default_context()
+    if ca:
+        if "-----BEGIN" in ca:
+            ctx = ssl.create_default_context(cadata=ca)
+        else:
+            ctx = ssl.create_default_context(cafile=ca)
+    if client_cert and client_key:
+        if "-----BEGIN" in client_cert or "-----BEGIN" in client_key:
+            # ssl loads a chain only from files: write them to a private directory for the call.
+            with tempfile.TemporaryDirectory(prefix="meshd-mtls-") as tmp:
+                cert_path = os.path.join(tmp, "cert.pem")
+                key_path = os.path.join(tmp, "key.pem")
+                for path, text in ((cert_path, client_cert), (key_path, client_key)):
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    with os.fdopen(fd, "w") as f:
+                        f.write(text)
+                ctx.load_cert_chain(cert_path, key_path)
+        else:
+            ctx.load_cert_chain(client_cert, client_key)
+    return ctx
+
+
+@dataclass
+class Response:
+    status: int
+    headers: http.client.HTTPMessage
+    raw: http.client.HTTPResponse
+    url: str
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name, "") or ""
+
+    def read_all(self) -> bytes:
+        return self.raw.read()
+
+
+@dataclass
+class Transport:
+    """Connections for one store (one TLS setup); `timeout_s` bounds each wait for bytes,
+    so a pull times out only while it makes no progress."""
+
+    tls: ssl.SSLContext | None = None
+    timeout_s: float = 60.0
+    _local: threading.local = field(default_factory=threading.local)
+
+    def _conn(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
+        pool: dict[tuple[str, str], http.client.HTTPConnection] = getattr(self._local, "pool", None) or {}
+        self._local.pool = pool
+        conn = pool.get((scheme, netloc))
+        if conn is None:
+            if scheme == "https":
+                conn = http.client.HTTPSConnection(
+                    netloc, timeout=self.timeout_s, context=self.tls or ssl.create_default_context()
+                )
+            else:
+                conn = http.client.HTTPConnection(netloc, timeout=self.timeout_s)
+            pool[(scheme, netloc)] = conn
+        return conn
+
+    def _drop(self, scheme: str, netloc: str) -> None:
+        pool = getattr(self._local, "pool", {})
+        conn = pool.pop((scheme, netloc), None)
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        for conn in getattr(self._local, "pool", {}).values():
+            conn.close()
+        self._local.pool = {}
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        follow: bool = False,
+        sign: object = None,
+    ) -> Response:
+        """One request; raises `TransferError` for a refused connection, a TLS failure, a
+        timeout. Any HTTP status comes back (the caller classifies it). With `follow`,
+        redirects are followed, the Authorization header dropped on a change of host."""
+        hdrs = dict(headers or {})
+        for _ in range(MAX_REDIRECTS + 1):
+            parts = urlsplit(url)
+            target = parts.path or "/"
+            if parts.query:
+                target += "?" + parts.query
+            scheme, netloc = parts.scheme, parts.netloc
+            if scheme not in ("http", "https"):
+                raise TransferError(Failure.BAD, f"unsupported URL scheme {scheme!r}")
+            for attempt in (1, 2):  # a kept-alive connection the server closed: one fresh retry
+                conn = self._conn(scheme, netloc)
+                try:
+                    conn.request(method, target, body=body, headers=hdrs)
+                    raw = conn.getresponse()
+                    break
+                except ssl.SSLCertVerificationError as e:
+                    self._drop(scheme, netloc)
+                    raise TransferError(
+                        Failure.TLS, f"untrusted certificate from {netloc}: {e.verify_message}"
+                    ) from None
+                except ssl.SSLError as e:
+                    self._drop(scheme, netloc)
+                    raise TransferError(Failure.TLS, f"TLS with {netloc} failed: {e.reason or e}") from None
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
+                    self._drop(scheme, netloc)
+                    if attempt == 2:
+                        raise TransferError(Failure.TRANSIENT, f"{netloc} dropped the connection: {e}") from None
+                except TimeoutError:
+                    self._drop(scheme, netloc)
+                    raise TransferError(Failure.TRANSIENT, f"{netloc}: no answer in {self.timeout_s:g} s") from None
+                except OSError as e:
+                    self._drop(scheme, netloc)
+                    raise TransferError(Failure.TRANSIENT, f"cannot reach {netloc}: {e.strerror or e}") from None
+            if follow and raw.status in (301, 302, 303, 307, 308):
+                location = raw.getheader("Location") or ""
+                raw.read()
+                if not location:
+                    raise TransferError(Failure.BAD, f"redirect from {netloc} without a Location")
+                if location.startswith("/"):
+                    location = f"{scheme}://{netloc}{location}"
+                if urlsplit(location).netloc != netloc:
+                    hdrs.pop("Authorization", None)  # a token is for its own host only
+                url = location
+                continue
+            return Response(raw.status, raw.headers, raw, url)
+        raise TransferError(Failure.BAD, f"more than {MAX_REDIRECTS} redirects")
+
+    def read_into(self, resp: Response, view: memoryview, on_bytes: object = None) -> int:
+        """Read the body into `view` until it is full or the body ends; the bytes read."""
+        got = 0
+        try:
+            while got < len(view):
+                n = resp.raw.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+                if callable(on_bytes):
+                    on_bytes(n)
+        except TimeoutError:
+            raise TransferError(Failure.TRANSIENT, f"no bytes for {self.timeout_s:g} s") from None
+        except (http.client.IncompleteRead, ConnectionError, OSError) as e:
+            raise TransferError(Failure.TRANSIENT, f"connection dropped mid-object: {type(e).__name__}") from None
+        return got
+
+    def discard(self, resp: Response) -> None:
+        try:
+            resp.raw.read()
+        except (OSError, http.client.HTTPException):
+            pass
+
+
+def check_status(resp: Response, what: str, ok: tuple[int, ...] = (200, 206)) -> None:
+    """Raise the classified `TransferError` for a status not in `ok`, with the store's own
+    error code when it gives one (never its whole body: it may echo a request header)."""
+    if resp.status in ok:
+        return
+    body = b""
+    try:
+        body = resp.raw.read(4096)
+    except (OSError, http.client.HTTPException):
+        pass
+    code = _error_code(body)
+    kind = classify_status(resp.status)
+    detail = f"HTTP {resp.status}" + (f" {code}" if code else "") + f" for {what}"
+    raise TransferError(kind, detail)
+
+
+def _error_code(body: bytes) -> str:
+    text = body.decode("utf-8", "replace")
+    for open_tag, close_tag in (("<Code>", "</Code>"), ('"reason": "', '"'), ('"error": "', '"')):
+        start = text.find(open_tag)
+        if start >= 0:
+            start += len(open_tag)
+            end = text.find(close_tag, start)
+            if 0 < end - start < 80:
+                return text[start:end]
+    return ""

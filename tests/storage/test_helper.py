@@ -1,0 +1,446 @@
+"""The storage helper against real servers started here: moto's S3 server, our own object
+server (plain HTTP(S), S3-GET and Hugging Face shapes, with faults on demand), a PVC directory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import ssl
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshd.storage import StorageError, StorageHelper, StorageSettings
+from meshd.storage.helper import DONE_MARKER
+from meshd.testing.certs import TestCA
+from meshd.testing.objserver import ObjectServer
+
+SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+ACCESS = "AKIDMESHDTEST0001"
+KIB = 1024
+MIB = 1 << 20
+
+
+def settings(tmp: Path, **kw: object) -> StorageSettings:
+    base: dict[str, object] = {
+        "root_dir": tmp / "models",
+        "config_dir": tmp / "storage-config",
+        "pvc_dir": tmp / "pvc_mounts",
+        "budget_bytes": 64 * MIB,
+        "stall_ms": 10_000,
+        "part_bytes": 256 * KIB,
+        "part_threshold": 512 * KIB,
+        "parts_in_flight": 8,
+    }
+    base.update(kw)
+    return StorageSettings(**base)  # type: ignore[arg-type]
+
+
+def write_config(tmp: Path, name: str, config: dict[str, object]) -> None:
+    d = tmp / "storage-config"
+    d.mkdir(exist_ok=True)
+    (d / name).write_text(json.dumps(config))
+
+
+def blob(size: int, seed: int = 1) -> bytes:
+    return bytes((i * 31 + seed) % 251 for i in range(size))
+
+
+def content(path: str | Path) -> bytes:
+    return Path(path).read_bytes()
+
+
+def link_target(path: str) -> Path | None:
+    return Path(path).resolve() if Path(path).is_symlink() else None
+
+
+async def started(s: StorageSettings) -> StorageHelper:
+    helper = StorageHelper(s)
+    await helper.start()
+    return helper
+
+
+# ---- moto: S3 protocol, listing, signatures ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(moto_url: str, tmp_path: Path) -> Iterator[object]:
+    boto3 = pytest.importorskip("boto3")
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_url,
+        aws_access_key_id=ACCESS,
+        aws_secret_access_key=SECRET,
+        region_name="us-east-1",
+    )
+    bucket = f"b-{tmp_path.name[-20:].lower().replace('_', '-')}".rstrip("-")
+    client.create_bucket(Bucket=bucket)
+    write_config(
+        tmp_path,
+        "localMinIO",
+        {
+            "type": "s3",
+            "access_key_id": ACCESS,
+            "secret_access_key": SECRET,
+            "endpoint_url": moto_url,
+            "region": "us-east-1",
+            "default_bucket": bucket,
+        },
+    )
+    client.bucket = bucket  # type: ignore[attr-defined]
+    yield client
+
+
+async def test_s3_folder_model_lands_in_upstreams_layout_with_a_rewritten_key(s3, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    files = {"m/config.json": b"{}", "m/weights/part1.bin": blob(700 * KIB), "m/weights/part2.bin": blob(3 * KIB, 2)}
+    for k, v in files.items():
+        s3.put_object(Bucket=s3.bucket, Key=k, Body=v)
+    s3.put_object(Bucket=s3.bucket, Key="mx/other", Body=b"not mine")
+    helper = await started(settings(tmp_path))
+    key = json.dumps({"storage_key": "localMinIO", "model_type": "sklearn"})
+    assert await helper.predict_size("m1", "m", key) == sum(len(v) for v in files.values())
+    pulled = await helper.pull("m1", "m", key)
+    assert pulled is not None and not pulled.from_disk
+    assert pulled.local_path == str(tmp_path / "models" / "m1" / "m")
+    for k, v in files.items():
+        assert (tmp_path / "models" / "m1" / k).read_bytes() == v
+    assert not (tmp_path / "models" / "m1" / "mx").exists()
+    assert json.loads(pulled.key) == {"model_type": "sklearn", "disk_size_bytes": pulled.disk_size_bytes}
+    assert not list((tmp_path / "models").rglob("*.partial"))
+    assert (tmp_path / "models" / "m1" / DONE_MARKER).exists()
+
+
+async def test_s3_uri_path_single_object_in_parallel_parts(s3, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    data = blob(2 * MIB + 5)
+    s3.put_object(Bucket=s3.bucket, Key="dir/model.onnx", Body=data)
+    s3.put_object(Bucket=s3.bucket, Key="dir/model.onnx.bak", Body=b"x")
+    write_config(tmp_path, "default_s3", json.loads((tmp_path / "storage-config" / "localMinIO").read_text()))
+    helper = await started(settings(tmp_path))
+    pulled = await helper.pull("m2", f"s3://{s3.bucket}/dir/model.onnx", "")
+    assert pulled is not None and content(pulled.local_path) == data
+    assert pulled.local_path.endswith("/m2/model.onnx") and pulled.disk_size_bytes == len(data)
+
+
+async def test_reload_comes_from_the_disk_tier_also_after_a_restart(tmp_path: Path) -> None:
+    root = tmp_path / "srv"
+    (root / "bkt" / "m").mkdir(parents=True)
+    (root / "bkt" / "m" / "w.bin").write_bytes(blob(600 * KIB))
+    with ObjectServer(root) as srv:
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        key = json.dumps({"storage_key": "k"})
+        helper = await started(settings(tmp_path))
+        first = await helper.pull("m", "m", key)
+        gets = len(srv.gets())
+        assert first is not None and not first.from_disk and gets >= 2  # two parts
+        helper.release("m")
+        again = await helper.pull("m", "m", key)
+        assert again is not None and again.from_disk and len(srv.gets()) == gets
+        assert again.local_path == first.local_path and again.pull_ms == first.pull_ms
+        inv = helper.inventory()
+        assert [(m.model_id, m.size_bytes) for m in inv.models] == [("m", 600 * KIB)] and inv.used_bytes == 600 * KIB
+        restarted = await started(settings(tmp_path))
+        assert [m.model_id for m in restarted.inventory().models] == ["m"]
+        third = await restarted.pull("m", "m", key)
+        assert third is not None and third.from_disk and len(srv.gets()) == gets
+
+
+async def test_the_same_model_asked_twice_at_once_is_pulled_once(tmp_path: Path) -> None:
+    root = tmp_path / "srv"
+    (root / "bkt").mkdir(parents=True)
+    (root / "bkt" / "w.bin").write_bytes(blob(300 * KIB))
+    with ObjectServer(root) as srv:
+        srv.faults.rate = 2 * MIB  # slow enough for the two asks to overlap
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        helper = await started(settings(tmp_path))
+        key = json.dumps({"storage_key": "k"})
+        a, b = await asyncio.gather(helper.pull("m", "w.bin", key), helper.pull("m", "w.bin", key))
+        assert a == b and len(srv.gets()) == 1
+
+
+async def test_eviction_by_budget_spares_models_the_runtime_holds(tmp_path: Path) -> None:
+    root = tmp_path / "srv"
+    (root / "bkt").mkdir(parents=True)
+    for name in ("a", "b", "c"):
+        (root / "bkt" / name).write_bytes(blob(400 * KIB))
+    with ObjectServer(root) as srv:
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        helper = await started(settings(tmp_path, budget_bytes=900 * KIB))
+        key = json.dumps({"storage_key": "k"})
+        await helper.pull("a", "a", key)
+        await helper.pull("b", "b", key)
+        helper.release("b")  # a is still held by the runtime
+        await helper.pull("c", "c", key)
+        assert sorted(m.model_id for m in helper.inventory().models) == ["a", "c"]
+        assert not (tmp_path / "models" / "b").exists() and (tmp_path / "models" / "a" / "a").exists()
+        with pytest.raises(StorageError, match="held by models in use") as e:
+            await helper.pull("b", "b", key)  # a and c both held
+        assert e.value.kind == "disk"
+
+
+# ---- HTTP(S), TLS, mTLS --------------------------------------------------------------
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> TestCA:
+    return TestCA(tmp_path / "ca")
+
+
+def server_tls(ca: TestCA, client_ca: bool = False) -> ssl.SSLContext:
+    issued = ca.issue("objserver")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(issued.cert, issued.key)
+    if client_ca:
+        ctx.load_verify_locations(ca.cert)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+@pytest.mark.parametrize("as_path", [False, True], ids=["ca-content", "ca-path"])
+async def test_https_with_headers_and_a_ca_as_content_or_path(tmp_path: Path, ca: TestCA, as_path: bool) -> None:
+    root = tmp_path / "srv"
+    (root / "files").mkdir(parents=True)
+    data = blob(900 * KIB)
+    (root / "files" / "model.bin").write_bytes(data)
+    with ObjectServer(root, tls=server_tls(ca)) as srv:
+        cert = str(ca.cert) if as_path else ca.cert.read_text()
+        write_config(
+            tmp_path,
+            "web",
+            {"type": "http", "url": srv.url, "certificate": cert, "headers": {"X-Token": "hdr-secret-1"}},
+        )
+        helper = await started(settings(tmp_path))
+        pulled = await helper.pull("h", "files/model.bin", json.dumps({"storage_key": "web"}))
+        assert pulled is not None and content(pulled.local_path) == data
+        assert all(h.get("X-Token") == "hdr-secret-1" for h in srv.headers_seen)
+        assert len(srv.gets()) == 4  # above the 512 KiB threshold: four ranged GETs of 256 KiB
+
+
+async def test_https_mtls_client_certificate(tmp_path: Path, ca: TestCA) -> None:
+    root = tmp_path / "srv"
+    root.mkdir()
+    (root / "m.bin").write_bytes(b"weights")
+    client = ca.issue("client")
+    with ObjectServer(root, tls=server_tls(ca, client_ca=True)) as srv:
+        base = {"type": "http", "url": srv.url, "certificate": ca.cert.read_text()}
+        write_config(tmp_path, "nocert", base)
+        write_config(
+            tmp_path,
+            "mtls",
+            {**base, "client_certificate": client.cert.read_text(), "client_key": client.key.read_text()},
+        )
+        helper = await started(settings(tmp_path))
+        pulled = await helper.pull("m", "m.bin", json.dumps({"storage_key": "mtls"}))
+        assert pulled is not None and content(pulled.local_path) == b"weights"
+        with pytest.raises(StorageError) as e:
+            await helper.pull("m2", "m.bin", json.dumps({"storage_key": "nocert"}))
+        assert e.value.kind in ("tls", "transient")
+        assert not (tmp_path / "models" / "m2").exists()
+
+
+async def test_untrusted_certificate_fails_clearly_and_leaves_nothing(tmp_path: Path, ca: TestCA) -> None:
+    root = tmp_path / "srv"
+    root.mkdir()
+    (root / "m.bin").write_bytes(b"weights")
+    with ObjectServer(root, tls=server_tls(ca)) as srv:
+        write_config(tmp_path, "web", {"type": "http", "url": srv.url})  # system CAs only
+        helper = await started(settings(tmp_path))
+        with pytest.raises(StorageError, match="untrusted certificate") as e:
+            await helper.pull("m", "m.bin", json.dumps({"storage_key": "web"}))
+        assert e.value.kind == "tls" and "'m'" in str(e.value) and "m.bin" in str(e.value)
+        assert not (tmp_path / "models" / "m").exists()
+
+
+# ---- Hugging Face Hub shape ----------------------------------------------------------
+
+
+async def test_hf_repo_listed_by_the_tree_api_and_fetched_by_resolve(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "srv"
+    repo = root / "org" / "tiny"
+    (repo / "sub").mkdir(parents=True)
+    (repo / "config.json").write_text("{}")
+    (repo / "sub" / "model.safetensors").write_bytes(blob(700 * KIB))
+    with ObjectServer(root) as hub, ObjectServer(root) as cdn:
+        hub.redirect_base = cdn.url  # large files redirect to another host, as the Hub's do
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", "hf_tokensecret123")
+        helper = await started(settings(tmp_path))
+        pulled = await helper.pull("hf1", "hf://org/tiny@main", "")
+        assert pulled is not None
+        local = Path(pulled.local_path)
+        assert local.name == "_model"
+        assert (local / "sub" / "model.safetensors").read_bytes() == blob(700 * KIB)
+        assert (local / "config.json").read_text() == "{}"
+        assert all(h.get("Authorization") == "Bearer hf_tokensecret123" for h in hub.headers_seen)
+        assert len(cdn.gets()) == 4 and all("Authorization" not in h for h in cdn.headers_seen)
+
+
+# ---- PVC -----------------------------------------------------------------------------
+
+
+async def test_pvc_model_is_a_link_and_cannot_escape_its_volume(tmp_path: Path) -> None:
+    vol = tmp_path / "pvc_mounts" / "vol"
+    (vol / "models" / "m").mkdir(parents=True)
+    (vol / "models" / "m" / "w.bin").write_bytes(b"12345")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_text("x")
+    (vol / "models" / "out").symlink_to(tmp_path / "outside")
+    helper = await started(settings(tmp_path))
+    pulled = await helper.pull("p", "pvc://vol/models/m", "")
+    assert pulled is not None and link_target(pulled.local_path) == (vol / "models" / "m").resolve()
+    assert pulled.disk_size_bytes == 5
+    for bad in ("pvc://vol/models/out/secret", "pvc://vol/../outside/secret"):
+        with pytest.raises(StorageError, match=r"leaves the volume|escapes"):
+            await helper.pull("p2", bad, "")
+    with pytest.raises(StorageError, match="no such file"):
+        await helper.pull("p3", "pvc://vol/models/none", "")
+
+
+# ---- faults --------------------------------------------------------------------------
+
+
+async def test_unknown_storage_key(tmp_path: Path) -> None:
+    helper = await started(settings(tmp_path))
+    with pytest.raises(StorageError, match="Did not find storage config for key 'nope'") as e:
+        await helper.pull("m", "x", json.dumps({"storage_key": "nope"}))
+    assert e.value.kind == "config"
+
+
+async def test_missing_bucket_and_object_name_the_model_store_and_object(tmp_path: Path) -> None:
+    root = tmp_path / "srv"
+    (root / "bkt").mkdir(parents=True)
+    with ObjectServer(root) as srv:
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        write_config(tmp_path, "nob", {"type": "s3", "endpoint_url": srv.url, "bucket": "nob", "anonymous": "true"})
+        helper = await started(settings(tmp_path))
+        with pytest.raises(StorageError, match="no such object") as e:
+            await helper.pull("m", "absent/model", json.dumps({"storage_key": "k"}))
+        assert "'m'" in str(e.value) and "bucket bkt" in str(e.value) and "absent/model" in str(e.value)
+        with pytest.raises(StorageError, match="NoSuchBucket") as e:
+            await helper.pull("m", "model", json.dumps({"storage_key": "nob"}))
+        assert e.value.kind == "not_found"
+        assert not (tmp_path / "models" / "m").exists()
+
+
+async def test_wrong_credentials_fail_at_once_without_naming_them(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "srv"
+    (root / "bkt").mkdir(parents=True)
+    (root / "bkt" / "m").write_bytes(b"x" * 10)
+    caplog.set_level(logging.DEBUG)
+    with ObjectServer(root, access_key="AKIDRIGHT") as srv:
+        write_config(
+            tmp_path,
+            "k",
+            {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt"}
+            | {"access_key_id": ACCESS, "secret_access_key": SECRET},
+        )
+        helper = await started(settings(tmp_path))
+        with pytest.raises(StorageError, match="InvalidAccessKeyId") as e:
+            await helper.pull("m", "m", json.dumps({"storage_key": "k"}))
+        assert e.value.kind == "auth" and len(srv.requests) == 1  # no retry storm
+        for text in (str(e.value), caplog.text):
+            assert SECRET not in text and ACCESS not in text
+
+
+async def test_a_model_larger_than_the_budget_is_refused_before_a_byte_moves(tmp_path: Path) -> None:
+    root = tmp_path / "srv"
+    (root / "bkt").mkdir(parents=True)
+    (root / "bkt" / "big").write_bytes(blob(800 * KIB))
+    with ObjectServer(root) as srv:
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        helper = await started(settings(tmp_path, budget_bytes=512 * KIB))
+        key = json.dumps({"storage_key": "k"})
+        assert await helper.predict_size("m", "big", key) == 800 * KIB
+        with pytest.raises(StorageError, match="more than the disk budget") as e:
+            await helper.pull("m", "big", key)
+        assert e.value.kind == "disk" and srv.gets() == []
+        assert not (tmp_path / "models" / "m").exists()
+
+
+async def test_dropped_connections_mid_object_are_retried_per_part(tmp_path: Path) -> None:
+    root = tmp_path / "srv"
+    (root / "bkt").mkdir(parents=True)
+    data = blob(1200 * KIB)
+    (root / "bkt" / "w").write_bytes(data)
+    with ObjectServer(root) as srv:
+        srv.faults.drop_after, srv.faults.drops = 100 * KIB, 3
+        srv.faults.fail_status, srv.faults.fails = 0, 0
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        helper = await started(settings(tmp_path))
+        pulled = await helper.pull("m", "w", json.dumps({"storage_key": "k"}))
+        assert pulled is not None and content(pulled.local_path) == data
+        resumed = [g for g in srv.gets() if g[2] and not g[2].endswith(("-262143", "-524287", "-786431", "-1048575"))]
+        assert resumed, "a retry resumes after the bytes already written"
+
+
+async def test_a_store_that_keeps_dropping_fails_and_leaves_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "srv"
+    (root / "bkt").mkdir(parents=True)
+    (root / "bkt" / "w").write_bytes(blob(300 * KIB))
+    with ObjectServer(root) as srv:
+        srv.faults.fail_status, srv.faults.fails = 503, 1000
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        helper = await started(settings(tmp_path))
+        with pytest.raises(StorageError, match="HTTP 503") as e:
+            await helper.pull("m", "w", json.dumps({"storage_key": "k"}))
+        assert e.value.kind == "transient" and e.value.retryable
+        assert not (tmp_path / "models" / "m").exists() and "m" not in helper.tier
+
+
+def unmount(path: Path) -> None:
+    subprocess.run(["umount", str(path)], check=False, capture_output=True)
+
+
+def _can_mount_tmpfs(path: Path) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    got = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], check=False, capture_output=True
+    )
+    return got.returncode == 0
+
+
+@pytest.mark.parametrize("stale_check", [False, True], ids=["seen-before", "filled-during"])
+async def test_a_full_disk_fails_the_pull_cleanly(tmp_path: Path, monkeypatch, stale_check: bool) -> None:  # type: ignore[no-untyped-def]
+    models = tmp_path / "models"
+    if not _can_mount_tmpfs(models):
+        pytest.skip("a small tmpfs needs root here (mount)")
+    try:
+        root = tmp_path / "srv"
+        (root / "bkt" / "m").mkdir(parents=True)
+        for i in range(3):
+            (root / "bkt" / "m" / f"w{i}").write_bytes(blob(400 * KIB, i))
+        if stale_check:
+            # Another writer fills the volume after the free-space check: the check sees room.
+            real = shutil.disk_usage
+            monkeypatch.setattr(
+                "meshd.storage.helper.shutil.disk_usage", lambda p: real(p)._replace(free=1 << 40, total=1 << 41)
+            )
+        with ObjectServer(root) as srv:
+            write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+            # The budget believes in room the volume does not have.
+            helper = await started(settings(tmp_path, budget_bytes=64 * MIB))
+            with pytest.raises(StorageError, match=r"disk is full|free") as e:
+                await helper.pull("m", "m", json.dumps({"storage_key": "k"}))
+            assert e.value.kind == "disk" and ("disk is full" in str(e.value)) == stale_check
+            assert not (models / "m").exists() and "m" not in helper.tier
+            assert srv.gets() == []  # refused before a byte moved: the files are allocated first
+    finally:
+        unmount(models)
