@@ -3,6 +3,7 @@
     python -m sim                                  # every preset, every policy, three capacities
     python -m sim --preset zipf --policies upstream,meshd --capacities 0.05,0.1,0.2
     python -m sim --trace requests.csv --instances 3  # replay (format: sim/workloads.py)
+    python -m sim --azure ../shared/traces/azure-functions-2019 --azure-windows all,1,2,3,4  # sim/azure.py
     python -m sim --preset zipf --compare-libcachesim  # one cache: meshd vs libCacheSim's algorithms
     python -m sim --preset bursts --max-concurrency 4  # copies serve 4 at a time, the rest queue
     python -m sim --preset zipf --alpha 0.9 --rates 10,20,40,80  # the knee: hit ratio, hot p99, failures by rate
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from meshd.decisions.cache import Eviction
-from sim import report, single
+from sim import azure, report, single
 from sim import workloads as w
 from sim.args import (
     bounded,
@@ -60,6 +61,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=[*PRESETS, "all"], default="all", help="synthetic workload (default: all)")
     p.add_argument("--trace", type=Path, help="replay a CSV trace instead of a preset")
     p.add_argument(
+        "--azure", type=Path, metavar="DIR", help="replay the Azure Functions 2019 trace in DIR (sim/azure.py)"
+    )
+    p.add_argument(
+        "--azure-windows",
+        type=windows,
+        default=[0],
+        help="with --azure: comma-separated windows, 'all' (the whole trace) or N (its N-th 3-hour window)",
+    )
+    p.add_argument(
         "--policies",
         default="upstream,meshd,random",
         help=f"comma-separated: {', '.join(POLICIES)}",
@@ -83,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
         "--load-mib-per-s",
         type=positive_float,
         default=1000.0 / w.LOAD_MS_PER_MIB,
-        help="presets: load speed after the fixed 500 ms start-up (default 200 MiB/s)",
+        help="presets and --azure: load speed after the fixed 500 ms start-up (default 200 MiB/s)",
     )
     p.add_argument(
         "--alpha", type=bounded(0.0, 10.0, "--alpha"), default=1.0, help="Zipf exponent of popularity (0, 10]"
@@ -137,9 +147,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if not 0 <= args.warmup < 1:
         p.error(f"--warmup must be in [0, 1), got {args.warmup}")
+    if args.trace is not None and args.azure is not None:
+        p.error("--trace and --azure: replay one at a time")
     if args.trace is not None:
         try:
             workloads = [w.read_csv(args.trace)]
+        except w.TraceError as e:
+            p.error(str(e))
+    elif args.azure is not None:
+        try:
+            speed = args.load_mib_per_s
+            workloads = [azure.read(args.azure, n, seed=args.seed, load_mib_per_s=speed) for n in args.azure_windows]
         except w.TraceError as e:
             p.error(str(e))
     else:
@@ -162,6 +180,21 @@ def main(argv: list[str] | None = None) -> int:
     for wl in workloads:
         run_workload(wl, args, policies)
     return 0
+
+
+def windows(text: str) -> list[int]:
+    """`all,1,2`: 0 for the whole trace, N for its N-th window."""
+    out: list[int] = []
+    for part in (x.strip() for x in text.split(",")):
+        if part == "all":
+            out.append(0)
+        elif part.isdigit() and int(part) >= 1:
+            out.append(int(part))
+        elif part:
+            raise argparse.ArgumentTypeError(f"windows are 'all' or 1, 2, ..., got {part!r}")
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected windows, got {text!r}")
+    return out
 
 
 def _instances(args: argparse.Namespace, workload: str) -> int:
