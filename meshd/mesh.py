@@ -188,7 +188,9 @@ def openai_front(
         vmodels = [(vid, types.get(v.active_model, "")) for vid, v in registry.vmodels.items()]
         return models + vmodels
 
-    return OpenAIHttp(resolve, route if spec is not None else None, listing, timeout_s).add_routes
+    metrics = invocations.metrics
+    note_tokens = metrics.llm_call if metrics.enabled else None  # off: nothing counted per piece
+    return OpenAIHttp(resolve, route if spec is not None else None, listing, timeout_s, note_tokens).add_routes
 
 
 class StartRefused(Exception):

@@ -20,6 +20,7 @@ import yaml
 from meshd import cli
 from meshd.adapter import main as adapter_main
 from meshd.config import SETTINGS, load_config
+from meshd.decisions.openai import TokenTiming
 from meshd.observability.metrics import ClusterStats, InstanceStats, MetricsConfig, build_metrics
 from meshd.runtimes import demo as runtime_demo
 from meshd.runtimes import models as gen_models
@@ -259,6 +260,7 @@ def exported_samples() -> set[str]:
     m.load_refused()
     m.unload_failure()
     m.payloads_dropped()
+    m.llm_call("m", TokenTiming("chat", 0.1, 0.01, 10, 5))
     text = m.exposition().decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 
@@ -268,7 +270,8 @@ def test_grafana_dashboard_plots_only_exported_metrics() -> None:
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     exprs += [v["query"] for v in dash["templating"]["list"] if v.get("type") == "query"]
     assert exprs
-    used = {n for expr in exprs for n in re.findall(r"\bmodelmesh_[a-z_]+", expr)}
+    labels = {"gen_ai_operation_name", "gen_ai_request_model", "gen_ai_token_type"}
+    used = {n for expr in exprs for n in re.findall(r"\b(?:modelmesh|gen_ai)_[a-z_]+", expr)} - labels
     samples = exported_samples()
     assert used <= samples, sorted(used - samples)
     # Every metric of SPEC §8 is exported; the dashboard covers the request path, loads,
@@ -278,6 +281,8 @@ def test_grafana_dashboard_plots_only_exported_metrics() -> None:
     plotted = {re.sub(r"_(bucket|count|sum)$", "", n) for n in used}
     assert {"modelmesh_api_request_milliseconds", "modelmesh_loadmodel_milliseconds"} <= plotted
     assert "modelmesh_models_managed_total" in plotted and "modelmesh_instance_used_bytes" in plotted
+    # Language models: time to first token, time per output token, tokens (issue 43).
+    assert {"gen_ai_server_time_to_first_token_seconds", "gen_ai_client_token_usage"} <= plotted
 
 
 def test_prometheus_scrapes_each_compose_pod_on_the_metrics_port() -> None:

@@ -13,6 +13,9 @@ engine's answer is relayed as it arrives: with `"stream": true`, each Server-Sen
 written as soon as it comes, never buffered. Errors have OpenAI's shape
 (`{"error": {"message", "type", "param", "code"}}`); 429 and 503 carry `Retry-After`. A
 stream that fails after its first event ends with one `data: {"error": ...}` event.
+
+With metrics on, each answered call is counted in the gen_ai_* histograms (time to first
+token, time per output token, tokens: decisions.openai.token_timing): a byte count per piece.
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ from meshd.core.model_types import is_llm_type
 from meshd.decisions.openai import (
     OPENAI_PATHS,
     BadRequest,
+    TokenTiming,
     error_body,
     http_status,
     parse_request,
     retry_after,
+    stream_events,
     tensor_model_message,
+    token_timing,
 )
 from meshd.serving.proxy.headers import RequestIds, http_timeout_s
 from meshd.serving.router import Answered
@@ -58,12 +64,23 @@ class Target:
 Resolve = Callable[[str], Awaitable[Target]]
 Route = Callable[[bytes, RequestIds, float | None], Awaitable[Answered]]
 Listing = Callable[[], list[tuple[str, str]]]  # (id, model type) of every registered model and vmodel
+NoteTokens = Callable[[str, TokenTiming], None]  # (model id, its figures): Metrics.llm_call
+TAIL_BYTES = 4096  # the end of a stream kept for its usage (vLLM's last event; a few hundred bytes)
 
 
 class OpenAIHttp:
-    def __init__(self, resolve: Resolve, route: Route | None, listing: Listing, timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        resolve: Resolve,
+        route: Route | None,
+        listing: Listing,
+        timeout_s: float | None,
+        note_tokens: NoteTokens | None = None,
+    ) -> None:
         """`route`: carries one serialized HttpCall to a copy (None: the runtime serves no
-        OpenAI calls, 501); `timeout_s`: for routing and the first answer."""
+        OpenAI calls, 501); `timeout_s`: for routing and the first answer; `note_tokens`: where
+        an answered call's token figures go (None: metrics off, nothing counted)."""
+        self.note_tokens = note_tokens
         self.resolve = resolve
         self.route = route
         self.listing = listing
@@ -84,6 +101,7 @@ class OpenAIHttp:
         return web.json_response({"object": "list", "data": data})
 
     async def call(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
         raw = await request.read()
         try:
             parsed = parse_request(raw)
@@ -114,13 +132,17 @@ class OpenAIHttp:
         except TimeoutError:
             return _error(504, f"no answer from model {target.model_id!r} within {timeout_s:g} s", "timeout")
         try:
-            return await self._relay(request, answer, parsed.stream)
+            if self.note_tokens is None:
+                return await self._relay(request, answer, parsed.stream)
+            return await self._relay_counted(request, answer, parsed.stream, target.model_id, started)
         except ConnectionResetError:  # the client went away (the openai client closes after [DONE])
             return web.Response(status=499)
         finally:
             answer.close()
 
-    async def _relay(self, request: web.Request, answer: Answered, streaming: bool) -> web.StreamResponse:
+    async def _relay(
+        self, request: web.Request, answer: Answered, streaming: bool, tally: _Tally | None = None
+    ) -> web.StreamResponse:
         if answer.first is None:
             return _error(502, "the engine ended the call without an answer", "bad_gateway")
         head = llm_pb2.HttpChunk.FromString(answer.first)
@@ -130,13 +152,21 @@ class OpenAIHttp:
         if head.content_type.startswith(SSE_TYPE):
             response.headers["Cache-Control"] = "no-cache"
         await response.prepare(request)
+        if tally is not None:
+            tally.status = status
         if head.data:
             await response.write(head.data)
+            if tally is not None:
+                tally.piece(head.data)
         try:
             async for chunk in answer.rest:
                 data = llm_pb2.HttpChunk.FromString(chunk).data
                 if data:
                     await response.write(data)  # as it came: one SSE event at a time
+                    if tally is not None:
+                        tally.piece(data)
+            if tally is not None:
+                tally.ended = True  # the answer came whole
         except MeshError as e:
             log.info("OpenAI call %s ended early: %s", request.path, e.message)
             if not await _end_with_error(request, response, e.code, e.message, streaming):
@@ -147,6 +177,41 @@ class OpenAIHttp:
                 return response
         await response.write_eof()
         return response
+
+    async def _relay_counted(
+        self, request: web.Request, answer: Answered, streaming: bool, model_id: str, started: float
+    ) -> web.StreamResponse:
+        """`_relay`, with the answer's token figures noted once it ended well: the time of its
+        first and last pieces, its SSE events and its last bytes (for the engine's usage)."""
+        tally = _Tally()
+        response = await self._relay(request, answer, streaming, tally)
+        if tally.ended and tally.status == 200 and self.note_tokens is not None:
+            path = request.path
+            timing = token_timing(path, streaming, started, tally.first, tally.last, tally.events, tally.tail)
+            self.note_tokens(model_id, timing)
+        return response
+
+
+class _Tally:
+    """What `_relay` saw of an answer, for its token figures."""
+
+    __slots__ = ("ended", "events", "first", "last", "status", "tail")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.first: float | None = None  # perf_counter() of the first piece with data
+        self.last: float | None = None
+        self.events = 0
+        self.tail = b""
+        self.ended = False  # relayed to its end, no error
+
+    def piece(self, data: bytes) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        self.last = now
+        self.events += stream_events(data)
+        self.tail = data if len(data) >= TAIL_BYTES else (self.tail + data)[-TAIL_BYTES:]
 
 
 async def _end_with_error(

@@ -105,3 +105,71 @@ def tensor_model_message(model_id: str, model_type: str, path: str) -> str:
         f"model {model_id!r} (type {model_type!r}) is not a language model and does not serve {path}; "
         f"infer with POST /v2/models/{model_id}/infer"
     )
+
+
+# ---- token accounting (the gen_ai_* metrics) ------------------------------------------
+# OpenTelemetry's GenAI operation names for the paths meshd carries.
+OPERATIONS = {"/v1/completions": "text_completion", "/v1/chat/completions": "chat", "/v1/embeddings": "embeddings"}
+_EVENT = b"data: {"  # one SSE event with a JSON object: a piece of the answer (or an error)
+_USAGE = b'"usage"'
+
+
+def stream_events(piece: bytes) -> int:
+    """The SSE events in a piece of a streamed answer (`[DONE]` not counted). Engines send one
+    event per token (vLLM, SGLang, llama.cpp at their default stream interval), so this is
+    the output token count when the engine reports no usage; chat's first piece (the role)
+    and last (the finish reason) count too. A byte count, not a parse: it runs per piece."""
+    return piece.count(_EVENT)
+
+
+def reported_usage(tail: bytes) -> tuple[int, int] | None:
+    """(input tokens, output tokens) from the `usage` object of an answer: a JSON body, or the
+    last events of a stream (vLLM sends it last with `stream_options.include_usage`); None
+    when it holds none. Only the last `data:` event holding a usage is read."""
+    at = tail.rfind(_USAGE)
+    if at < 0:
+        return None
+    start = tail.rfind(b"data: ", 0, at)
+    text = tail[start + 6 :] if start >= 0 else tail
+    end = text.find(b"\n\n")
+    try:
+        value = json.loads(text[:end] if end >= 0 else text)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    usage = value.get("usage") if isinstance(value, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not isinstance(prompt, int) or isinstance(prompt, bool) or prompt < 0:
+        return None
+    if not isinstance(completion, int) or isinstance(completion, bool) or completion < 0:
+        completion = 0  # embeddings report prompt tokens only
+    return prompt, completion
+
+
+@dataclass(frozen=True, slots=True)
+class TokenTiming:
+    """One answered call's token figures, for the gen_ai_* metrics (None: not known)."""
+
+    operation: str  # OPERATIONS' value
+    ttft_s: float | None  # time to the first piece of a stream, from the call's arrival
+    tpot_s: float | None  # time per output token after the first (streams of 2 tokens or more)
+    output_tokens: int | None
+    input_tokens: int | None
+
+
+def token_timing(
+    path: str, streamed: bool, started: float, first: float | None, last: float | None, events: int, tail: bytes
+) -> TokenTiming:
+    """A call's figures from its clock readings (seconds: arrival, first and last piece), the
+    SSE events counted and the last bytes of the answer (a JSON answer: all of it)."""
+    usage = reported_usage(tail)
+    operation = OPERATIONS.get(path, path)
+    if not streamed:
+        if usage is None:
+            return TokenTiming(operation, None, None, None, None)
+        return TokenTiming(operation, None, None, usage[1] if operation != "embeddings" else None, usage[0])
+    output = usage[1] if usage is not None and usage[1] > 0 else events
+    ttft = first - started if first is not None else None
+    tpot = (last - first) / (output - 1) if first is not None and last is not None and output > 1 else None
+    return TokenTiming(operation, ttft, tpot, output, usage[0] if usage is not None else None)

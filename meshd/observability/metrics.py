@@ -24,6 +24,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from meshd.decisions.cache import UNIT_BYTES
+from meshd.decisions.openai import TokenTiming
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,16 @@ AGE_BUCKETS = (
 )
 MODEL_SIZE_BUCKETS = tuple(256 * 1024 * 4**i for i in range(8))  # 256 KiB x4
 MESSAGE_SIZE_BUCKETS = tuple(128 * 4**i for i in range(8))  # 128 B x4
+# Language models (issue 43): OpenTelemetry's GenAI semantic conventions, under the names
+# its Prometheus exporter gives them (dots to underscores, the unit `s` as `_seconds`, `{token}`
+# dropped), with the bucket boundaries the conventions advise.
+TTFT = "gen_ai_server_time_to_first_token_seconds"
+TPOT = "gen_ai_server_time_per_output_token_seconds"
+TOKEN_USAGE = "gen_ai_client_token_usage"
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+TOKEN_BUCKETS = tuple(float(4**i) for i in range(14))  # 1, 4, 16 ... 67108864
+GENAI_LABELS = ("gen_ai_operation_name", "gen_ai_request_model")
 
 # Counters keep upstream's exact names (no `_total`): see PrometheusMetrics.exposition.
 LOAD_FAILURE = "modelmesh_loadmodel_failure"
@@ -190,6 +201,10 @@ class Metrics:
     def payloads_dropped(self, n: int = 1) -> None:
         """Payload records dropped because the processors' queue was full (MM_PAYLOAD_PROCESSORS)."""
 
+    def llm_call(self, model_id: str, timing: TokenTiming) -> None:
+        """One answered OpenAI call to a language model: its time to first token, time per
+        output token and tokens (always labelled by model: language models are few)."""
+
     def info(self, name: str, labels: dict[str, str]) -> None:
         """MM_INFO_METRICS: one gauge `name{labels} 1` (upstream's info metric)."""
 
@@ -245,6 +260,10 @@ class PrometheusMetrics(Metrics):
         self._model_histograms = {
             key: histogram(name, _DOCS[name], buckets, model_labels) for key, (name, buckets) in per_model.items()
         }
+        self._ttft = histogram(TTFT, _DOCS[TTFT], TTFT_BUCKETS, GENAI_LABELS)
+        self._tpot = histogram(TPOT, _DOCS[TPOT], TPOT_BUCKETS, GENAI_LABELS)
+        self._tokens = histogram(TOKEN_USAGE, _DOCS[TOKEN_USAGE], TOKEN_BUCKETS, (*GENAI_LABELS, "gen_ai_token_type"))
+        self._genai_children: dict[tuple[str, str], tuple[Histogram, Histogram, Histogram, Histogram]] = {}
         self._counts = {LOAD_FAILURE: 0, UNLOAD_FAILURE: 0, LOAD_REFUSED: 0, PAYLOADS_DROPPED: 0}
         # Bound children: (method, code[, model, vmodel]) -> (time, request size, response size).
         self._api_children: dict[tuple[str, ...], tuple[Histogram, Histogram, Histogram]] = {}
@@ -329,6 +348,25 @@ class PrometheusMetrics(Metrics):
     def payloads_dropped(self, n: int = 1) -> None:
         self._counts[PAYLOADS_DROPPED] += n
 
+    def llm_call(self, model_id: str, timing: TokenTiming) -> None:
+        key = (timing.operation, model_id)
+        children = self._genai_children.get(key)
+        if children is None:
+            children = self._genai_children[key] = (
+                self._ttft.labels(*key),
+                self._tpot.labels(*key),
+                self._tokens.labels(*key, "output"),
+                self._tokens.labels(*key, "input"),
+            )
+        if timing.ttft_s is not None:
+            children[0].observe(timing.ttft_s)
+        if timing.tpot_s is not None:
+            children[1].observe(timing.tpot_s)
+        if timing.output_tokens is not None:
+            children[2].observe(timing.output_tokens)
+        if timing.input_tokens is not None:
+            children[3].observe(timing.input_tokens)
+
     def info(self, name: str, labels: dict[str, str]) -> None:
         gauge = Gauge(name, "Instance information (MM_INFO_METRICS)", list(labels), registry=self.registry)
         (gauge.labels(**labels) if labels else gauge).set(1)
@@ -392,6 +430,9 @@ class _Gauges(Collector):
 
 
 _DOCS = {
+    TTFT: "Time to the first piece of a streamed answer, from the call's arrival (gen_ai.server.time_to_first_token)",
+    TPOT: "Time per output token after the first, of streamed answers (gen_ai.server.time_per_output_token)",
+    TOKEN_USAGE: "Tokens per call, input and output (gen_ai.client.token.usage; input where the engine reports usage)",
     PAYLOADS_DROPPED: "Payload records dropped because the payload processors' queue was full",
     "modelmesh_cache_miss_milliseconds": "Cache miss delay",
     "modelmesh_loadmodel_milliseconds": "Time taken to load model",

@@ -6,7 +6,9 @@ on cue. Never the only test of a feature: tests/llm runs real llama.cpp engines.
 
 It answers /v1/models, and /v1/completions with the prompt's words echoed back (`"repeat": N`
 times; streamed as Server-Sent Events with `"stream": true`, `--token-interval-ms` apart, each
-stamped with the time it was sent, for bench/llm.py's relay delay).
+stamped with the time it was sent, for bench/llm.py's relay delay). A word is a token: the
+answer says how many in its `usage`, as does a stream's last event when asked
+(`"stream_options": {"include_usage": true}`, as vLLM does).
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ def app(name: str, interval_s: float = 0.0) -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         words = str(body.get("prompt", "")).split()
+        pieces = words * max(1, int(body.get("repeat", 1)))
+        usage = {"prompt_tokens": len(words), "completion_tokens": len(pieces)}
         if not body.get("stream"):
-            choice = {"text": " ".join(words), "index": 0, "finish_reason": "stop"}
-            return web.json_response({"object": "text_completion", "model": body.get("model"), "choices": [choice]})
+            choice = {"text": " ".join(pieces), "index": 0, "finish_reason": "stop"}
+            answer = {"object": "text_completion", "model": body.get("model"), "choices": [choice], "usage": usage}
+            return web.json_response(answer)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        pieces = words * max(1, int(body.get("repeat", 1)))
         for i, word in enumerate(pieces):
             if interval_s and i:
                 await asyncio.sleep(interval_s)
@@ -44,6 +48,10 @@ def app(name: str, interval_s: float = 0.0) -> web.Application:
                 {"text": word, "index": 0, "finish_reason": done}
             ]  # when it left the engine: bench/llm.py's relay delay
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        options = body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):  # as vLLM: one last event
+            last = {"object": "text_completion", "choices": [], "usage": usage}
+            await response.write(f"data: {json.dumps(last)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         return response
 

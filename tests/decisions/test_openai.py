@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from meshd.decisions.openai import BadRequest, error_body, http_status, parse_request, retry_after
+from meshd.decisions.openai import (
+    BadRequest,
+    error_body,
+    http_status,
+    parse_request,
+    reported_usage,
+    retry_after,
+    stream_events,
+    token_timing,
+)
 
 
 def test_a_request_names_its_model_and_may_stream() -> None:
@@ -48,3 +59,48 @@ def test_errors_have_openai_shape_and_status() -> None:
         500,
     ]
     assert (retry_after(503), retry_after(429), retry_after(404)) == (1, 1, None)
+
+
+# ---- token accounting ------------------------------------------------------------------
+
+
+def _events(*texts: str, usage: dict[str, int] | None = None) -> bytes:
+    out = b"".join(f'data: {{"choices": [{{"text": "{t}"}}]}}\n\n'.encode() for t in texts)
+    if usage is not None:
+        out += f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode()
+    return out + b"data: [DONE]\n\n"
+
+
+def test_stream_events_counts_json_events_not_done() -> None:
+    assert stream_events(_events("a", "b", "c")) == 3
+    assert stream_events(b"") == 0
+    assert stream_events(b"data: [DONE]\n\n") == 0
+
+
+def test_reported_usage_reads_the_last_usage_event_or_a_json_body() -> None:
+    assert reported_usage(_events("a", usage={"prompt_tokens": 7, "completion_tokens": 2})) == (7, 2)
+    assert reported_usage(b'{"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 9}}') == (3, 9)
+    assert reported_usage(b'{"data": [], "usage": {"prompt_tokens": 5, "total_tokens": 5}}') == (5, 0)  # embeddings
+    assert reported_usage(_events("a", "b")) is None
+    assert reported_usage(b'data: {"usage": {"prompt_tokens": "x"}}\n\n') is None
+    assert reported_usage(b'data: {"usage": trunc') is None
+
+
+def test_token_timing_of_a_stream() -> None:
+    t = token_timing("/v1/completions", True, 10.0, 10.5, 11.5, 5, _events("e"))
+    assert (t.operation, t.ttft_s, t.tpot_s, t.output_tokens, t.input_tokens) == ("text_completion", 0.5, 0.25, 5, None)
+    # The engine's usage, when it sends one, is the count (its event is not a token).
+    tail = _events("e", usage={"prompt_tokens": 4, "completion_tokens": 3})
+    t = token_timing("/v1/chat/completions", True, 0.0, 1.0, 2.0, 6, tail)
+    assert (t.operation, t.tpot_s, t.output_tokens, t.input_tokens) == ("chat", 0.5, 3, 4)
+    one = token_timing("/v1/completions", True, 0.0, 1.0, 1.0, 1, b"")
+    assert one.tpot_s is None and one.output_tokens == 1  # no time per token with one token
+
+
+def test_token_timing_of_a_json_answer() -> None:
+    body = b'{"choices": [{"text": "x"}], "usage": {"prompt_tokens": 3, "completion_tokens": 9}}'
+    t = token_timing("/v1/completions", False, 0.0, 1.0, 1.0, 0, body)
+    assert (t.ttft_s, t.tpot_s, t.output_tokens, t.input_tokens) == (None, None, 9, 3)
+    assert token_timing("/v1/completions", False, 0.0, 1.0, 1.0, 0, b"{}").output_tokens is None
+    e = token_timing("/v1/embeddings", False, 0.0, 1.0, 1.0, 0, b'{"usage": {"prompt_tokens": 5}}')
+    assert (e.operation, e.output_tokens, e.input_tokens) == ("embeddings", None, 5)
