@@ -85,7 +85,7 @@ class Management:
         check_id(model_id)
         info.check()
         last_used = last_used_ms or default_last_used(self.clock(), load_now)
-        record = await self.registry.register(model_id, info, last_used)
+        record = await self.registry.register(model_id, info, last_used, by_default=not last_used_ms)
         if load_now:
             await self._load(model_id, record, last_used, sync)
         return await self.current_status(model_id)

@@ -189,6 +189,10 @@ USE_HISTORY = "meshdUses"
 # under LRU and GDSF): placement sends a load where it evicts the least (rank.cheapest).
 VICTIM_VALUE = "meshdVictim"
 USE_HISTORY_KEPT = 8  # RATE's uses kept (meshd.decisions.cache.RATE_USES_KEPT)
+# The `lu` a registration gave by upstream's default rule (6 h ago, 1 h with --load-now): while
+# no use is newer, the model has never been used, and `meshd models list` says so rather than
+# showing the made-up time. Absent: registered with a time of its own (or by another writer).
+REGISTERED_LU = "meshdRegLu"
 # The models whose pulled files the instance's runtime keeps on its disk (issue 42's disk tier),
 # as a Bloom filter with the pull time per GiB (meshd.decisions.placement.disk): placement
 # counts a load there as one without a pull. Absent: the runtime has no disk tier.
@@ -200,6 +204,13 @@ def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+def never_used(extra: Mapping[str, Any], last_used_ms: int) -> bool:
+    """Whether a model whose newest use (record and copies) is `last_used_ms` has not been used
+    since a registration that gave it the default `lu` (REGISTERED_LU)."""
+    registered = _number(extra.get(REGISTERED_LU))
+    return registered is not None and last_used_ms <= registered
 
 
 def use_history(extra: Mapping[str, Any]) -> tuple[float, ...]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshd.core.errors import InvalidArgument
+from meshd.core.model_types import LLM_MODEL_TYPES
 from meshd.decisions.ids import check_id
 
 # Paths meshd carries to an LLM engine, and the gRPC method that carries them (protos/meshd/llm.proto).
@@ -101,8 +102,10 @@ def retry_after(status: int) -> int | None:
 
 
 def tensor_model_message(model_id: str, model_type: str, path: str) -> str:
+    """Names the language model types: a type with a typo (`llama`) reads as a tensor model."""
     return (
-        f"model {model_id!r} (type {model_type!r}) is not a language model and does not serve {path}; "
+        f"model {model_id!r} (type {model_type!r}) is not a language model and does not serve {path} "
+        f"(language model types: {', '.join(sorted(LLM_MODEL_TYPES))}); "
         f"infer with POST /v2/models/{model_id}/infer"
     )
 

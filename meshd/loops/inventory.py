@@ -19,7 +19,7 @@ import grpc
 
 from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd.core.clock import Clock, wall_ms
-from meshd.core.records import InstanceRecord, ModelRecord
+from meshd.core.records import InstanceRecord, ModelRecord, never_used
 from meshd.decisions.cache import UNIT_BYTES, State, WeightedLRU
 from meshd.decisions.status import ModelStatus, failure_expired
 from meshd.registry.models import Registry
@@ -69,7 +69,7 @@ class ModelSummary:
     status: ModelStatus
     copies: tuple[CopySummary, ...]
     size_bytes: int | None
-    last_used_ms: int
+    last_used_ms: int  # 0: never used since its registration (REGISTERED_LU)
     refs: int
     auto_delete: bool
     errors: tuple[str, ...]
@@ -138,6 +138,7 @@ def model_summary(
     states = {c.state for c in ordered}
     status = next((s for s in _RANK if s in states), ModelStatus.NOT_LOADED)
     sizes = [c.size_bytes for c in ordered if c.size_bytes is not None]
+    newest = max([record.last_used, *(c.last_used_ms for c in ordered)])
     return ModelSummary(
         model_id=model_id,
         type=record.type,
@@ -145,7 +146,7 @@ def model_summary(
         status=status,
         copies=tuple(ordered),
         size_bytes=max(sizes) if sizes else None,
-        last_used_ms=max([record.last_used, *(c.last_used_ms for c in ordered)]),
+        last_used_ms=0 if never_used(record.extra, newest) else newest,
         refs=record.refs,
         auto_delete=record.auto_delete,
         errors=tuple(errors),

@@ -115,11 +115,11 @@ def add_commands(sub: Any) -> None:
     """Add `models`, `vmodels` and `instances` to the `meshd` subcommands."""
     common = _common()
 
-    models = sub.add_parser("models", help="list, show, register and unregister models")
+    models = sub.add_parser("models", help="list, get (or show), register and unregister models")
     msub = models.add_subparsers(dest="action", required=True, metavar="{list,get,register,unregister}")
     p = msub.add_parser("list", parents=[common], help="every registered model: status, copies, size, last use")
     p.set_defaults(func=_run(_models_list, "models list"))
-    p = msub.add_parser("get", parents=[common], help="one model in detail")
+    p = msub.add_parser("get", aliases=["show"], parents=[common], help="one model in detail (alias: show)")
     p.add_argument("model_id", type=_utf8, metavar="MODEL_ID")
     p.set_defaults(func=_run(_models_get, "models get"))
     p = msub.add_parser("register", parents=[common], help="register a model (mmesh registerModel)")
@@ -132,14 +132,15 @@ def add_commands(sub: Any) -> None:
         type=_non_negative,
         default=0,
         help="last-used time to record (ms since the epoch; default: 6 h ago, 1 h ago with --load-now, "
-        "upstream's rule so a new model cannot evict models in use: hence LAST USED '6h ago')",
+        "upstream's rule so a new model cannot evict models in use; `models list` says LAST USED 'never' "
+        "until it is used)",
     )
     p.set_defaults(func=_run(_models_register, "models register"))
     p = msub.add_parser("unregister", parents=[common], help="unregister a model (mmesh unregisterModel)")
     p.add_argument("model_id", type=_utf8, metavar="MODEL_ID")
     p.set_defaults(func=_run(_models_unregister, "models unregister"))
 
-    vmodels = sub.add_parser("vmodels", help="set, show and delete vmodels")
+    vmodels = sub.add_parser("vmodels", help="set, get (or show) and delete vmodels")
     vsub = vmodels.add_subparsers(dest="action", required=True, metavar="{set,get,delete}")
     p = vsub.add_parser("set", parents=[common], help="create a vmodel or move it to a target (mmesh setVModel)")
     p.add_argument("vmodel_id", type=_utf8, metavar="VMODEL_ID")
@@ -153,7 +154,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--owner", default="", help="vmodel owner (must match an existing vmodel's)")
     p.add_argument("--expected-target", type=_utf8, default="", help="only if the current target is this model (CAS)")
     p.set_defaults(func=_run(_vmodels_set, "vmodels set", check=(p, _check_vmodel_set)))
-    p = vsub.add_parser("get", parents=[common], help="one vmodel's status (mmesh getVModelStatus)")
+    p = vsub.add_parser(
+        "get", aliases=["show"], parents=[common], help="one vmodel's status (mmesh getVModelStatus; alias: show)"
+    )
     p.add_argument("vmodel_id", type=_utf8, metavar="VMODEL_ID")
     p.add_argument("--owner", default="")
     p.set_defaults(func=_run(_vmodels_get, "vmodels get"))

@@ -65,6 +65,11 @@ def ago(ms: int, now_ms: int) -> str:
     return f"in {duration(ms - now_ms)}" if ms > now_ms else f"{duration(now_ms - ms)} ago"
 
 
+def last_used(ms: int, now_ms: int) -> str:
+    """A model's last use: `12s ago`, or `never` (0: not used since it was registered)."""
+    return "never" if ms <= 0 else ago(ms, now_ms)
+
+
 def timestamp(ms: int, now_ms: int) -> str:
     """UTC time and how long ago: `2025-01-02 03:04:05Z (12s ago)`. A time no calendar date
     holds (a client may store up to 2^64-1 ms) is shown as its milliseconds."""

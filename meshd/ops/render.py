@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm
-from meshd.ops.format import NONE, ago, block, duration, indent, percent, size, table, timestamp, version
+from meshd.ops.format import NONE, ago, block, duration, indent, last_used, percent, size, table, timestamp, version
 
 JSON = dict[str, Any]
 
@@ -76,7 +76,7 @@ def models_table(resp: Any) -> str:
             status_name(m.status),
             str(sum(1 for c in m.copies if c.state == _MODEL_STATUS.LOADED)),
             size(_optional(m, "sizeBytes")),
-            ago(m.lastUsedMs, resp.nowMs),
+            last_used(m.lastUsedMs, resp.nowMs),
             where(m),
         ]
         for m in resp.models
@@ -98,7 +98,7 @@ def model_block(m: Any, now_ms: int) -> str:
         ("path", m.path or NONE),
         ("status", status_name(m.status)),
         ("size", _size_long(_optional(m, "sizeBytes"))),
-        ("last used", timestamp(m.lastUsedMs, now_ms)),
+        ("last used", timestamp(m.lastUsedMs, now_ms) if m.lastUsedMs else "never"),
         ("vmodel refs", str(m.refs)),
         ("auto-delete", "yes" if m.autoDelete else "no"),
         ("copies", str(len(m.copies)) if m.copies else NONE),

@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from meshd.core.errors import AlreadyExists, DataLoss, FailedPrecondition, NotFound, Unavailable
 from meshd.core.records import (
+    REGISTERED_LU,
     USE_HISTORY,
     USE_HISTORY_KEPT,
     ModelRecord,
@@ -92,12 +93,16 @@ class Registry:
             # Unreachable, overloaded (etcd NOSPACE) or refusing: retryable for the client.
             raise Unavailable(f"model registry unavailable: {e}") from None
 
-    async def register(self, model_id: str, info: ModelInfo, last_used_ms: int) -> ModelRecord:
-        """Create the record; identical info is a no-op, different info ALREADY_EXISTS."""
+    async def register(
+        self, model_id: str, info: ModelInfo, last_used_ms: int, by_default: bool = False
+    ) -> ModelRecord:
+        """Create the record; identical info is a no-op, different info ALREADY_EXISTS.
+        `by_default`: `last_used_ms` is upstream's made-up registration time (REGISTERED_LU)."""
 
         def fn(rec: ModelRecord | None) -> ModelRecord | Keep:
             if rec is None:
-                return ModelRecord(type=info.type, path=info.path, key=info.key, last_used=last_used_ms)
+                extra = {REGISTERED_LU: last_used_ms} if by_default else {}
+                return ModelRecord(type=info.type, path=info.path, key=info.key, last_used=last_used_ms, extra=extra)
             if not rec.same_info(info.type, info.path, info.key):
                 raise AlreadyExists(f"model {model_id!r} is already registered with different model info")
             return KEEP

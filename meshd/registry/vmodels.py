@@ -28,7 +28,7 @@ from typing import Any
 
 from meshd.core.clock import Clock, wall_ms
 from meshd.core.errors import AlreadyExists, DataLoss, FailedPrecondition, NotFound, Unavailable
-from meshd.core.records import ModelRecord, RecordError, VModelRecord
+from meshd.core.records import REGISTERED_LU, ModelRecord, RecordError, VModelRecord
 from meshd.decisions.ids import ModelInfo, check_id
 from meshd.decisions.status import recent_failures
 from meshd.kv.health import for_client
@@ -290,6 +290,8 @@ class VModels:
                     auto_delete=req.auto_delete_target,
                     last_used=inherited or default_last_used(now, req.load_now),
                 )
+                if not inherited:
+                    target.extra[REGISTERED_LU] = target.last_used
                 models[tid] = target
             elif inherited > target.last_used:
                 # The target takes over the active's traffic: do not let it be evicted first.

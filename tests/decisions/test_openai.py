@@ -14,6 +14,7 @@ from meshd.decisions.openai import (
     reported_usage,
     retry_after,
     stream_events,
+    tensor_model_message,
     token_timing,
 )
 
@@ -104,3 +105,12 @@ def test_token_timing_of_a_json_answer() -> None:
     assert token_timing("/v1/completions", False, 0.0, 1.0, 1.0, 0, b"{}").output_tokens is None
     e = token_timing("/v1/embeddings", False, 0.0, 1.0, 1.0, 0, b'{"usage": {"prompt_tokens": 5}}')
     assert (e.operation, e.output_tokens, e.input_tokens) == ("embeddings", None, 5)
+
+
+def test_a_tensor_model_message_names_the_language_model_types() -> None:
+    """A type with a typo (`llama`, not `llamacpp`) reads as a tensor model: the answer names
+    the types that are language models, so the fix is plain."""
+    message = tensor_model_message("typo", "llama", "/v1/chat/completions")
+    assert "'typo' (type 'llama') is not a language model" in message
+    assert "gguf, llamacpp, llm, lora, ollama, sglang, vllm" in message
+    assert message.endswith("infer with POST /v2/models/typo/infer")

@@ -75,11 +75,13 @@ def test_operator_cli_against_a_two_instance_mesh(start_node: NodeFactory, model
     line = fails("models", "register", m0.id, "--type", "demo", "--path", str(m1.path), *at_b)
     assert line.startswith("meshd models register: ") and line.endswith("(ALREADY_EXISTS)"), line
 
-    # listed before any load: no copies, size unknown, dated in the past as upstream does
+    # listed before any load: no copies, size unknown, never used (not upstream's made-up date)
     entry = model_entry(b, m0.id)
     assert entry is not None
     assert (entry["status"], entry["copies"], entry["sizeBytes"], entry["type"]) == ("NOT_LOADED", [], None, "demo")
-    assert entry["lastUsedMs"] < time.time() * 1000 - 5 * 3600 * 1000
+    assert entry["lastUsedMs"] == 0
+    row = next(r for r in ok("models", "list", *at_a).splitlines() if r.startswith(m0.id))
+    assert row.split()[3:6] == ["0", "-", "never"], row
 
     # inference loads the model; the listing shows where, its size and the use
     before_ms = int(time.time() * 1000)

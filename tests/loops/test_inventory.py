@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from meshd.api.admin import instance_message
-from meshd.core.records import InstanceRecord, ModelRecord
+from meshd.core.records import REGISTERED_LU, InstanceRecord, ModelRecord
 from meshd.decisions.cache import UNIT_BYTES, State, WeightedLRU
 from meshd.decisions.status import ModelStatus
 from meshd.loops.inventory import HeldCopy, Inventory, corrupt_summary, held_copies, instance_summaries, model_summary
@@ -39,6 +39,21 @@ def test_holders_are_believed_about_their_own_copies() -> None:
     assert s.size_bytes == MIB
     assert s.last_used_ms == NOW  # newest of the record's lu and the copies' uses
     assert (s.type, s.path, s.errors) == ("demo", "/p", ())
+
+
+def test_a_model_not_used_since_its_registration_was_never_used() -> None:
+    """Upstream dates a registration 6 h back (1 h with load-now): until a use is newer, the
+    listing says 0 (never), not that made-up time (issue 45)."""
+    made_up = NOW - 3_600_000
+    record = ModelRecord("demo", instance_ids={"a": NOW - 50}, last_used=made_up, extra={REGISTERED_LU: made_up})
+    s = model_summary("m", record, {"a": {"m": loaded(used=made_up)}}, {"a"}, NOW, EXPIRY)
+    assert s.last_used_ms == 0
+    s = model_summary("m", record, {"a": {"m": loaded(used=NOW - 10)}}, {"a"}, NOW, EXPIRY)
+    assert s.last_used_ms == NOW - 10  # its copy served a request
+    record.last_used = NOW - 5  # a use published to the record
+    assert model_summary("m", record, {}, set(), NOW, EXPIRY).last_used_ms == NOW - 5
+    given = ModelRecord("demo", last_used=made_up)  # a time of the registrant's own: shown as it is
+    assert model_summary("m", given, {}, set(), NOW, EXPIRY).last_used_ms == made_up
 
 
 def test_an_unreachable_live_holder_is_unknown_and_a_gone_one_is_left_out() -> None:

@@ -28,7 +28,7 @@ def test_models_table() -> None:
     assert render.models_table(listing()).splitlines() == [
         "MODEL  TYPE  STATUS          COPIES  SIZE     LAST USED  WHERE",
         "m1     demo  LOADED          1       1.0 MiB  5s ago     a, b (loading), c (unknown)",
-        "m2     demo  LOADING_FAILED  0       -        -          x (failed)",
+        "m2     demo  LOADING_FAILED  0       -        never      x (failed)",
         "(no answer from c: their copies' state and size are unknown)",
     ]
 
@@ -82,6 +82,7 @@ def test_model_block() -> None:
     text = render.model_block(listing().models[1], NOW)
     assert "status:       LOADING_FAILED" in text
     assert "size:         -" in text
+    assert "last used:    never" in text
     assert "  x         LOADING_FAILED  2s ago  -     -          boom" in text
     assert text.endswith("errors:\n  x: boom")
 
