@@ -88,7 +88,7 @@ from meshd.serving.proxy.handler import InferenceHandler
 from meshd.serving.proxy.headers import RequestIds
 from meshd.serving.proxy.methods import DataplaneConfig, MethodSpec, MethodTable
 from meshd.serving.proxy.peer_handler import PeerInferenceHandler
-from meshd.serving.router import Answered, Router
+from meshd.serving.router import Answered, DirectOpen, Router
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def openai_front(
                 record = await router.record(model_id)
         return Target(model_id, vmodel_id, record.type)
 
-    async def route(request: bytes, ids: RequestIds, remaining_s: float | None) -> Answered:
+    async def route(request: bytes, ids: RequestIds, remaining_s: float | None, direct: DirectOpen | None) -> Answered:
         assert spec is not None
         started = invocations.start()
         code = "OK"
@@ -169,7 +169,7 @@ def openai_front(
             # The timeout bounds routing, loading and the first piece; the answer itself may run
             # long, so the call to the copy carries no deadline.
             async with asyncio.timeout(remaining_s):
-                return await router.open_answered(spec, request, ids, (), None)
+                return await router.open_answered(spec, request, ids, (), None, direct)
         except MeshError as e:
             code = e.code.name
             raise

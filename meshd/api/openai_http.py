@@ -10,7 +10,9 @@ that is registered and of a language-model type), then carried as one
 `meshd.llm.OpenAI/Call` and routed like any inference: a loaded copy here or on a peer, a
 load where placement says, and another copy when one fails before its first answer. The
 engine's answer is relayed as it arrives: with `"stream": true`, each Server-Sent Event is
-written as soon as it comes, never buffered. Errors have OpenAI's shape
+written as soon as it comes, never held back. A copy beside this instance is streamed from
+its engine by meshd itself (openai_direct: one Python process on the path, what has queued
+written at once); a peer's is relayed by the peer. Errors have OpenAI's shape
 (`{"error": {"message", "type", "param", "code"}}`); 429 and 503 carry `Retry-After`. A
 stream that fails after its first event ends with one `data: {"error": ...}` event.
 
@@ -30,6 +32,7 @@ import grpc
 from aiohttp import web
 
 from meshd._proto.meshd import llm_pb2
+from meshd.api.openai_direct import EngineStreams
 from meshd.core.errors import MeshError, NotFound
 from meshd.core.model_types import is_llm_type
 from meshd.decisions.openai import (
@@ -45,7 +48,7 @@ from meshd.decisions.openai import (
     token_timing,
 )
 from meshd.serving.proxy.headers import RequestIds, http_timeout_s
-from meshd.serving.router import Answered
+from meshd.serving.router import Answered, DirectOpen
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ class Target:
 
 
 Resolve = Callable[[str], Awaitable[Target]]
-Route = Callable[[bytes, RequestIds, float | None], Awaitable[Answered]]
+Route = Callable[[bytes, RequestIds, float | None, DirectOpen | None], Awaitable[Answered]]
 Listing = Callable[[], list[tuple[str, str]]]  # (id, model type) of every registered model and vmodel
 NoteTokens = Callable[[str, TokenTiming], None]  # (model id, its figures): Metrics.llm_call
 TAIL_BYTES = 4096  # the end of a stream kept for its usage (vLLM's last event; a few hundred bytes)
@@ -76,20 +79,30 @@ class OpenAIHttp:
         listing: Listing,
         timeout_s: float | None,
         note_tokens: NoteTokens | None = None,
+        direct: bool = True,
     ) -> None:
         """`route`: carries one serialized HttpCall to a copy (None: the runtime serves no
         OpenAI calls, 501); `timeout_s`: for routing and the first answer; `note_tokens`: where
-        an answered call's token figures go (None: metrics off, nothing counted)."""
+        an answered call's token figures go (None: metrics off, nothing counted); `direct`: a
+        local copy's answer is streamed from its engine (openai_direct), not relayed by the
+        runtime."""
         self.note_tokens = note_tokens
         self.resolve = resolve
         self.route = route
         self.listing = listing
         self.timeout_s = timeout_s
+        self.engines = EngineStreams() if direct else None
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
         for path in OPENAI_PATHS:
             app.router.add_post(path, self.call)
+        if self.engines is not None:
+            app.on_cleanup.append(self._close)
+
+    async def _close(self, app: web.Application) -> None:
+        if self.engines is not None:
+            await self.engines.close()
 
     async def models(self, request: web.Request) -> web.Response:
         now = int(time.time())
@@ -126,7 +139,8 @@ class OpenAIHttp:
             model_id=target.model_id, path=request.path, body=raw, body_names_model=parsed.model == target.model_id
         )
         try:
-            answer = await self.route(call.SerializeToString(), ids, timeout_s)
+            direct = self.engines.opener(call) if self.engines is not None else None
+            answer = await self.route(call.SerializeToString(), ids, timeout_s, direct)
         except MeshError as e:
             return _mesh_error(e)
         except TimeoutError:
@@ -159,12 +173,18 @@ class OpenAIHttp:
             if tally is not None:
                 tally.piece(head.data)
         try:
-            async for chunk in answer.rest:
-                data = llm_pb2.HttpChunk.FromString(chunk).data
-                if data:
-                    await response.write(data)  # as it came: one SSE event at a time
+            if answer.raw:  # streamed from the engine: all it had sent, in one write
+                async for data in answer.rest:
+                    await response.write(data)
                     if tally is not None:
                         tally.piece(data)
+            else:
+                async for chunk in answer.rest:
+                    data = llm_pb2.HttpChunk.FromString(chunk).data
+                    if data:
+                        await response.write(data)  # as it came: one SSE event at a time
+                        if tally is not None:
+                            tally.piece(data)
             if tally is not None:
                 tally.ended = True  # the answer came whole
         except MeshError as e:

@@ -265,20 +265,27 @@ class Router:
         return await self._serve_ids(ids, _Stream(self, spec, first, requests, model_id, forward, deadline))
 
     async def open_answered(
-        self, spec: MethodSpec, request: bytes, ids: RequestIds, forward: Metadata, remaining_s: float | None
+        self,
+        spec: MethodSpec,
+        request: bytes,
+        ids: RequestIds,
+        forward: Metadata,
+        remaining_s: float | None,
+        direct: DirectOpen | None = None,
     ) -> Answered:
         """One request message, its answer a stream: routed like a unary call until the first
         answer arrives (a copy or peer failing before then is tried no more and the request
         goes elsewhere, as nothing has reached the client yet), then relayed as it comes.
         `remaining_s` is the whole call's deadline (None: none); the caller bounds routing and
-        the first answer itself (an LLM answer may run long)."""
+        the first answer itself (an LLM answer may run long). `direct`: how the caller streams
+        a local copy's answer itself (open_direct); peers' copies are always relayed."""
         deadline = _deadline_after(remaining_s)
         self.local.counters.requests += 1
         model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
         if self.tracing is not None:
             self.tracing.note_model(model_id, ids.vmodel_id)
         stream = _Stream(self, spec, request, _no_more(), model_id, forward, deadline)
-        return await self._serve_ids(ids, _Answered(stream))
+        return await self._serve_ids(ids, _Answered(stream, direct))
 
     async def _serve_ids(self, ids: RequestIds, attempt: Attempt[T]) -> T:
         if ids.vmodel_id is None:
@@ -703,6 +710,46 @@ class Router:
             raise
         return ResponseStream(call, Relay(None, _no_more(), None), lambda: self._leave(entry, started, timed=False))
 
+    async def open_direct(
+        self,
+        entry: CacheEntry,
+        spec: MethodSpec,
+        model_id: str,
+        metadata: Metadata,
+        direct: DirectOpen,
+        remaining_s: float | None,
+    ) -> Answered | None:
+        """A local copy's answer streamed by `direct` from where the runtime says it is served
+        (an LLM engine's port), not relayed through the runtime; None when `direct` declines
+        (nothing sent to the client: the runtime relays it instead). Holds one slot while open
+        and counts as served, like open_entry_answer."""
+
+        async def ask(request: bytes) -> bytes | None:
+            call = self.runtime_calls.unary_stream(spec.path)(request, metadata=metadata, timeout=remaining_s)
+            try:
+                async for answer in call:
+                    return bytes(answer)
+            except grpc.aio.AioRpcError:
+                return None  # the relayed call meets the same refusal and handles it
+            finally:
+                call.cancel()
+            return None
+
+        started = await self._enter(entry)
+        try:
+            answered = await direct(entry, model_id, ask)
+        except BaseException:
+            self._leave(entry, started, timed=False)
+            raise
+        if answered is None:
+            self._leave(entry, started, timed=False)
+            return None
+        self._count_served(entry)
+        if self.note_served:
+            SERVED.set((model_id, self.self_id))
+        answered.on_close(lambda: self._leave(entry, started, timed=False))
+        return answered
+
     # ---- calls forwarded by peers ------------------------------------------------------
     async def forwarded_entry(
         self, model_id: str, mode: str, deadline: float | None = None, price_limit: float | None = None
@@ -889,16 +936,37 @@ def _exhausted_reason(refusal: str) -> str:
     return refusal[refusal.index(EXHAUSTED_PREFIX) :]
 
 
-class Answered:
-    """An opened stream whose first answer has come; `close()` exactly once when done."""
+class Closable(Protocol):
+    def close(self) -> None: ...
 
-    def __init__(self, first: bytes | None, rest: AsyncIterator[bytes], stream: ResponseStream) -> None:
+
+class Answered:
+    """An opened stream whose first answer has come; `close()` exactly once when done.
+
+    `raw`: a direct answer (Router.open_direct), whose `rest` yields the body's bytes as the
+    server sent them rather than the method's response messages."""
+
+    def __init__(self, first: bytes | None, rest: AsyncIterator[bytes], stream: Closable, raw: bool = False) -> None:
         self.first = first  # None: the stream ended without an answer
         self.rest = rest
+        self.raw = raw
         self._stream = stream
+        self._after: Callable[[], None] | None = None
+
+    def on_close(self, after: Callable[[], None]) -> None:
+        self._after = after
 
     def close(self) -> None:
         self._stream.close()
+        after, self._after = self._after, None
+        if after is not None:
+            after()
+
+
+# How a caller streams a local copy's answer itself: (the copy, its model id, a question to
+# the runtime: one request message, its first answer or None) -> the answer, or None to
+# have the runtime relay it.
+DirectOpen = Callable[[CacheEntry, str, Callable[[bytes], Awaitable[bytes | None]]], Awaitable[Answered | None]]
 
 
 async def _no_more() -> AsyncIterator[bytes]:
@@ -909,18 +977,25 @@ async def _no_more() -> AsyncIterator[bytes]:
 class _Answered:
     """A stream's attempts until its first answer (`Router.open_answered`)."""
 
-    __slots__ = ("model_id", "stream")
+    __slots__ = ("direct", "model_id", "stream")
 
-    def __init__(self, stream: _Stream) -> None:
+    def __init__(self, stream: _Stream, direct: DirectOpen | None = None) -> None:
         self.stream = stream
+        self.direct = direct
         self.model_id = stream.model_id
 
     def retarget(self, model_id: str) -> _Answered:
-        return _Answered(self.stream.retarget(model_id))
+        return _Answered(self.stream.retarget(model_id), self.direct)
 
     async def local(self, entry: CacheEntry) -> Answered:
         st = self.stream
         assert st.first is not None
+        if self.direct is not None:
+            answered = await st.router.open_direct(
+                entry, st.spec, st.model_id, st.metadata, self.direct, _left(st.deadline)
+            )
+            if answered is not None:
+                return answered
         opened = await st.router.open_entry_answer(
             entry, st.spec, st.first, st.model_id, st.metadata, _left(st.deadline)
         )

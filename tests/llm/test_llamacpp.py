@@ -192,6 +192,41 @@ def test_engine_killed_mid_stream_ends_the_stream_with_an_error(llm_mesh: LlmMes
     assert complete(llm_mesh.a, WIDE_MODEL, max_tokens=4, logit_bias=NO_EOS)
 
 
+def test_engine_killed_mid_stream_on_the_direct_path_ends_with_an_error_then_reroutes(llm_mesh: LlmMesh) -> None:
+    """A copy beside the instance asked is streamed by meshd from its engine, not relayed by the
+    runtime: a kill -9 of the engine mid-stream ends the stream with one error event at once,
+    and the next request is served (rerouted, or by the engine back already) or told to retry,
+    never left hanging."""
+    llm_mesh.unload_everywhere()
+    at = llm_mesh.a
+    assert complete(at, WIDE_MODEL, max_tokens=2, extra_headers={"mm-balanced": "true"})  # loaded on a
+    assert llm_mesh.holder(WIDE_MODEL).instance_id == at.instance_id
+    stream = client(at).completions.create(
+        model=WIDE_MODEL, prompt="the mesh", max_tokens=1500, temperature=0, logit_bias=NO_EOS, stream=True
+    )
+    pieces = 0
+    started = time.monotonic()
+    with pytest.raises(openai.APIError) as e:
+        for _ in stream:
+            pieces += 1
+            if pieces == 5:
+                kill_engine(WIDE_MODEL, at)
+    assert pieces >= 5 and time.monotonic() - started < 30
+    # "broke off": meshd saw the engine's connection break itself (the runtime's relay says "stopped").
+    assert "ended early" in e.value.message and "broke off its answer" in e.value.message, e.value
+    started = time.monotonic()
+    body = {"model": WIDE_MODEL, "prompt": "the mesh", "max_tokens": 4, "temperature": 0, "logit_bias": NO_EOS}
+    status, answer, headers = post(at, "/v1/completions", body)
+    assert time.monotonic() - started < 10
+    if status != 200:
+        assert status == 503 and headers.get("Retry-After") == "1", (status, answer)
+        assert "restarting" in answer["error"]["message"], answer
+    else:
+        assert answer["choices"][0]["text"], answer
+    wait_until(lambda: bool(engine_pids(WIDE_MODEL, at)), 15, "the engine restarted")
+    assert complete(at, WIDE_MODEL, max_tokens=4, logit_bias=NO_EOS)
+
+
 TRITON_TEXT = Path(__file__).resolve().parent / "clients" / "triton_text.py"
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fmeshd/llm.proto\x12\tmeshd.llm\"R\n\x08HttpCall\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x18\n\x10\x62ody_names_model\x18\x04 \x01(\x08\"?\n\tHttpChunk\x12\x0e\n\x06status\x18\x01 \x01(\r\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x32=\n\x06OpenAI\x12\x33\n\x04\x43\x61ll\x12\x13.meshd.llm.HttpCall\x1a\x14.meshd.llm.HttpChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fmeshd/llm.proto\x12\tmeshd.llm\"a\n\x08HttpCall\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x18\n\x10\x62ody_names_model\x18\x04 \x01(\x08\x12\r\n\x05where\x18\x05 \x01(\x08\"S\n\tHttpChunk\x12\x0e\n\x06status\x18\x01 \x01(\r\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x12\n\nengine_url\x18\x04 \x01(\t2=\n\x06OpenAI\x12\x33\n\x04\x43\x61ll\x12\x13.meshd.llm.HttpCall\x1a\x14.meshd.llm.HttpChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,9 +33,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'meshd.llm_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HTTPCALL']._serialized_start=30
-  _globals['_HTTPCALL']._serialized_end=112
-  _globals['_HTTPCHUNK']._serialized_start=114
-  _globals['_HTTPCHUNK']._serialized_end=177
-  _globals['_OPENAI']._serialized_start=179
-  _globals['_OPENAI']._serialized_end=240
+  _globals['_HTTPCALL']._serialized_end=127
+  _globals['_HTTPCHUNK']._serialized_start=129
+  _globals['_HTTPCHUNK']._serialized_end=212
+  _globals['_OPENAI']._serialized_start=214
+  _globals['_OPENAI']._serialized_end=275
 # @@protoc_insertion_point(module_scope)

@@ -3,6 +3,8 @@ handed to the engine of the model meshd names (field 1, written by meshd).
 
 The engine sees its own name for the model, never the client's: meshd has already checked
 the name, and engines answer unknown names wrongly (llama.cpp serves whatever it holds).
+A call that only asks `where` is told the engine's address: meshd then streams a warm copy's
+answer from the engine itself, and this relay serves the rest (peers' calls, fallbacks).
 A model this runtime does not hold is NOT_FOUND (meshd confirms and reroutes or reloads);
 one whose engine is restarting is UNAVAILABLE at once, saying so. An engine that dies in
 the middle of an answer ends the call UNAVAILABLE.
@@ -97,6 +99,10 @@ class OpenAICalls(llm_pb2_grpc.OpenAIServicer):  # type: ignore[misc]
 
     async def Call(self, request: llm_pb2.HttpCall, context: Any) -> AsyncIterator[llm_pb2.HttpChunk]:
         model_id = _model_id(request.model_id, context)
+        if request.where:  # meshd streams from the engine itself (a warm copy beside it)
+            served = await _served(self.engines, model_id, context)
+            yield llm_pb2.HttpChunk(engine_url=served.owner.engine.base_url)
+            return
         if request.path not in OPENAI_PATHS:
             await abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"not an OpenAI path this runtime serves: {request.path!r}"
