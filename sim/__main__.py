@@ -8,6 +8,7 @@
     python -m sim --preset bursts --max-concurrency 4  # copies serve 4 at a time, the rest queue
     python -m sim --preset zipf --alpha 0.9 --rates 10,20,40,80  # the knee: hit ratio, hot p99, failures by rate
     python -m sim --preset large-models --client-timeout-s 600  # big models on 3 instances, clients that wait
+    python -m sim --preset zipf --pull-mib-per-s 500 --disk-tier 0,4  # loads pull first; a disk tier 4x the cache
 
 Prints markdown tables and writes them, with PNG plots (when matplotlib is installed), to
 --out (default results/). Bad arguments end with a one-line error and exit status 2.
@@ -28,6 +29,7 @@ from sim import workloads as w
 from sim.args import (
     bounded,
     non_negative_float,
+    non_negative_floats,
     non_negative_int,
     positive_float,
     positive_floats,
@@ -126,6 +128,19 @@ def parser() -> argparse.ArgumentParser:
         default=0.0,
         help="each request's deadline after it arrives (0: none); late: answered after it",
     )
+    p.add_argument(
+        "--pull-mib-per-s",
+        type=non_negative_float,
+        default=0.0,
+        help="a load first pulls its model's files from the store at this speed (0: pulls not modelled)",
+    )
+    p.add_argument(
+        "--disk-tier",
+        type=non_negative_floats,
+        default=[0.0],
+        help="each instance's disk tier for pulled files, in multiples of its cache capacity; "
+        "several: a row each (0: none, every load pulls)",
+    )
     p.add_argument("--warmup", type=float, default=0.2, help="share of requests not counted (cache filling)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("results"))
@@ -149,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--warmup must be in [0, 1), got {args.warmup}")
     if args.trace is not None and args.azure is not None:
         p.error("--trace and --azure: replay one at a time")
+    if any(args.disk_tier) and not args.pull_mib_per_s:
+        p.error("--disk-tier needs --pull-mib-per-s: without pulls a disk tier saves nothing")
     if args.trace is not None:
         try:
             workloads = [w.read_csv(args.trace)]
@@ -203,11 +220,13 @@ def _instances(args: argparse.Namespace, workload: str) -> int:
     return PRESET_INSTANCES.get(workload, DEFAULT_INSTANCES)
 
 
-def _fleet(args: argparse.Namespace, total_units: int, share: float, workload: str) -> Fleet:
+def _fleet(args: argparse.Namespace, total_units: int, share: float, workload: str, disk: float = 0.0) -> Fleet:
+    """`disk`: the disk tier, a multiple of each instance's cache capacity (0: none)."""
     instances = _instances(args, workload)
+    capacity = max(1, int(total_units * share / instances))
     return Fleet(
         instances,
-        max(1, int(total_units * share / instances)),
+        capacity,
         loading_threads=args.loading_threads,
         seed=args.seed,
         service_time=not args.no_service_time,
@@ -215,7 +234,16 @@ def _fleet(args: argparse.Namespace, total_units: int, share: float, workload: s
         max_concurrency=args.max_concurrency,
         max_queue=args.max_queue,
         client_timeout_ms=int(args.client_timeout_s * 1000),
+        pull_ms_per_gib=1024_000 / args.pull_mib_per_s if args.pull_mib_per_s else 0.0,
+        disk_units=int(capacity * disk),
     )
+
+
+def _labelled(result: Result, args: argparse.Namespace, disk: float) -> Result:
+    """With several disk tiers compared, or one, the policy's row says which."""
+    if len(args.disk_tier) > 1 or disk:
+        result.policy = f"{result.policy}, disk {disk:g}x" if disk else f"{result.policy}, no disk"
+    return result
 
 
 def run_sweep(name: str, cat: w.Catalogue, args: argparse.Namespace, policies: list[Policy]) -> None:
@@ -225,10 +253,11 @@ def run_sweep(name: str, cat: w.Catalogue, args: argparse.Namespace, policies: l
     for share in args.capacities:
         for rate in args.rates:
             wl = PRESETS[name](cat, args.requests, args.alpha, rate, args.seed)
-            fleet = _fleet(args, wl.catalogue.total_units, share, name)
             warmup = int(len(wl) * args.warmup)
-            for policy in policies:
-                rows.append((share, rate, simulate(wl, fleet, policy, warmup)))
+            for disk in args.disk_tier:
+                fleet = _fleet(args, wl.catalogue.total_units, share, name, disk)
+                for policy in policies:
+                    rows.append((share, rate, _labelled(simulate(wl, fleet, policy, warmup), args, disk)))
     header = (
         f"## {name}: rate sweep, {args.requests} requests over {len(cat)} models (alpha {args.alpha:g}), "
         f"{_instances(args, name)} instances, {args.loading_threads} loading threads, loads at "
@@ -245,14 +274,16 @@ def run_workload(wl: w.Workload, args: argparse.Namespace, policies: list[Policy
     rows: list[tuple[str, float, Result]] = []
     started = time.perf_counter()
     for share in args.capacities:
-        fleet = _fleet(args, total, share, wl.name)
-        for policy in policies:
-            rows.append((wl.name, share, simulate(wl, fleet, policy, warmup)))
+        for disk in args.disk_tier:
+            fleet = _fleet(args, total, share, wl.name, disk)
+            for policy in policies:
+                rows.append((wl.name, share, _labelled(simulate(wl, fleet, policy, warmup), args, disk)))
     text = report.table(rows)
     header = (
         f"## {wl.name}: {len(wl)} requests over {len(wl.catalogue)} models, {_instances(args, wl.name)} instances, "
         f"{args.loading_threads} loading threads"
         + (f", a {args.client_timeout_s:g} s client deadline" if args.client_timeout_s else "")
+        + (f", pulls at {args.pull_mib_per_s:g} MiB/s" if args.pull_mib_per_s else "")
         + f" ({time.perf_counter() - started:.0f} s)"
     )
     print(header, text, "", sep="\n")

@@ -82,3 +82,10 @@ def non_negative_float(text: str) -> float:
     if not 0 <= x < float("inf"):
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
     return x
+
+
+def non_negative_floats(text: str) -> list[float]:
+    values = [non_negative_float(x) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    return values

@@ -17,7 +17,12 @@ reports. Every decision is meshd's own, called as the daemon calls it:
 - what each instance publishes and when: `instances.instance_record`, `publish_due`,
   `RpmMeter`; decisions read the published records, so they lag as they do in a mesh;
 - copy scaling: `placement.scaling.decide_copies` (scaler), every rate-check interval, with
-  `scaling.gated_rate` fed by each gated copy's queue and service sums, as the scaler does.
+  `scaling.gated_rate` fed by each gated copy's queue and service sums, as the scaler does;
+- the disk tier (issue 42, `Fleet.pull_ms_per_gib`, `Fleet.disk_units`): a load pulls its
+  model's files first (its size at the pull rate) unless its instance's disk holds them; the
+  disk keeps pulled files in the memory cache's value order (a `WeightedLRU` of its budget,
+  a use being a load from it), its records carry `placement.disk.disk_value`, and placement
+  gets `disk.pull_estimate_ms` from them, as the daemon's router does.
 
 Requests take their model's mean service time (`Catalogue.service_ms`) times a log-normal
 jitter (`Fleet.service_jitter`), and occupy the copy meanwhile. Added latency is what meshd
@@ -54,11 +59,13 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from meshd.core.records import InstanceRecord
-from meshd.decisions.cache import CacheEntry, Popularity, State, WeightedLRU
+from meshd.decisions.cache import UNIT_BYTES, CacheEntry, Popularity, State, WeightedLRU
 from meshd.decisions.fleet_clock import FleetClock
 from meshd.decisions.gate import Arrival, on_arrival, queue_bound
+from meshd.decisions.placement.disk import GIB, disk_value, pull_estimate_ms
 from meshd.decisions.placement.loading import (
     DEFAULT_LOAD_WAIT_LIMIT_MS,
     DEFAULT_MEAN_LOAD_MS,
@@ -130,6 +137,12 @@ class Fleet:
     scaleup_bandwidth_pct: int = DEFAULT_CONC_SCALEUP_BANDWIDTH_PCT
     load_wait_limit_ms: int = DEFAULT_LOAD_WAIT_LIMIT_MS  # Policy.load_queue: longest a load may wait to start
     client_timeout_ms: int = 0  # each request's deadline after its arrival (0: none; `Result.late`)
+    # Issue 42's disk tier: a load that does not find its model's files on the instance's disk
+    # pulls them first, `pull_ms_per_gib` per GiB of the model (0: pulls not modelled, every
+    # load takes its catalogue time alone); `disk_units` is each instance's disk budget for
+    # pulled files, kept after unload (0: no tier, every load pulls)
+    pull_ms_per_gib: float = 0.0
+    disk_units: int = 0
 
     def __post_init__(self) -> None:
         if self.instances < 1:
@@ -144,6 +157,10 @@ class Fleet:
             raise ValueError("jitter (a log-normal sigma) must be 0 or more")
         if self.client_timeout_ms < 0:
             raise ValueError("a client deadline must be 0 (none) or more milliseconds")
+        if not (self.pull_ms_per_gib >= 0 and math.isfinite(self.pull_ms_per_gib)):
+            raise ValueError("a pull time per GiB must be 0 (no pulls) or more milliseconds")
+        if self.disk_units < 0:
+            raise ValueError("a disk budget must be 0 (no disk tier) or more units")
 
 
 @dataclass(slots=True)
@@ -180,6 +197,8 @@ class Result:
     refused_fast: int = 0  # Policy.load_queue: misses refused at once (RESOURCE_EXHAUSTED), counted in `failed`
     failed_slow: int = 0  # failed after waiting more than FAST_REFUSAL_MS (the rest were refused at once)
     late: int = 0  # with Fleet.client_timeout_ms: served, but answered after the client's deadline
+    pulls: int = 0  # with Fleet.pull_ms_per_gib: loads that pulled their model's files first
+    disk_loads: int = 0  # ... and loads that found them on the instance's disk tier (no pull)
 
     @property
     def hit_ratio(self) -> float:
@@ -224,6 +243,9 @@ class _Instance:
         "cache",
         "changed_since_publish",
         "checked",
+        "disk",
+        "disk_record",
+        "disk_version",
         "fleet_clock",
         "gate_sums",
         "gates",
@@ -275,6 +297,9 @@ class _Instance:
         self.answers: list[tuple[float, str]] = []  # (answered at, peer): ungated forwards being served
         self.gates: dict[int, _Gate] = {}  # loaded copies' gates (max_concurrency > 0)
         self.gate_sums: dict[str, QueueSample] = {}  # model -> its gate's sums at the last rate check
+        self.disk: WeightedLRU | None = None  # Fleet.disk_units: the pulled files it keeps
+        self.disk_version = 0  # changes with the disk's set of models
+        self.disk_record: tuple[int, dict[str, Any] | None] = (-1, None)  # (version, meshdDisk value)
 
 
 class Simulation:
@@ -315,6 +340,13 @@ class Simulation:
         target = policy.latency_target_ms
         caches = [WeightedLRU(fleet.capacity_units, policy.eviction, target) for _ in range(fleet.instances)]
         self.insts = [_Instance(i, f"i{i:03d}", cache, EPOCH_MS) for i, cache in enumerate(caches)]
+        # Issue 42: what each model's pull costs, and each instance's disk tier, kept in the
+        # memory cache's value order (the storage room evicts its disk the same way)
+        rate = fleet.pull_ms_per_gib
+        self.pull_ms = tuple(u * UNIT_BYTES / GIB * rate for u in cat.units)
+        if fleet.disk_units:
+            for inst in self.insts:
+                inst.disk = WeightedLRU(fleet.disk_units, policy.eviction)
         self.by_id = {inst.instance_id: inst for inst in self.insts}
         self.views: dict[str, InstanceView] = {}
         self.copies: list[dict[str, int]] = [{} for _ in cat.ids]  # model records: holder -> load start
@@ -625,6 +657,11 @@ class Simulation:
             start_soonest=self.policy.load_queue,
             by_price=self.policy.by_price,
             price_ceiling=price_ceiling,
+            # Issue 42: where the model's files are on disk a load skips the pull (ready_soonest)
+            pull_ms=pull_estimate_ms((v.disk for v in view.instances.values()), self.units[m])
+            if self.fleet.disk_units
+            else None,
+            mean_load_ms=inst.mean_load_ms,
         )
         if self.policy.random_placement:
             candidates = eligible(view, req)
@@ -777,8 +814,47 @@ class Simulation:
             self.load_waits.append(float(t - queued))
         mean = self.load_ms[m]
         ms = mean * self.rng.lognormvariate(0.0, self.fleet.load_jitter) if self.fleet.load_jitter else mean
+        ms += self._pull(inst, m, t)
         self.seq += 1
         heapq.heappush(self.events, (t + int(ms), self.seq, inst.index, m, ms))
+
+    def _pull(self, inst: _Instance, m: int, t: int) -> float:
+        """What a load starting now spends pulling the model's files: nothing when its
+        instance's disk tier holds them (it counts as used now), else the model's pull, and the
+        files stay on the disk as far as its budget lets them (evicting in the value order)."""
+        pull = self.pull_ms[m]
+        if not pull:
+            return 0.0
+        disk, mid = inst.disk, self.ids[m]
+        if disk is not None and mid in disk:
+            disk.touch(mid, t)
+            if self.counting:
+                self.result.disk_loads += 1
+            return 0.0
+        if self.counting:
+            self.result.pulls += 1
+        if disk is not None:
+            admission = disk.admit(mid, self.units[m], t, t)
+            if admission.admitted:
+                disk.set_state(mid, State.LOADED, t, pull)
+                inst.disk_version += 1
+        return pull
+
+    def _disk_value(self, inst: _Instance) -> dict[str, Any] | None:
+        """The record's meshdDisk value for `inst` (None: no disk tier), built again only
+        when its disk's models changed."""
+        disk = inst.disk
+        if disk is None:
+            return None
+        version, value = inst.disk_record
+        if version != inst.disk_version:
+            ids, units = self.index, self.units
+            value = disk_value(
+                (e.model_id, units[ids[e.model_id]] * UNIT_BYTES, int(self.pull_ms[ids[e.model_id]]))
+                for e in disk.entries()
+            )
+            inst.disk_record = (inst.disk_version, value)
+        return value
 
     def _load_done(self, t: int, _seq: int, i: int, m: int, ms: float) -> None:
         inst = self.insts[i]
@@ -847,7 +923,9 @@ class Simulation:
         for inst in self.insts:
             rpm = inst.rpm.rpm(inst.served, t)
             loading = self._loads_in_progress(inst)
-            record = instance_record(inst.identity, inst.cache, self.fleet.loading_threads, loading, rpm, False, t)
+            record = instance_record(
+                inst.identity, inst.cache, self.fleet.loading_threads, loading, rpm, False, t, self._disk_value(inst)
+            )
             if force or publish_due(inst.record, record, inst.record_ms, t, inst.changed_since_publish):
                 inst.record, inst.record_ms, inst.changed_since_publish = record, t, False
                 self.views[inst.instance_id] = InstanceView.from_record(inst.instance_id, record, empty_lru_ms=t)

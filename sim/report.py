@@ -12,18 +12,24 @@ def table(rows: Sequence[tuple[str, float, Result]]) -> str:
     """A markdown table: one row per (workload, capacity share, result). Added latency is
     what meshd adds (load and gate waits, hops); total adds the service time; failed
     includes requests every copy's full gate refused (RESOURCE_EXHAUSTED) and misses the load
-    queue refused; late (only with a client deadline): served after it."""
+    queue refused; late (only with a client deadline): served after it; pulls and from disk
+    (only when pulls are modelled): loads that pulled their files, and loads that found them
+    on the instance's disk tier."""
     late = any(r.late for _, _, r in rows)
+    pulls = any(r.pulls or r.disk_loads for _, _, r in rows)
     lines = [
         "| workload | capacity | policy | hit ratio | loads | loads/min | added p99 ms | total p99 ms | queued "
-        "| failed |" + (" late |" if late else ""),
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if late else ""),
+        "| failed |" + (" late |" if late else "") + (" pulls | from disk |" if pulls else ""),
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        + (" ---: |" if late else "")
+        + (" ---: | ---: |" if pulls else ""),
     ]
     for workload, share, r in rows:
         lines.append(
             f"| {workload} | {share:.0%} | {r.policy} | {r.hit_ratio:.3f} | {r.loads} | {r.loads_per_min:.1f} "
             f"| {r.added_p99_ms:.0f} | {r.total_p99_ms:.0f} | {r.queued} | {r.failed} |"
             + (f" {r.late} |" if late else "")
+            + (f" {r.pulls} | {r.disk_loads} |" if pulls else "")
         )
     return "\n".join(lines)
 
