@@ -83,11 +83,14 @@ class StorageSettings:
     parts_in_flight: int = MAX_PARTS_IN_FLIGHT
     part_bytes: int = PART_BYTES
     part_threshold: int = PART_THRESHOLD
+    # fdatasync each file before its rename, so a marker never outlives its bytes after a power
+    # loss; 0 where the volume does not outlive the node anyway (an emptyDir).
+    fsync: bool = True
 
     @classmethod
     def from_env(cls, root_dir: str | Path | None = None, env: Mapping[str, str] | None = None) -> StorageSettings:
         """ROOT_MODEL_DIR, STORAGE_CONFIG_DIR, PVC_MOUNTS_DIR (upstream's), MESHD_DISK_CACHE_BYTES,
-        MESHD_PULL_STALL_MS, MESHD_PULL_PARALLEL."""
+        MESHD_PULL_STALL_MS, MESHD_PULL_PARALLEL, MESHD_PULL_FSYNC."""
         e = os.environ if env is None else env
         budget = e.get("MESHD_DISK_CACHE_BYTES", "")
         return cls(
@@ -97,6 +100,7 @@ class StorageSettings:
             int(budget) if budget else None,
             int(e.get("MESHD_PULL_STALL_MS", STALL_TIMEOUT_MS)),
             int(e.get("MESHD_PULL_PARALLEL", MAX_PARTS_IN_FLIGHT)),
+            fsync=e.get("MESHD_PULL_FSYNC", "1") not in ("0", "false", "no"),
         )
 
 
@@ -496,6 +500,11 @@ class StorageHelper:
         finally:
             stop.set()
             store.transport.close()
+        partials = [(mdir / f.local).with_name(Path(f.local).name + PARTIAL_SUFFIX) for f in files]
+        if self.settings.fsync:
+            with ThreadPoolExecutor(max(1, min(self.settings.parts_in_flight, len(files)))) as pool:
+                # Renamed only once their bytes are on the disk; many small files sync side by side.
+                list(pool.map(_fsync_file, partials))
         for f in files:
             path = mdir / f.local
             partial = path.with_name(path.name + PARTIAL_SUFFIX)
@@ -507,7 +516,6 @@ class StorageHelper:
                 digest = hashlib.md5(partial.read_bytes(), usedforsecurity=False).hexdigest()
                 if digest != f.etag.lower():
                     raise self._error(model_id, source, f.key, Failure.TRANSIENT, "the body does not match its MD5")
-            _fsync_file(partial)  # renamed only once its bytes are on the disk
             os.replace(partial, path)
         _fsync_dir(mdir)
 
@@ -566,11 +574,11 @@ class StorageHelper:
         resp = store.get(f.key, part, f.etag if "-" in f.etag or len(f.etag) == 32 else "")
         check_status(resp, f"{f.key!r}" + (f" bytes {part.start}-{part.end}" if part else ""))
         if part is not None and resp.status != 206:
-            store.transport.discard(resp)
+            store.transport.abandon(resp)
             raise TransferError(Failure.BAD, "the store ignores byte ranges")
         length = resp.header("Content-Length")
         if length.isdigit() and int(length) != size:
-            store.transport.discard(resp)
+            store.transport.abandon(resp)
             raise TransferError(Failure.TRANSIENT, f"the store sends {length} bytes where {size} were listed")
         buf = bytearray(min(BUFFER_BYTES, max(1, size)))
         view = memoryview(buf)
@@ -579,10 +587,16 @@ class StorageHelper:
         try:
             while written < size:
                 if stop.is_set():
+                    store.transport.abandon(resp)
                     return
                 want = min(len(buf), size - written)
-                n = store.transport.read_into(resp, view[:want])
+                try:
+                    n = store.transport.read_into(resp, view[:want])
+                except TransferError:
+                    store.transport.abandon(resp)
+                    raise
                 if n == 0:
+                    store.transport.abandon(resp)
                     raise TransferError(
                         Failure.TRANSIENT, f"connection dropped mid-object after {written} of {size} bytes"
                     )

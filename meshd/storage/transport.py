@@ -24,10 +24,25 @@ from meshd.storage.errors import TransferError
 MAX_REDIRECTS = 5
 
 
-def tls_context(ca: str | None, client_cert: str | None = None, client_key: str | None = None) -> ssl.SSLContext:
-    """A client TLS context: the system CAs, or `ca` (PEM content, as ModelMesh's secret holds
-    it, or a file path, as KServe's does: modelmesh-serving#460); a client certificate and key
-    (content or paths) for mTLS."""
+_DEFAULT_TLS: ssl.SSLContext | None = None
+_DEFAULT_TLS_LOCK = threading.Lock()
+
+
+def default_tls() -> ssl.SSLContext:
+    """The system CAs' context, made once (loading them costs ~0.1 s)."""
+    global _DEFAULT_TLS
+    with _DEFAULT_TLS_LOCK:
+        if _DEFAULT_TLS is None:
+            _DEFAULT_TLS = ssl.create_default_context()
+        return _DEFAULT_TLS
+
+
+def tls_context(ca: str | None, client_cert: str | None = None, client_key: str | None = None) -> ssl.SSLContext | None:
+    """A client TLS context: None for the system CAs (made when first needed), or one trusting
+    `ca` (PEM content, as ModelMesh's secret holds it, or a file path, as KServe's does:
+    modelmesh-serving#460); a client certificate and key (content or paths) for mTLS."""
+    if not ca and not (client_cert and client_key):
+        return None
     ctx = ssl.create_default_context()
     if ca:
         if "-----BEGIN" in ca:
@@ -79,9 +94,7 @@ class Transport:
         conn = pool.get((scheme, netloc))
         if conn is None:
             if scheme == "https":
-                conn = http.client.HTTPSConnection(
-                    netloc, timeout=self.timeout_s, context=self.tls or ssl.create_default_context()
-                )
+                conn = http.client.HTTPSConnection(netloc, timeout=self.timeout_s, context=self.tls or default_tls())
             else:
                 conn = http.client.HTTPConnection(netloc, timeout=self.timeout_s)
             pool[(scheme, netloc)] = conn
@@ -133,7 +146,12 @@ class Transport:
                 except ssl.SSLError as e:
                     self._drop(scheme, netloc)
                     raise TransferError(Failure.TLS, f"TLS with {netloc} failed: {e.reason or e}") from None
-                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
+                except (
+                    http.client.RemoteDisconnected,
+                    BrokenPipeError,
+                    ConnectionResetError,
+                    http.client.HTTPException,
+                ) as e:
                     self._drop(scheme, netloc)
                     if attempt == 2:
                         raise TransferError(Failure.TRANSIENT, f"{netloc} dropped the connection: {e}") from None
@@ -173,6 +191,11 @@ class Transport:
         except (http.client.IncompleteRead, ConnectionError, OSError) as e:
             raise TransferError(Failure.TRANSIENT, f"connection dropped mid-object: {type(e).__name__}") from None
         return got
+
+    def abandon(self, resp: Response) -> None:
+        """Close the connection of a response not read to its end (it cannot carry another)."""
+        parts = urlsplit(resp.url)
+        self._drop(parts.scheme, parts.netloc)
 
     def discard(self, resp: Response) -> None:
         try:

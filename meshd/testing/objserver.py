@@ -10,7 +10,8 @@ It speaks just enough of three protocols, with the URL path as the file's path:
   `/<org>/<name>/resolve/<rev>/<path>` redirects to `/cdn/<org>/<name>/<path>`.
 
 Faults on demand: `drop_after` (close the connection after that many body bytes, for the next
-`drops` GETs), `fail_status` (answer the next `fails` GETs with that status), `rate` (bytes/s).
+`drops` GETs; with `hang_s`, go silent that long first), `fail_status` (answer the next `fails`
+GETs with that status), `rate` (bytes/s).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Faults:
     fail_status: int = 0
     fails: int = 0
     rate: float = 0.0  # bytes per second per GET (0: no limit)
+    hang_s: float = 0.0  # at drop_after: go silent this long instead of closing (a stalled store)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take_drop(self) -> int:
@@ -72,6 +74,7 @@ class ObjectServer:
         self.redirect_base = ""  # where Hugging Face resolve URLs redirect ("": this server)
         self.requests: list[tuple[str, str, str]] = []  # (method, path, range)
         self.headers_seen: list[dict[str, str]] = []
+        self.md5s: dict[tuple[str, int, int], str] = {}  # ETags already computed
         self._lock = threading.Lock()
         server = self
 
@@ -113,6 +116,7 @@ class ObjectServer:
 class _Handler(BaseHTTPRequestHandler):
     owner: ObjectServer
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go as separate writes: no 40 ms delayed-ACK stall
 
     def log_message(self, format: str, *args: object) -> None:  # quiet
         return
@@ -178,6 +182,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if path.startswith("/cdn/"):
             path = path[len("/cdn") :]
+        if head and path.strip("/") and "/" not in path.strip("/") and (o.root / path.strip("/")).is_dir():
+            self._send(200, b"")  # HeadBucket
+            return
         if "list-type" in query:
             self._list(path.strip("/"), query.get("prefix", [""])[0])
             return
@@ -191,10 +198,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._file(target, head)
 
     def _etag(self, target: Path, size: int) -> str:
-        if self.owner.etag_md5 and size <= MD5_LIMIT:
-            return hashlib.md5(target.read_bytes(), usedforsecurity=False).hexdigest()
         st = target.stat()
-        return f"{st.st_ino:x}{st.st_mtime_ns:x}-1"
+        if not (self.owner.etag_md5 and size <= MD5_LIMIT):
+            return f"{st.st_ino:x}{st.st_mtime_ns:x}-1"
+        o = self.owner
+        key = (str(target), st.st_mtime_ns, size)
+        with o._lock:
+            known = o.md5s.get(key)
+        if known is None:
+            known = hashlib.md5(target.read_bytes(), usedforsecurity=False).hexdigest()
+            with o._lock:
+                o.md5s[key] = known
+        return known
 
     def _file(self, target: Path, head: bool) -> None:
         size = target.stat().st_size
@@ -235,6 +250,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if drop >= 0:
                     chunk = min(chunk, drop - sent)
                     if chunk <= 0:
+                        if self.owner.faults.hang_s:
+                            time.sleep(self.owner.faults.hang_s)
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)
                         return
@@ -298,3 +315,17 @@ class _Handler(BaseHTTPRequestHandler):
             if p.is_file():
                 entries.append({"type": "file", "path": p.relative_to(base).as_posix(), "size": p.stat().st_size})
         self._send(200, json.dumps(entries).encode(), "application/json")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m meshd.testing.objserver ROOT`: serve ROOT on a free port until killed; prints the URL."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    server = ObjectServer(Path(args[0]))
+    print(server.url, flush=True)
+    server.httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -10,6 +10,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from meshd.storage import StorageError, StorageHelper, StorageSettings
 from meshd.storage.helper import DONE_MARKER
 from meshd.testing.certs import TestCA
 from meshd.testing.objserver import ObjectServer
+from meshd.testing.procs import wait_until_async
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 ACCESS = "AKIDMESHDTEST0001"
@@ -444,3 +446,86 @@ async def test_a_full_disk_fails_the_pull_cleanly(tmp_path: Path, monkeypatch, s
             assert srv.gets() == []  # refused before a byte moved: the files are allocated first
     finally:
         unmount(models)
+
+
+@pytest.mark.slow  # five tries that each wait out the stall limit
+async def test_a_slow_pull_lives_while_it_progresses_and_a_silent_one_times_out(tmp_path: Path) -> None:
+    root = tmp_path / "srv"
+    (root / "bkt").mkdir(parents=True)
+    (root / "bkt" / "w").write_bytes(blob(256 * KIB))
+    with ObjectServer(root) as srv:
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        key = json.dumps({"storage_key": "k"})
+        # 256 KiB at 128 KiB/s: 2 s in all, far over the 0.6 s stall limit, never silent that long.
+        srv.faults.rate = 128 * KIB
+        helper = await started(settings(tmp_path, stall_ms=600))
+        pulled = await helper.pull("slow", "w", key)
+        assert pulled is not None and pulled.pull_ms > 600
+        # Silent after 10 KiB, every time: each try times out; the pull fails naming the object.
+        srv.faults.rate = 0
+        srv.faults.drop_after, srv.faults.drops, srv.faults.hang_s = 10 * KIB, 100, 2.0
+        with pytest.raises(StorageError, match=r"no bytes for 0.6 s") as e:
+            await helper.pull("silent", "w", key)
+        assert e.value.kind == "transient" and "'w'" in str(e.value)
+
+
+KILLED_CHILD = """
+import asyncio, json, sys
+from pathlib import Path
+from meshd.storage import StorageHelper, StorageSettings
+s = StorageSettings(Path(sys.argv[1]), Path(sys.argv[2]), budget_bytes=1 << 30,
+                    part_bytes=1 << 18, part_threshold=1 << 19)
+async def main():
+    h = StorageHelper(s)
+    await h.start()
+    await h.pull("m", "m", json.dumps({"storage_key": "k"}))
+asyncio.run(main())
+"""
+
+
+def start_child(models: Path, config_dir: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(models), str(config_dir)])
+
+
+@pytest.mark.slow  # a child process, killed
+async def test_killed_mid_pull_the_next_start_cleans_up_and_pulls_again(tmp_path: Path) -> None:
+    root = tmp_path / "srv"
+    (root / "bkt" / "m").mkdir(parents=True)
+    data = blob(1 * MIB)
+    (root / "bkt" / "m" / "w.bin").write_bytes(data)
+    (root / "bkt" / "m" / "small").write_bytes(b"abc")
+    models = tmp_path / "models"
+    with ObjectServer(root) as srv:
+        srv.faults.rate = 256 * KIB  # 4 s for the big file: time to kill it mid-way
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        child = start_child(models, tmp_path / "storage-config")
+        try:
+            await wait_until_async(
+                lambda: any(p.stat().st_size > 0 for p in models.rglob("*.partial")) and len(srv.gets()) >= 2,
+                timeout_s=30,
+                what="the child's pull under way",
+            )
+            await asyncio.sleep(0.3)
+        finally:
+            child.kill()  # SIGKILL: no clean-up of its own
+            child.wait()
+        assert list(models.rglob("*.partial")) and not (models / "m" / DONE_MARKER).exists()
+        srv.faults.rate = 0
+        helper = await started(settings(tmp_path))
+        assert not (models / "m").exists() and helper.inventory().models == ()
+        pulled = await helper.pull("m", "m", json.dumps({"storage_key": "k"}))
+        assert pulled is not None and not pulled.from_disk
+        assert content(Path(pulled.local_path) / "w.bin") == data
+
+
+@pytest.mark.slow
+def test_pull_bench_smoke() -> None:
+    """bench/pull.py runs end to end and prints every row (no timing thresholds here)."""
+    bench = Path(__file__).resolve().parents[2] / "bench" / "pull.py"
+    proc = subprocess.run([sys.executable, str(bench), "--smoke"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {tuple(line.split()[:2]) for line in proc.stdout.splitlines()}
+    for case in ("big", "small"):
+        for tool in ("meshd", "meshd-nosync", "boto3", "s5cmd", "reload"):
+            assert (case, tool) in rows, proc.stdout
+    assert ("big", "one-GET") in rows and "summary:" in proc.stdout

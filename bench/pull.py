@@ -1,0 +1,208 @@
+"""How fast the storage helper pulls a model, against boto3's `download_file` and `s5cmd`
+(docs/storage.md): one large object and a folder of many small files, from one S3-GET server
+(`meshd.testing.objserver` in its own process: byte ranges sent with sendfile, signatures not
+checked), several runs, medians. Also one plain GET stream of the large object, and a reload
+from the disk tier (a restarted helper finding the model on disk).
+
+    python bench/pull.py                 # 1 GiB object, 1,000 x 64 KiB files, 3 runs
+    python bench/pull.py --smoke         # small and quick, for the test suite
+
+Goals (printed as ratios, judged here, never in tests): meshd at least as fast as the faster of
+boto3 and s5cmd, >= 3x one GET stream, a reload from disk >= 10x faster than the pull.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from meshd.storage import StorageHelper, StorageSettings
+
+MIB = 1 << 20
+BUCKET = "bench"
+
+
+def make_data(root: Path, big_bytes: int, small_count: int, small_bytes: int) -> None:
+    bucket = root / BUCKET
+    (bucket / "small").mkdir(parents=True, exist_ok=True)
+    big = bucket / "big.bin"
+    if not big.exists() or big.stat().st_size != big_bytes:
+        block = os.urandom(16 * MIB)
+        with open(big, "wb") as f:
+            left = big_bytes
+            while left:
+                n = min(left, len(block))
+                f.write(block[:n])
+                left -= n
+    for i in range(small_count):
+        p = bucket / "small" / f"f{i:05d}.bin"
+        if not p.exists():
+            p.write_bytes(os.urandom(small_bytes))
+
+
+def start_server(root: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshd.testing.objserver", str(root)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http"):
+        proc.kill()
+        raise SystemExit("the object server did not start")
+    return proc, url
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def meshd_pull(url: str, dest: Path, model_path: str, parallel: int, threshold: int, fsync: bool = True) -> float:
+    config = dest / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "k").write_text(json.dumps({"type": "s3", "endpoint_url": url, "bucket": BUCKET, "anonymous": "true"}))
+    settings = StorageSettings(
+        dest / "models", config, budget_bytes=1 << 42, parts_in_flight=parallel, part_threshold=threshold, fsync=fsync
+    )
+
+    async def run() -> None:
+        helper = StorageHelper(settings)
+        await helper.start()
+        pulled = await helper.pull("m", model_path, json.dumps({"storage_key": "k"}))
+        assert pulled is not None and not pulled.from_disk
+
+    return timed(lambda: asyncio.run(run()))
+
+
+def boto3_get(url: str, dest: Path, key: str, folder: bool) -> float:
+    import boto3  # type: ignore[import-untyped]
+    from botocore import UNSIGNED  # type: ignore[import-untyped]
+    from botocore.config import Config  # type: ignore[import-untyped]
+
+    client = boto3.client("s3", endpoint_url=url, config=Config(signature_version=UNSIGNED), region_name="us-east-1")
+
+    def run() -> None:
+        dest.mkdir(parents=True, exist_ok=True)
+        if not folder:
+            client.download_file(BUCKET, key, str(dest / Path(key).name))
+            return
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=key + "/")
+        for page in pages:  # download_file per object, one after another (its documented use)
+            for obj in page.get("Contents", []):
+                client.download_file(BUCKET, obj["Key"], str(dest / Path(obj["Key"]).name))
+
+    return timed(run)
+
+
+def s5cmd_get(url: str, dest: Path, key: str, folder: bool) -> float | None:
+    binary = shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd")
+    if not Path(binary).exists():
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    src = f"s3://{BUCKET}/{key}/*" if folder else f"s3://{BUCKET}/{key}"
+    argv = [binary, "--endpoint-url", url, "--no-sign-request", "cp", src, str(dest) + "/"]
+    return timed(lambda: subprocess.run(argv, check=True, capture_output=True))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--big-mib", type=int, default=1024, help="the large object's size (MiB)")
+    ap.add_argument("--small-count", type=int, default=1000)
+    ap.add_argument("--small-kib", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None, help="where data and copies go (default: a temp dir)")
+    ap.add_argument("--smoke", action="store_true", help="64 MiB, 50 files, 1 run")
+    args = ap.parse_args()
+    if args.smoke:
+        args.big_mib, args.small_count, args.runs = 64, 50, 1
+    if args.runs < 1 or args.big_mib < 1 or args.small_count < 1 or args.small_kib < 1:
+        ap.error("sizes and runs must be positive")
+    base = args.dir or Path(tempfile.mkdtemp(prefix="meshd-pull-bench-"))
+    data = base / "data"
+    need = args.big_mib * MIB * 2 + args.small_count * args.small_kib * 1024 * 2
+    if shutil.disk_usage(base).free < need + (1 << 30):
+        raise SystemExit(f"not enough free disk under {base} for {need >> 20} MiB")
+    make_data(data, args.big_mib * MIB, args.small_count, args.small_kib * 1024)
+    server, url = start_server(data)
+    results: dict[tuple[str, str], list[float]] = {}
+    try:
+        for run in range(args.runs):
+            for case, key, folder in (("big", "big.bin", False), ("small", "small", True)):
+                tools: list[tuple[str, Callable[[Path], float | None]]] = [
+                    ("meshd", functools.partial(meshd_pull, url, model_path=key, parallel=16, threshold=32 * MIB)),
+                    (
+                        "meshd-nosync",
+                        functools.partial(
+                            meshd_pull, url, model_path=key, parallel=16, threshold=32 * MIB, fsync=False
+                        ),
+                    ),
+                    ("boto3", functools.partial(boto3_get, url, key=key, folder=folder)),
+                    ("s5cmd", functools.partial(s5cmd_get, url, key=key, folder=folder)),
+                ]
+                if not folder:
+                    tools.append(
+                        ("one-GET", functools.partial(meshd_pull, url, model_path=key, parallel=1, threshold=1 << 62))
+                    )
+                for name, fn in tools:
+                    dest = base / f"out-{name}"
+                    shutil.rmtree(dest, ignore_errors=True)
+                    took = fn(dest)
+                    if took is not None:
+                        results.setdefault((case, name), []).append(took)
+                    if name == "meshd":
+                        reload_s = _reload(dest, key)
+                        results.setdefault((case, "reload"), []).append(reload_s)
+                    shutil.rmtree(dest, ignore_errors=True)
+            print(f"run {run + 1}/{args.runs} done", file=sys.stderr, flush=True)
+    finally:
+        server.kill()
+        server.wait()
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    sizes = {"big": args.big_mib * MIB, "small": args.small_count * args.small_kib * 1024}
+    print(f"{'case':6} {'tool':8} {'median_s':>9} {'MiB/s':>8}  runs")
+    med: dict[tuple[str, str], float] = {}
+    for (case, name), times in sorted(results.items()):
+        med[(case, name)] = statistics.median(times)
+        rate = sizes[case] / MIB / med[(case, name)]
+        print(f"{case:6} {name:8} {med[(case, name)]:9.3f} {rate:8.0f}  {' '.join(f'{t:.3f}' for t in times)}")
+    print("summary:")
+    for case in ("big", "small"):
+        m = med[(case, "meshd")]
+        rivals = [med[(case, t)] for t in ("boto3", "s5cmd") if (case, t) in med]
+        n = med[(case, "meshd-nosync")]
+        line = (
+            f"  {case}: meshd / faster of boto3,s5cmd = {min(rivals) / m:.2f}x ({min(rivals) / n:.2f}x without fsync)"
+        )
+        if (case, "one-GET") in med:
+            line += f"; meshd / one GET stream = {med[(case, 'one-GET')] / n:.2f}x (both without fsync)"
+        line += f"; reload from disk {m / med[(case, 'reload')]:.0f}x faster than the pull"
+        print(line)
+
+
+def _reload(dest: Path, key: str) -> float:
+    settings = StorageSettings(dest / "models", dest / "config", budget_bytes=1 << 42)
+
+    async def run() -> None:
+        helper = StorageHelper(settings)  # a restart: scan the disk, then the load finds it there
+        await helper.start()
+        pulled = await helper.pull("m", key, json.dumps({"storage_key": "k"}))
+        assert pulled is not None and pulled.from_disk
+
+    return timed(lambda: asyncio.run(run()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""The storage helper against the stores' emulators, started here: gcp-storage-emulator (GCS's
+JSON API, in-process) and Azurite (Azure Blob, npm). Each skips with its reason when the
+emulator is not installed."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import hmac
+import http.client
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshd.storage import StorageError, StorageHelper
+from meshd.testing import azurite as azurite_install
+from meshd.testing.procs import free_port, port_open, wait_until
+from tests.storage.test_helper import KIB, blob, content, settings, write_config
+
+# Azurite's well-known development account (published in its README; not a secret).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_FLAGS = ("--silent", "--skipApiVersionCheck", "--loose")
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def put(url: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> int:
+    host = url.split("://", 1)[1]
+    conn = http.client.HTTPConnection(host, timeout=30)
+    conn.request("PUT", path, body=body, headers=headers or {})
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    return resp.status
+
+
+# ---- GCS -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    server_mod = pytest.importorskip("gcp_storage_emulator.server")
+    port = free_port()
+    server = server_mod.create_server("127.0.0.1", port, in_memory=True, default_bucket="gbkt")
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+    try:
+        yield url
+    finally:
+        server.stop()
+
+
+async def test_gcs_folder_model_with_ranged_parts(gcs: str, tmp_path: Path) -> None:
+    files = {"g/m/config.json": b"{}", "g/m/w.bin": blob(700 * KIB), "g/mx": b"not mine"}
+    for name, body in files.items():
+        assert put(gcs, f"/gbkt/{name}", body) == 200
+    helper = StorageHelper(settings(tmp_path))
+    await helper.start()
+    assert await helper.predict_size("gm", "gs://gbkt/g/m", "") == 2 + 700 * KIB
+    pulled = await helper.pull("gm", "gs://gbkt/g/m", "")
+    assert pulled is not None and content(Path(pulled.local_path) / "w.bin") == files["g/m/w.bin"]
+    assert content(Path(pulled.local_path) / "config.json") == b"{}"
+    with pytest.raises(StorageError, match="no such object") as e:
+        await helper.pull("gx", "gs://gbkt/absent", "")
+    assert "gcs bucket gbkt" in str(e.value)
+
+
+# ---- Azure Blob (Azurite) ------------------------------------------------------------
+
+
+@pytest.fixture
+def azurite(tmp_path: Path) -> Iterator[str]:
+    binary = azurite_install.find_or_install()
+    if binary is None:
+        pytest.skip("no node and npm here to install Azurite with (docs/storage.md)")
+    port = free_port()
+    where = ("--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(tmp_path / "azurite"))
+    proc = subprocess.Popen(
+        [str(binary), *where, *AZURITE_FLAGS],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: port_open(port), 60, "azurite listening")
+        yield f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _azure_put(endpoint: str, path: str, body: bytes, query: str = "", blob_type: bool = True) -> int:
+    """Create a container or a block blob with Shared Key (the test's own, independent of meshd's)."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    headers = {"x-ms-date": stamp, "x-ms-version": "2021-08-06", "Content-Length": str(len(body))}
+    if blob_type:
+        headers["x-ms-blob-type"] = "BlockBlob"
+    ms = "".join(f"{k}:{v}\n" for k, v in sorted(headers.items()) if k.startswith("x-ms-"))
+    resource = f"/{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}{path}"
+    if query:
+        resource += "".join(f"\n{k}:{v}" for k, v in sorted(p.split("=") for p in query.split("&")))
+    length = str(len(body)) if body else ""
+    to_sign = f"PUT\n\n\n{length}\n\n\n\n\n\n\n\n\n{ms}{resource}"
+    sig = base64.b64encode(hmac.new(base64.b64decode(AZURITE_KEY), to_sign.encode(), hashlib.sha256).digest())
+    headers["Authorization"] = f"SharedKey {AZURITE_ACCOUNT}:{sig.decode()}"
+    return put(endpoint.rsplit("/", 1)[0], f"/{AZURITE_ACCOUNT}{path}" + (f"?{query}" if query else ""), body, headers)
+
+
+@pytest.mark.slow  # Azurite's first use installs it with npm (about a minute)
+async def test_azure_blob_with_a_connection_string(azurite: str, tmp_path: Path) -> None:
+    assert _azure_put(azurite, "/models", b"", "restype=container", blob_type=False) == 201
+    data = blob(700 * KIB)
+    assert _azure_put(azurite, "/models/a/m/w.bin", data) == 201
+    assert _azure_put(azurite, "/models/a/m/cfg", b"cfg") == 201
+    conn = (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};BlobEndpoint={azurite};"
+    )
+    write_config(
+        tmp_path,
+        "azure",
+        {"type": "azure", "account_name": AZURITE_ACCOUNT, "container": "models", "connection_string": conn},
+    )
+    helper = StorageHelper(settings(tmp_path))
+    await helper.start()
+    key = json.dumps({"storage_key": "azure"})
+    pulled = await helper.pull("az", "a/m", key)
+    assert pulled is not None and content(Path(pulled.local_path) / "w.bin") == data
+    write_config(
+        tmp_path,
+        "wrong",
+        {
+            "type": "azure",
+            "account_name": AZURITE_ACCOUNT,
+            "container": "models",
+            "connection_string": conn.replace(AZURITE_KEY, base64.b64encode(b"x" * 64).decode()),
+        },
+    )
+    with pytest.raises(StorageError) as e:
+        await helper.pull("az2", "a/m", json.dumps({"storage_key": "wrong"}))
+    assert e.value.kind == "auth" and AZURITE_KEY not in str(e.value)
