@@ -58,6 +58,7 @@ from meshd.kv.store import KVStore, StoreUnavailable
 from meshd.kv.table import Table
 from meshd.kv.watch_trace import WatchTrace
 from meshd.loops.config_files import FileWatch
+from meshd.loops.disk_watch import DiskWatch
 from meshd.loops.inventory import Inventory
 from meshd.loops.leader import LeaderDuties, cluster_gauges
 from meshd.loops.runtime_watch import RuntimeWatch
@@ -247,6 +248,7 @@ class _Parts:
 
     registry: Registry
     watch: RuntimeWatch
+    disk: DiskWatch
     cluster: Cluster
     router: Router
     management: Management
@@ -384,6 +386,8 @@ class Instance:
         prefix = cfg.key_prefix
         local = self.local
         watch = RuntimeWatch(local, cfg.runtime_check_ms / 1000)
+        assert self.runtime is not None
+        disk = DiskWatch(self.runtime)  # the runtime's disk tier, when it has one (issue 42)
         me = Identity(
             cfg.instance_id,
             f"{cfg.advertise_host}:{cfg.peer_port}",
@@ -404,7 +408,9 @@ class Instance:
             rpm = meter.rpm(local.counters.served, now)  # forwarded requests are not load here
             # A runtime that does not answer takes no models: placement skips "shutting down" ones.
             stopping = self.shutting_down or not watch.up
-            record = instance_record(me, local.cache, local.queue.threads, local.loads_in_progress, rpm, stopping, now)
+            record = instance_record(
+                me, local.cache, local.queue.threads, local.loads_in_progress, rpm, stopping, now, disk.value
+            )
             if not watch.up:  # tells operators a dead runtime from a drain
                 record.extra[RUNTIME_DOWN] = True
             if cfg.location:  # MM_LOCATION (the node's address); `loc` is the address peers dial
@@ -429,6 +435,7 @@ class Instance:
 
         local.on_change = local_changed
         watch.on_change = self.publisher.kick
+        disk.on_change = self.publisher.kick
 
         self.serving_channel = open_channel(cfg.serving_endpoint, cfg.max_msg_size)
         if cfg.serving_endpoint != cfg.runtime_endpoint:
@@ -504,7 +511,7 @@ class Instance:
             no_home=no_home,
             sync_timeout_s=info.loading_timeout_ms / 1000 * 2,
         )
-        return _Parts(registry, watch, cluster, router, management)
+        return _Parts(registry, watch, disk, cluster, router, management)
 
     async def _start_servers(self, parts: _Parts, info: RuntimeInfo, methods: MethodTable) -> None:
         """The external and internal gRPC servers, the native data plane, HTTP and metrics."""
@@ -670,6 +677,7 @@ class Instance:
         )
         self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
         self.background.append(asyncio.create_task(parts.watch.run(), name="runtime watch"))
+        self.background.append(asyncio.create_task(parts.disk.run(), name="disk tier"))
         self.background.append(asyncio.create_task(self._janitor(cfg.janitor_ms / 1000, cluster), name="janitor"))
         self._watch_files(router, methods)
         for w in self.file_watches:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from meshd._proto.meshd import disk_pb2, disk_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
 from meshd.runtime.endpoints import open_channel
@@ -25,6 +26,7 @@ MODEL_SIZE_TIMEOUT_S = 30.0
 UNLOAD_TIMEOUT_S = 60.0
 DEFAULT_LOADING_TIMEOUT_MS = 90_000  # used when the runtime reports 0
 MIN_CAPACITY_BYTES = 1 << 20
+DISK_INVENTORY_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,7 @@ class RuntimeClient:
         self.endpoint = mgmt_endpoint
         self.channel = open_channel(mgmt_endpoint, max_message_bytes)
         self.stub = rt_grpc.ModelRuntimeStub(self.channel)
+        self.disk_stub = disk_pb2_grpc.DiskTierStub(self.channel)
 
     async def close(self) -> None:
         await self.channel.close()
@@ -138,6 +141,19 @@ class RuntimeClient:
         """Ask modelSize and let any error through: the caller reads the runtime's health
         from it (any answer: there; UNAVAILABLE: not). runtimeStatus would purge it."""
         await self.stub.modelSize(rt.ModelSizeRequest(modelId=model_id), timeout=timeout_s)
+
+    async def disk_inventory(self) -> disk_pb2.DiskInventoryResponse | None:
+        """What the runtime keeps on its disk tier (ours, `meshd.disk.DiskTier`, issue 42);
+        None when it has no tier (UNIMPLEMENTED). Other failures raise AioRpcError."""
+        try:
+            resp: disk_pb2.DiskInventoryResponse = await self.disk_stub.diskInventory(
+                disk_pb2.DiskInventoryRequest(), timeout=DISK_INVENTORY_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise
+        return resp
 
     async def model_size(self, model_id: str) -> int | None:
         try:

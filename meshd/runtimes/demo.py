@@ -98,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit-model-concurrency", action="store_true", help="set limitModelConcurrency in runtimeStatus")
     p.add_argument("--inject-id", action="store_true", help="idInjectionPath [1] for ModelInfer and ModelMetadata")
     p.add_argument("--infer-delay-ms", type=_non_negative_int, default=0, help="added to every inference request")
+    p.add_argument(
+        "--disk-dir",
+        type=Path,
+        help="serve meshd.disk.DiskTier: the folder's entries are the models on this runtime's disk",
+    )
+    p.add_argument(
+        "--disk-pull-ms-per-gib", type=_non_negative_int, default=8_000, help="with --disk-dir: what a pull costs"
+    )
     p.add_argument("--max-message-bytes", type=_non_negative_int, default=64 << 20)
     p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio event loop")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -123,6 +131,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         limit_model_concurrency=a.limit_model_concurrency,
         inject_id=a.inject_id,
         infer_delay_ms=a.infer_delay_ms,
+        disk_dir=a.disk_dir,
+        disk_pull_ms_per_gib=a.disk_pull_ms_per_gib,
     )
     return Options(
         host=a.host,

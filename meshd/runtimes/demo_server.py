@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError, Message  # type: ignore[import-
 
 import meshd
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb
+from meshd._proto.meshd import disk_pb2, disk_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
 from meshd.decisions.placement.modelkey import key_object
@@ -66,6 +67,11 @@ class RuntimeConfig:
     limit_model_concurrency: bool = False
     inject_id: bool = False
     infer_delay_ms: int = 0  # added to every inference request (concurrency and deadline tests)
+    # A disk tier (meshd.disk.DiskTier, issue 42) as a runtime with the storage helper has one:
+    # every entry of this folder is a model id whose files are on disk, each pulled at this
+    # speed (None: no tier, diskInventory is UNIMPLEMENTED as on upstream's runtimes)
+    disk_dir: Path | None = None
+    disk_pull_ms_per_gib: int = 8_000
 
 
 @dataclass
@@ -515,5 +521,47 @@ def _serialize(message: Message) -> bytes:
     return data
 
 
+class DiskTierServicer(disk_pb2_grpc.DiskTierServicer):  # type: ignore[misc]
+    """`--disk-dir`: the folder's entries are the models on this runtime's disk, each file's
+    or folder's size at the configured pull speed (the demo has no store to pull from; a test
+    puts files there as pulls would)."""
+
+    def __init__(self, folder: Path, pull_ms_per_gib: int) -> None:
+        self.folder = folder
+        self.pull_ms_per_gib = pull_ms_per_gib
+
+    @_answers_errors
+    async def diskInventory(
+        self, request: disk_pb2.DiskInventoryRequest, context: _Context
+    ) -> disk_pb2.DiskInventoryResponse:
+        models = []
+        try:
+            entries = sorted(self.folder.iterdir())
+        except OSError as e:
+            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, f"cannot list the disk tier {self.folder}: {e}") from None
+        for entry in entries:
+            try:
+                size = _tree_size(entry)
+                mtime_ms = int(entry.stat().st_mtime * 1000)
+            except OSError:
+                continue  # removed meanwhile
+            pull_ms = max(1, size * self.pull_ms_per_gib >> 30)
+            models.append(
+                disk_pb2.DiskModel(model_id=entry.name, size_bytes=size, pull_ms=pull_ms, last_used_ms=mtime_ms)
+            )
+        version = hash(tuple((m.model_id, m.size_bytes) for m in models)) & ((1 << 63) - 1)
+        used = sum(m.size_bytes for m in models)
+        return disk_pb2.DiskInventoryResponse(models=models, used_bytes=used, version=version)
+
+
+def _tree_size(path: Path) -> int:
+    if not path.is_dir():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
 def add_runtime_servicer(server: Any, state: RuntimeState) -> None:
     rt_grpc.add_ModelRuntimeServicer_to_server(ModelRuntimeServicer(state), server)
+    cfg = state.config
+    if cfg.disk_dir is not None:
+        disk_pb2_grpc.add_DiskTierServicer_to_server(DiskTierServicer(cfg.disk_dir, cfg.disk_pull_ms_per_gib), server)

@@ -45,6 +45,7 @@ from meshd.core.model_types import base_model_of
 from meshd.core.records import ModelRecord, RecordError, VModelRecord
 from meshd.decisions.cache import CacheEntry, State
 from meshd.decisions.placement.constraints import TypeConstraints
+from meshd.decisions.placement.disk import pull_estimate_ms
 from meshd.decisions.placement.liveness import trusted_peer
 from meshd.decisions.placement.loading import EXHAUSTED_PREFIX, fresh_loads
 from meshd.decisions.placement.rank import (
@@ -510,10 +511,11 @@ class Router:
             base_record = self.registry.get(base)
             holders = frozenset(base_record.instance_ids) if base_record is not None else frozenset()
             exclude = adapter_exclusions(frozenset(view.instances), holders, exclude)
+        size_units = self.local.initial_units(record)
         request = LoadRequest(
             model_id=model_id,
             model_type=record.type,
-            size_units=self.local.initial_units(record),
+            size_units=size_units,
             exclude=exclude,
             required_labels=required,
             preferred_labels=preferred,
@@ -521,6 +523,10 @@ class Router:
             recent_placements=self._placed.counts(view.now_ms),
             start_soonest=self.local.load_queue,
             price_ceiling=price_ceiling,
+            # Issue 42: where records say the model's files are on an instance's disk tier, a
+            # load there skips the pull (loading.ready_soonest); None when no record has a tier
+            pull_ms=pull_estimate_ms((i.disk for i in view.instances.values()), size_units),
+            mean_load_ms=self.local.queue.mean_load_ms,
         )
         loads = fresh_loads(self.forwarder.peer_loads, int(time.monotonic() * 1000))
         loads[self.self_id] = self.local.loads_in_progress
