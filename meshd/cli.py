@@ -135,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     llm.set_defaults(func=None)
     gen = sub.add_parser("gen-models", help="write a set of demo model files", add_help=False)
     gen.set_defaults(func=None)
+    pull = sub.add_parser(
+        "pull", help="pull a model from its store onto local disk, or list the disk tier", add_help=False
+    )
+    pull.set_defaults(func=None)
     from meshd.ops.commands import add_commands
 
     add_commands(sub)
@@ -156,6 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from meshd.adapter.main import main as adapter_main
 
         return adapter_main(argv[1:])
+    if argv and argv[0] == "pull":
+        from meshd.storage.cli import main as pull_main
+
+        return pull_main(argv[1:])
     if argv and argv[0] == "gen-models":
         from meshd.runtimes.models import main as gen_main
 

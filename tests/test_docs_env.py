@@ -18,6 +18,7 @@ HELPS = (
     ["serve", "--help"],
     ["adapter", "--help"],
     ["llm-runtime", "--help"],
+    ["pull", "--help"],
     ["models", "--help"],
     ["models", "register", "--help"],
     ["instances", "--help"],

@@ -399,7 +399,8 @@ AZURE_VERSION = "2021-08-06"
 class AzureStore:
     """Azure Blob over its REST API: `https://<account>.blob.core.windows.net/<container>`, or
     the `BlobEndpoint` of a `connection_string` (Azurite); Shared Key from the connection
-    string (or `account_key`), a SAS token, or anonymous."""
+    string (or `account_key`), a SAS token, a service principal (`tenant_id`, `client_id`,
+    `client_secret`), or anonymous."""
 
     def __init__(self, config: Mapping[str, object], timeout_s: float) -> None:
         self.account = _str(config, "account_name")
@@ -415,6 +416,32 @@ class AzureStore:
             endpoint = f"{protocol}://{self.account}.blob.{suffix}"
         self.endpoint = endpoint.rstrip("/")
         self.transport = Transport(tls_context(_str(config, "certificate") or None), timeout_s)
+        # Upstream's service principal (an Entra ID app): a bearer token by client credentials.
+        self.app = (_str(config, "tenant_id"), _str(config, "client_id"), _str(config, "client_secret"))
+        self.authority = _str(config, "authority_host") or "https://login.microsoftonline.com"
+        self._token = ("", 0.0)
+        self._lock = threading.Lock()
+
+    def _bearer(self) -> str:
+        with self._lock:
+            token, until = self._token
+            if time.time() > until - 60:
+                tenant, client_id, secret = self.app
+                body = urlencode(
+                    {
+                        "grant_type": "client_credentials",
+                        "client_id": client_id,
+                        "client_secret": secret,
+                        "scope": "https://storage.azure.com/.default",
+                    }
+                ).encode()
+                url = f"{self.authority.rstrip('/')}/{quote(tenant, safe='')}/oauth2/v2.0/token"
+                resp = self.transport.request("POST", url, {"Content-Type": "application/x-www-form-urlencoded"}, body)
+                check_status(resp, "the service principal's token", ok=(200,))
+                answer = json.loads(resp.read_all())
+                token = str(answer["access_token"])
+                self._token = (token, time.time() + float(answer.get("expires_in", 3600)))
+        return token
 
     def _request(self, path: str, query: Mapping[str, str], headers: dict[str, str]) -> Response:
         url = f"{self.endpoint}{path}"
@@ -425,6 +452,8 @@ class AzureStore:
         headers = {**headers, "x-ms-date": stamp, "x-ms-version": AZURE_VERSION}
         if self.account_key and not self.sas:
             headers["Authorization"] = self._shared_key(path, query, headers)
+        elif all(self.app) and not self.sas:
+            headers["Authorization"] = f"Bearer {self._bearer()}"
         return self.transport.request("GET", url + (f"?{qs}" if qs else ""), headers)
 
     def _shared_key(self, path: str, query: Mapping[str, str], headers: Mapping[str, str]) -> str:
