@@ -174,24 +174,30 @@ def _default_chain() -> tuple[str, str, str] | None:
 
 
 def sigv4(
-    creds: tuple[str, str, str], region: str, method: str, host: str, path: str, query: str, headers: dict[str, str]
+    creds: tuple[str, str, str],
+    region: str,
+    method: str,
+    host: str,
+    path: str,
+    query: str,
+    headers: dict[str, str],
+    now: _dt.datetime | None = None,
+    payload: str = "UNSIGNED-PAYLOAD",
 ) -> dict[str, str]:
     """AWS Signature Version 4 for an S3 request without a body (`path` and `query` already
-    URI-encoded, the query sorted)."""
-    now = _dt.datetime.now(_dt.UTC)
+    URI-encoded, the query sorted); the body unsigned, as S3 allows over any scheme."""
+    now = now or _dt.datetime.now(_dt.UTC)
     stamp = now.strftime("%Y%m%dT%H%M%SZ")
     day = stamp[:8]
     out = dict(headers)
     out["x-amz-date"] = stamp
-    out["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
+    out["x-amz-content-sha256"] = payload
     if creds[2]:
         out["x-amz-security-token"] = creds[2]
     canon = {k.lower(): " ".join(str(v).split()) for k, v in out.items()}
     canon["host"] = host
     names = sorted(canon)
-    canonical = "\n".join(
-        [method, path, query, *(f"{n}:{canon[n]}" for n in names), "", ";".join(names), "UNSIGNED-PAYLOAD"]
-    )
+    canonical = "\n".join([method, path, query, *(f"{n}:{canon[n]}" for n in names), "", ";".join(names), payload])
     scope = f"{day}/{region}/s3/aws4_request"
     to_sign = "\n".join(["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
     key = ("AWS4" + creds[1]).encode()
