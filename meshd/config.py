@@ -85,7 +85,8 @@ SETTINGS: tuple[Setting, ...] = (
         "drain_grace_ms",
         "MESHD_DRAIN_GRACE_MS",
         "--drain-grace-ms",
-        "after SIGTERM, how long the ports keep accepting and serving once health says NOT_SERVING",
+        "after SIGTERM, how long the ports keep accepting and serving once health says NOT_SERVING "
+        "(with no other instance in the mesh, only while requests keep arriving)",
         "10000",
     ),
     Setting("instance_id", "MESHD_INSTANCE_ID", "--instance-id", "instance id (default: from the host name)"),
@@ -633,13 +634,18 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
             f"{name('metrics')}: scheme=https needs the instance certificate ({meshtls.CERT_ENV} and "
             f"{meshtls.KEY_ENV}) or, for a self-signed one, the cryptography package (a dependency of meshd)"
         )
-    return _upstream_pod(config, raw, env, name)
+    return _upstream_pod(config, raw, env, name, metrics_given="metrics" in given)
 
 
 def _upstream_pod(
-    config: Config, raw: Mapping[str, str | None], env: Mapping[str, str], name: Callable[[str], str]
+    config: Config,
+    raw: Mapping[str, str | None],
+    env: Mapping[str, str],
+    name: Callable[[str], str],
+    metrics_given: bool = True,
 ) -> Config:
-    """The settings of upstream's pod contract, and the start-up warnings they bring."""
+    """The settings of upstream's pod contract, and the start-up warnings they bring.
+    `metrics_given`: the user set the metrics setting (not meshd's default or MESHD_PORTS=auto's)."""
     warnings: list[str] = []
     metrics = config.metrics
     if metrics.https and config.tls is None:
@@ -649,9 +655,10 @@ def _upstream_pod(
         )
     if metrics.enabled and metrics.https is None:
         # Upstream serves https when MM_METRICS names no scheme; meshd has a certificate only
-        # with MM_TLS_*: https with it, else http (and says so).
+        # with MM_TLS_*: https with it, else http (and says so of a setting the user wrote;
+        # meshd's default and the port MESHD_PORTS=auto chose take this scheme silently).
         metrics = replace(metrics, https=config.tls is not None)
-        if config.tls is None and raw["metrics"] != DEFAULT_METRICS:  # meshd's own default: no warning
+        if config.tls is None and metrics_given and raw["metrics"] != DEFAULT_METRICS:
             warnings.append(
                 f"{name('metrics')} names no scheme: upstream would serve https; without "
                 f"{meshtls.CERT_ENV} meshd serves /metrics over http (set scheme=http to silence this)"

@@ -41,6 +41,7 @@ from meshd.core.clock import wall_ms
 from meshd.core.errors import DeadlineExceeded, MeshError, NotFound
 from meshd.core.records import NATIVE_ADDRESS, NODE_LOCATION, RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.decisions.cache import CacheEntry, State, to_units
+from meshd.decisions.drain import grace_over
 from meshd.decisions.fleet_clock import FleetClock, peer_readings
 from meshd.decisions.ids import ModelInfo
 from meshd.decisions.openai import CALL_METHOD
@@ -96,6 +97,7 @@ log = logging.getLogger(__name__)
 KV_STARTUP_TIMEOUT_S = 20.0  # upstream fails fast when the KV store is unreachable at start
 TRANSITION_CHECK_S = 1.0
 DRAIN_POLL_S = 0.25
+GRACE_POLL_S = 0.1
 DRAIN_RESERVE_S = 5.0  # upstream stops waiting for reloads 5 s before the shutdown deadline
 
 
@@ -1060,6 +1062,31 @@ class Instance:
         else:
             log.info("drained: every model held here is loaded elsewhere")
 
+    async def _serve_grace(self, until: float) -> None:
+        """Keep the ports open until the drain grace is over (`decisions.drain`): its whole
+        length with other instances in the mesh, else while requests keep arriving. Through
+        HAProxy (native data plane) arrivals are counted by a poll stopped by now: the whole
+        grace there."""
+        loop = asyncio.get_running_loop()
+        me = self.config.instance_id
+        cluster = self.router.cluster if self.router is not None else None
+
+        def others() -> bool:
+            if cluster is None or self.native is not None or self.local is None:
+                return True  # no count of peers or of arrivals: the whole grace
+            return any(iid != me for iid, _ in cluster.instances.items())
+
+        seen = self.local.counters.requests if self.local is not None else 0
+        quiet_since = loop.time()
+        while True:
+            now = loop.time()
+            arrived = self.local.counters.requests if self.local is not None else 0
+            if arrived != seen:
+                seen, quiet_since = arrived, now
+            if grace_over(now, until, others(), quiet_since):
+                return
+            await asyncio.sleep(min(GRACE_POLL_S, until - now))
+
     async def stop(self, drain: bool = True) -> None:
         """Stop; with `drain` (SIGTERM) hand held models to other instances first."""
         grace = self.config.shutdown_timeout_ms / 1000
@@ -1091,7 +1118,7 @@ class Instance:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.local.deregister_copies(), DRAIN_RESERVE_S)
         # Still serving: held copies locally (they stay loaded), the rest through peers.
-        await asyncio.sleep(max(0.0, accept_until - loop.time()))
+        await self._serve_grace(accept_until)
         # No new calls from here on; those in flight finish (up to 5 s of the budget).
         if self.native is not None:
             await self.native.stop()
@@ -1163,8 +1190,9 @@ def stop_message(signal_name: str, drain: bool, serving: bool, config: Config) -
     grace_s = min(config.drain_grace_ms / 1000, budget_s)
     return (
         f"{signal_name}: draining for up to {budget_s:g} s (SHUTDOWN_TIMEOUT_MS): models held here are loaded "
-        f"elsewhere while requests are still served, the ports stay open at least {grace_s:g} s "
-        "(MESHD_DRAIN_GRACE_MS), then the instance stops"
+        f"on other instances while requests are still served, and the ports stay open {grace_s:g} s "
+        f"(MESHD_DRAIN_GRACE_MS; with no other instance, only while requests keep arriving), then the "
+        "instance stops"
     )
 
 

@@ -364,6 +364,16 @@ def test_metrics_without_a_scheme_is_https_only_with_a_certificate() -> None:
     assert cfg.metrics.https is False and cfg.warnings == ()
 
 
+def test_the_metrics_port_ports_auto_chose_is_not_warned_of() -> None:
+    """MESHD_PORTS=auto picks the metrics port itself: the user wrote no MM_METRICS, so there is
+    nothing to warn about (issue 45); the scheme is the default's."""
+    cfg = load_config(None, {"MESHD_PORTS": "auto"})
+    assert cfg.metrics.enabled and cfg.metrics.port != 2112
+    assert cfg.metrics.https is False and cfg.warnings == ()
+    cfg = load_config(None, {"MESHD_PORTS": "auto", "MM_METRICS": "prometheus:port=2113"})  # written: said
+    assert len(cfg.warnings) == 1 and "names no scheme" in cfg.warnings[0]
+
+
 def test_metrics_without_a_scheme_is_https_with_the_instance_certificate(tmp_path: Path) -> None:
     from meshd.testing.certs import TestCA
 

@@ -33,9 +33,11 @@ from aiohttp import web
 
 from meshd._proto.meshd import llm_pb2
 from meshd.api.openai_direct import EngineStreams
-from meshd.core.errors import MeshError, NotFound
+from meshd.core.errors import MeshError, ModelLoadError, NotFound
 from meshd.core.model_types import is_llm_type
 from meshd.decisions.openai import (
+    LOAD_FAILED_CODE,
+    LOAD_FAILED_STATUS,
     OPENAI_PATHS,
     BadRequest,
     TokenTiming,
@@ -250,6 +252,8 @@ async def _end_with_error(
 
 
 def _mesh_error(e: MeshError) -> web.Response:
+    if isinstance(e, ModelLoadError):
+        return _error(LOAD_FAILED_STATUS, e.message, LOAD_FAILED_CODE)
     status = http_status(e.code.name)
     code = {404: "model_not_found", 429: "rate_limited", 503: "unavailable"}.get(status, e.code.name.lower())
     return _error(status, e.message, code)

@@ -9,7 +9,8 @@ scaling, constraints, modelkey, view, and `liveness`: what the records lag behin
 `cache` (what to admit and evict: LRU, GDSF, LRFU or RATE over 8 KiB units), `gate` (the per-copy
 concurrency rules), `janitor` (what to repair between the cache and the registry), `status`
 (what getModelStatus reports), `ids` (what a valid model id and ModelInfo are), `publishing`
-(what this instance's record says and when it is due).
+(what this instance's record says and when it is due), `drain` (when a stopping instance's
+drain grace ends).
 
 May import: core.
 """

@@ -4,7 +4,9 @@ OpenAI's shape (pure).
 A call's body is a JSON object naming its `model` (a model or vmodel id); `stream`, when
 present, is a boolean. Errors are `{"error": {"message", "type", "code", "param"}}` with the
 HTTP status the OpenAI API uses for the same case: 400 a malformed request, 404 an unknown
-model, 429 no copy could take it in time (retry later), 503 nothing can serve it now.
+model, 429 no copy could take it in time (retry later), 503 nothing can serve it now; and 502
+`model_load_failed` for a registered model that could not be loaded (no retry will help until
+the model or its runtime is fixed: the OpenAI API has no such case).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ CALL_METHOD = "/meshd.llm.OpenAI/Call"
 # Seconds a client is told to wait on 429/503: engines restart in about a second, and a
 # refused load is worth retrying as soon as a loading thread frees.
 RETRY_AFTER_S = 1
+# A registered model whose loads failed wherever they were tried (gRPC: INTERNAL, upstream's
+# answer): a bad gateway, the model's engine behind meshd, with a code of its own.
+LOAD_FAILED_STATUS = 502
+LOAD_FAILED_CODE = "model_load_failed"
 
 # gRPC status (its name) of a mesh error -> HTTP status (as the KServe REST port maps them).
 _HTTP = {

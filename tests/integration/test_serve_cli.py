@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -162,3 +163,49 @@ def test_a_demo_killed_outright_leaves_nothing_running(tmp_path: Path) -> None:
             if at is not None and pid_alive(pid) and _started_at(pid) == at:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_a_lone_idle_instance_stops_at_once_and_one_with_a_peer_keeps_its_grace(
+    etcd_server: EmbeddedEtcd, tmp_path: Path
+) -> None:
+    """The drain grace keeps the ports open after NOT_SERVING so a load balancer can move the
+    clients to other instances (issue 15). With no other instance and no request coming there
+    is nothing to wait for: the instance stops at once, not after the grace (issue 45: every
+    stop of the quickstart took 10 s). With a peer, the grace runs as before."""
+    long_grace: dict[str, str | int] = {"drain_grace_ms": 60_000, "shutdown_timeout_ms": 90_000}
+    with LocalMesh(tmp_path / "lone", service=f"lone-{tmp_path.name}") as mesh:
+        mesh.etcd_url = etcd_server.url
+        lone = mesh.add_node("lone", settings=long_grace)
+        lone.meshd.send_signal(signal.SIGTERM)
+        try:
+            lone.meshd.proc.wait(30)  # before: the ports stayed open for the whole 60 s grace
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"a lone idle meshd still running 30 s after SIGTERM:\n{lone.meshd.log_tail()}")
+        assert lone.meshd.proc.returncode == 0, lone.meshd.log_tail()
+        log = lone.meshd.log_path.read_text()
+        assert "only while requests keep arriving" in log and "meshd lone stopped (" in log, log
+    with LocalMesh(tmp_path / "pair", service=f"pair-{tmp_path.name}") as mesh:
+        mesh.etcd_url = etcd_server.url
+        a = mesh.add_node("a", settings={"drain_grace_ms": 4000})
+        mesh.add_node("b")
+        wait_until(lambda: "b" in _instance_ids(a.target), 30, "a to see b")
+        a.meshd.send_signal(signal.SIGTERM)
+        wait_until(lambda: "draining for up to" in a.meshd.log_path.read_text(), 30, "the drain to begin")
+        time_in_grace = 2.0  # of its 4 s: its clients may still be on their way
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            a.meshd.proc.wait(time_in_grace)
+        assert a.meshd.alive() and port_open(a.grpc_port), a.meshd.log_tail()
+        a.meshd.proc.wait(60)
+        assert a.meshd.proc.returncode == 0, a.meshd.log_tail()
+
+
+def _instance_ids(target: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "meshd", "instances", "list", "--json", "--address", target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if out.returncode != 0:
+        return set()
+    return {i["instanceId"] for i in json.loads(out.stdout)["instances"]}

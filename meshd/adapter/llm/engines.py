@@ -23,6 +23,36 @@ PRESETS: dict[str, str] = {
     "--host {host} --port {port}",
 }
 READY_PATH = "/v1/models"  # answers 200 once the engine serves
+# What to install in the engine's venv for each preset (said when --engine-python lacks it).
+PACKAGES: dict[str, str] = {"llamacpp": "llama-cpp-python[server]", "vllm": "vllm", "sglang": "sglang"}
+# Presets whose server loads LoRA adapters at run time through vLLM's /v1/load_lora_adapter.
+# llama.cpp's server takes adapters only on its command line (one engine per model here), and
+# SGLang's endpoint has another path: an adapter on either is refused, saying so. An
+# --engine-command engine is taken at its word (a refusal is the engine's own).
+RUN_TIME_ADAPTERS = frozenset({"vllm"})
+
+
+def adapter_refusal(engine: str) -> str | None:
+    """Why an engine of this preset cannot take a LoRA adapter at run time (None: it can, or
+    it is an engine of the user's own)."""
+    if engine not in PRESETS or engine in RUN_TIME_ADAPTERS:
+        return None
+    return (
+        f"the {engine} engine cannot load LoRA adapters at run time; adapters load into "
+        f"{', '.join(sorted(RUN_TIME_ADAPTERS))} engines (docs/llm.md, LoRA adapters)"
+    )
+
+
+def engine_module(template: str) -> str | None:
+    """The top-level module `{python} -m MODULE ...` runs (None: the template runs no module
+    with the engine's Python), to check the engine's venv has it before any load."""
+    try:
+        words = shlex.split(template)
+    except ValueError:
+        return None
+    if len(words) >= 3 and words[0] == "{python}" and words[1] == "-m" and "{" not in words[2]:
+        return words[2].split(".")[0]
+    return None
 
 
 def engine_argv(

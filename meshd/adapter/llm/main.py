@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from meshd._proto.meshd import llm_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
 from meshd.adapter import running
 from meshd.adapter.llm.calls import OpenAICalls, TextInference
-from meshd.adapter.llm.engines import PRESETS, RestartPolicy, check_template
+from meshd.adapter.llm.engines import PACKAGES, PRESETS, RestartPolicy, check_template, engine_module
 from meshd.adapter.llm.runtime import Engines, LlmConfig, LlmRuntime
 from meshd.observability.logs import setup_logging
 
@@ -41,14 +42,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="A ModelRuntime (SPI) for OpenAI-compatible LLM engines: one supervised engine process "
         "per loaded model; OpenAI calls and KServe text completions go to it.",
     )
-    p.add_argument("--engine", choices=sorted(PRESETS), help="which engine (its server's command line)")
-    p.add_argument(
+    which = p.add_argument_group("the engine (one of these is required)").add_mutually_exclusive_group(required=True)
+    which.add_argument("--engine", choices=sorted(PRESETS), help="which engine (its server's command line)")
+    which.add_argument(
         "--engine-command",
         help="any other OpenAI-compatible engine: a command template with {python} {path} {name} {host} {port}",
     )
-    p.add_argument("--engine-python", default=sys.executable, help="{python}: the engine venv's interpreter")
-    p.add_argument("--host", default="127.0.0.1", help="address of the SPI port (engines listen on 127.0.0.1)")
-    p.add_argument("--port", type=int, help="SPI and inference TCP port")
+    p.add_argument(
+        "--engine-python",
+        default=sys.executable,
+        help="{python}: the interpreter of the engine's venv, checked at start-up for the engine's module "
+        "(default: meshd's own Python, %(default)s)",
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address of the SPI port (default 127.0.0.1; engines listen on 127.0.0.1)"
+    )
+    p.add_argument("--port", type=int, help="SPI and inference TCP port (this or --socket, or both; no default)")
     p.add_argument("--socket", type=Path, help="SPI and inference unix socket")
     p.add_argument(
         "--memory-bytes",
@@ -57,21 +66,65 @@ def build_parser() -> argparse.ArgumentParser:
         "(env MODEL_SERVER_MEM_REQ_BYTES or CONTAINER_MEM_REQ_BYTES; default half the host's memory)",
     )
     p.add_argument(
-        "--default-model-size", type=int, help="size of a model before its engine runs (env DEFAULT_MODELSIZE; 512 MiB)"
+        "--default-model-size",
+        type=int,
+        help="size of a model before its engine runs (env DEFAULT_MODELSIZE; default 512 MiB)",
     )
-    p.add_argument("--loading-concurrency", type=int, default=1, help="engines starting at a time")
-    p.add_argument("--loading-timeout-ms", type=int, default=120_000, help="an engine's start-up limit")
     p.add_argument(
-        "--adapter-slots", type=int, default=4, help="LoRA adapters an engine takes at a time (give vLLM --max-loras N)"
+        "--loading-concurrency", type=int, default=1, help="engines starting at a time (default %(default)s)"
     )
-    p.add_argument("--max-restarts", type=int, default=5, help="an engine failing more often is given up")
-    p.add_argument("--restart-window-s", type=float, default=120.0, help="... within this many seconds")
-    p.add_argument("--model-root", type=Path, help="relative model paths are under this folder")
-    p.add_argument("--workdir", type=Path, default=Path(".meshd-llm"), help="engine logs go under it")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--loading-timeout-ms", type=int, default=120_000, help="an engine's start-up limit (default %(default)s)"
+    )
+    p.add_argument(
+        "--adapter-slots",
+        type=int,
+        default=4,
+        help="LoRA adapters an engine takes at a time (default %(default)s; give vLLM --max-loras N)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="an engine exiting more often than this within --restart-window-s is given up (default %(default)s)",
+    )
+    p.add_argument(
+        "--restart-window-s", type=float, default=120.0, help="... within this many seconds (default %(default)g)"
+    )
+    p.add_argument("--model-root", type=Path, help="relative model paths are under this folder (default: the cwd)")
+    p.add_argument(
+        "--workdir", type=Path, default=Path(".meshd-llm"), help="engine logs go under it (default %(default)s)"
+    )
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="the runtime's own log lines (default %(default)s; engines log under --workdir)",
+    )
     p.add_argument("--log-format", help="log lines: text or json (env MESHD_LOG_FORMAT, default text)")
     p.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- ARGS...: passed to every engine")
     return p
+
+
+MODULE_CHECK_TIMEOUT_S = 60.0
+_FIND = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)"
+
+
+def module_problem(python: str, module: str) -> str | None:
+    """What stops `python -m module` from running (None: the module is there). Found, not
+    imported: importing an engine takes seconds."""
+    try:
+        proc = subprocess.run(
+            [python, "-c", _FIND, module], capture_output=True, text=True, timeout=MODULE_CHECK_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"could not be run ({e})"
+    if proc.returncode == 3:
+        return f"has no module {module!r}"
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"could not look for module {module!r} (exit {proc.returncode}: {tail})"
+    return None
 
 
 def _host_memory() -> int:
@@ -89,6 +142,17 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str]) -> LlmConfig:
         raise SystemExit(f"meshd llm-runtime: {e}") from None
     if not os.access(a.engine_python, os.X_OK):
         raise SystemExit(f"meshd llm-runtime: --engine-python {a.engine_python!r} is not an executable")
+    module = engine_module(template)
+    if module is not None:
+        problem = module_problem(a.engine_python, module)
+        if problem is not None:
+            install = PACKAGES.get(a.engine or "")
+            hint = f"pip install '{install}' into it, or " if install else ""
+            raise SystemExit(
+                f"meshd llm-runtime: --engine-python {a.engine_python} {problem}, which the "
+                f"{a.engine + ' engine' if a.engine else 'engine command'} runs: "
+                f"{hint}point --engine-python at the engine's venv"
+            )
 
     def number(flag: int | None, *names: str, default: int) -> int:
         if flag is not None:

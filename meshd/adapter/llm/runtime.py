@@ -30,7 +30,7 @@ import grpc
 
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
-from meshd.adapter.llm.engines import RestartPolicy, engine_argv, restart_delay
+from meshd.adapter.llm.engines import RestartPolicy, adapter_refusal, engine_argv, restart_delay
 from meshd.adapter.llm.grpc_abort import abort
 from meshd.adapter.llm.process import EngineProcess, EngineStartError, describe_exit, free_port
 from meshd.core.model_types import ADAPTER_SLOTS_FULL, LLM_MODEL_TYPES, base_model_of, is_llm_type
@@ -226,7 +226,11 @@ class Engines:
 
     async def _load_adapter(self, model_id: str, path: str, key: str) -> Served:
         """A LoRA adapter into its base model's engine (which must be loaded here: meshd loads
-        the base first). AdapterSlotsFull when the base's engine holds as many as it takes."""
+        the base first). AdapterSlotsFull when the base's engine holds as many as it takes;
+        ValueError when this runtime's engine cannot load adapters at run time."""
+        refusal = adapter_refusal(self.config.engine)
+        if refusal is not None:
+            raise ValueError(f"adapter {model_id!r}: {refusal}")
         base_id = base_model_of(key)
         if not base_id:
             raise ValueError(
