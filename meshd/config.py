@@ -195,6 +195,14 @@ SETTINGS: tuple[Setting, ...] = (
         "0",
     ),
     Setting(
+        "llm_routing",
+        "MESHD_LLM_ROUTING",
+        "--llm-routing",
+        "load: a language model's call goes to the copy where it starts soonest, its prompt prefix's when not "
+        "overloaded; inflight: as any inference (a local copy, else the fewest in flight)",
+        "load",
+    ),
+    Setting(
         "load_queue",
         "MESHD_LOAD_QUEUE",
         "--load-queue",
@@ -412,6 +420,7 @@ class Config:
     eviction: Eviction = Eviction.RATE
     latency_target_ms: int = 0  # 0: none
     load_queue: bool = True  # MESHD_LOAD_QUEUE=value; False: fifo (upstream's)
+    llm_routing: bool = True  # MESHD_LLM_ROUTING=load; False: inflight (as any inference)
     load_wait_limit_ms: int = 10_000
     data_plane: str = "python"  # resolved: "python" or "native" (MESHD_DATAPLANE=auto picks one)
     haproxy: str = ""  # the HAProxy executable found, when data_plane is native
@@ -614,6 +623,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         eviction=_eviction(name("eviction"), need("eviction")),
         latency_target_ms=_int(name("latency_target_ms"), need("latency_target_ms"), 0),
         load_queue=_choice(name("load_queue"), need("load_queue"), ("value", "fifo")) == "value",
+        llm_routing=_choice(name("llm_routing"), need("llm_routing"), ("load", "inflight")) == "load",
         load_wait_limit_ms=_int(name("load_wait_limit_ms"), need("load_wait_limit_ms"), 100),
         data_plane=plane[0],
         haproxy=plane[1],

@@ -164,7 +164,9 @@ def openai_front(
                 record = await router.record(model_id)
         return Target(model_id, vmodel_id, record.type)
 
-    async def route(request: bytes, ids: RequestIds, remaining_s: float | None, direct: DirectOpen | None) -> Answered:
+    async def route(
+        request: bytes, ids: RequestIds, remaining_s: float | None, direct: DirectOpen | None, prefix: str | None
+    ) -> Answered:
         assert spec is not None
         started = invocations.start()
         code = "OK"
@@ -172,7 +174,7 @@ def openai_front(
             # The timeout bounds routing, loading and the first piece; the answer itself may run
             # long, so the call to the copy carries no deadline.
             async with asyncio.timeout(remaining_s):
-                return await router.open_answered(spec, request, ids, (), None, direct)
+                return await router.open_answered(spec, request, ids, (), None, direct, prefix)
         except MeshError as e:
             code = e.code.name
             raise
@@ -466,6 +468,7 @@ class Instance:
             note_served=self.metrics.enabled or cfg.log_each_invoke,  # what Invocations reads
         )
         router.runtime_unreachable = watch.suspect
+        router.llm_routing = cfg.llm_routing
         self.copies = CopyCounter(registry, cluster, self.local, self.peers)
 
         async def before_rejoin() -> None:

@@ -189,3 +189,18 @@ def test_llm_relay_bench_refuses_bad_arguments_with_usage(argv: list[str]) -> No
         [sys.executable, str(BENCH.parent / "llm_relay.py"), *argv], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_llm_routing_bench_smoke() -> None:
+    """bench/llm_routing.py routes through both fronts to the three copies, each row printed,
+    every copy used and no call failed."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "llm_routing.py"), "--smoke"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    rows = {r[0]: r for r in (line.split() for line in proc.stdout.splitlines()) if r and r[0] in ("load", "inflight")}
+    assert set(rows) == {"load", "inflight"}, proc.stdout
+    for policy, row in rows.items():
+        assert float(row[1]) > 0 and row[-1] == "0", f"{policy}:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+        assert all(int(n) > 0 for n in row[4].split("/")), f"a copy unused ({policy}):\n{proc.stdout}"

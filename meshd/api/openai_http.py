@@ -49,6 +49,7 @@ from meshd.decisions.openai import (
     tensor_model_message,
     token_timing,
 )
+from meshd.decisions.placement.llm import prefix_key
 from meshd.serving.proxy.headers import RequestIds, http_timeout_s
 from meshd.serving.router import Answered, DirectOpen
 
@@ -67,7 +68,9 @@ class Target:
 
 
 Resolve = Callable[[str], Awaitable[Target]]
-Route = Callable[[bytes, RequestIds, float | None, DirectOpen | None], Awaitable[Answered]]
+# (HttpCall, ids, timeout, how to stream a local copy itself, its long prompt prefix's hash:
+# decisions.placement.llm.prefix_key)
+Route = Callable[[bytes, RequestIds, float | None, DirectOpen | None, str | None], Awaitable[Answered]]
 Listing = Callable[[], list[tuple[str, str]]]  # (id, model type) of every registered model and vmodel
 NoteTokens = Callable[[str, TokenTiming], None]  # (model id, its figures): Metrics.llm_call
 TAIL_BYTES = 4096  # the end of a stream kept for its usage (vLLM's last event; a few hundred bytes)
@@ -142,7 +145,7 @@ class OpenAIHttp:
         )
         try:
             direct = self.engines.opener(call) if self.engines is not None else None
-            answer = await self.route(call.SerializeToString(), ids, timeout_s, direct)
+            answer = await self.route(call.SerializeToString(), ids, timeout_s, direct, prefix_key(parsed.body))
         except MeshError as e:
             return _mesh_error(e)
         except TimeoutError:

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from meshd.decisions.placement.llm import LOAD_HEADER, EngineLoad, parse_load
 from meshd.observability.tracing import Tracing
 from meshd.serving.cluster import Cluster
 from meshd.serving.invocations import SERVED
@@ -43,6 +44,19 @@ class Forwarder:
         # Each peer's loads in progress as its last unary answer said (`meshd-loads`), and when
         # (monotonic ms): placement reads them where they are fresher than the peer's record.
         self.peer_loads: dict[str, tuple[int, int]] = {}
+        # Language models: each copy's engine load as its runtime or its instance last said
+        # (`meshd-engine-load`), and when (monotonic ms): model -> instance -> (load, ms).
+        self.engine_loads: dict[str, dict[str, tuple[EngineLoad, int]]] = {}
+
+    def note_engine_load(self, model_id: str, instance_id: str, metadata: Any) -> None:
+        """Remember a copy's engine load from a call's initial metadata, if it carries one."""
+        for key, value in metadata or ():
+            if key == LOAD_HEADER:
+                load = parse_load(value)
+                if load is not None:
+                    now = int(time.monotonic() * 1000)
+                    self.engine_loads.setdefault(model_id, {})[instance_id] = (load, now)
+                return
 
     async def unary(
         self,
@@ -131,8 +145,11 @@ class Forwarder:
         relay.call = call
         self.inflight[target] = self.inflight.get(target, 0) + 1
         try:
-            accepted = any(k == ACCEPTED for k, _ in (await call.initial_metadata()) or ())
-            if not accepted:  # the call ended without the peer taking it
+            initial = await call.initial_metadata()
+            accepted = any(k == ACCEPTED for k, _ in initial or ())
+            if accepted:
+                self.note_engine_load(model_id, target, initial)
+            else:  # the call ended without the peer taking it
                 code = await call.code()
                 raise peer_failure(code, await call.details(), await call.trailing_metadata(), model_id)
         except grpc.aio.AioRpcError as e:

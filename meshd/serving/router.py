@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -47,6 +48,15 @@ from meshd.decisions.cache import CacheEntry, State
 from meshd.decisions.placement.constraints import TypeConstraints
 from meshd.decisions.placement.disk import pull_estimate_ms
 from meshd.decisions.placement.liveness import trusted_peer
+from meshd.decisions.placement.llm import (
+    FRESH_MS,
+    LOAD_HEADER,
+    EngineLoad,
+    PrefixOwners,
+    choose_llm_copy,
+    format_load,
+    fresh,
+)
 from meshd.decisions.placement.loading import EXHAUSTED_PREFIX, fresh_loads
 from meshd.decisions.placement.rank import (
     LoadRequest,
@@ -156,6 +166,11 @@ class Router:
         self.forwarder = Forwarder(self.self_id, cluster, peers, tracing, note_served)
         self.inflight = self.forwarder.inflight  # requests this instance has in flight per peer
         self._placed = RecentPlacements()  # loads placed lately, per instance
+        # Language models' calls (OpenAI port) go where they start soonest, their long prompt
+        # prefixes where they were served last (decisions.placement.llm); False: as any
+        # inference (local first, then the fewest in flight), MESHD_LLM_ROUTING=inflight.
+        self.llm_routing = True
+        self.prefixes = PrefixOwners()
         self.forwarded = 0  # external requests served by a peer (share of peer hops)
         # The native data plane: told of each model routed here without a local copy (its peer routes).
         self.noticed: Callable[[str], None] | None = None
@@ -273,20 +288,22 @@ class Router:
         forward: Metadata,
         remaining_s: float | None,
         direct: DirectOpen | None = None,
+        prefix: str | None = None,
     ) -> Answered:
         """One request message, its answer a stream: routed like a unary call until the first
         answer arrives (a copy or peer failing before then is tried no more and the request
         goes elsewhere, as nothing has reached the client yet), then relayed as it comes.
         `remaining_s` is the whole call's deadline (None: none); the caller bounds routing and
         the first answer itself (an LLM answer may run long). `direct`: how the caller streams
-        a local copy's answer itself (open_direct); peers' copies are always relayed."""
+        a local copy's answer itself (open_direct); peers' copies are always relayed. A language
+        model's call is routed by its engines' load and its `prefix` (decisions.placement.llm)."""
         deadline = _deadline_after(remaining_s)
         self.local.counters.requests += 1
         model_id = ids.model_id or await self.resolve_vmodel(ids.vmodel_id or "")
         if self.tracing is not None:
             self.tracing.note_model(model_id, ids.vmodel_id)
         stream = _Stream(self, spec, request, _no_more(), model_id, forward, deadline)
-        return await self._serve_ids(ids, _Answered(stream, direct))
+        return await self._serve_ids(ids, _Answered(stream, direct, prefix))
 
     async def _serve_ids(self, ids: RequestIds, attempt: Attempt[T]) -> T:
         if ids.vmodel_id is None:
@@ -318,7 +335,8 @@ class Router:
     async def _serve(self, attempt: Attempt[T], balanced: bool) -> T:
         model_id = attempt.model_id
         entry = self.local.cache.get(model_id)
-        if entry is not None and entry.state is State.LOADED:  # the common case, kept short
+        llm = self.llm_routing and isinstance(attempt, _Answered) and not balanced  # chosen by load
+        if entry is not None and entry.state is State.LOADED and not llm:  # the common case, kept short
             self.local.counters.hits += 1
             self.local.cache.touch(model_id, self.local.clock())
             if self.local.bases:
@@ -366,6 +384,8 @@ class Router:
             target = (
                 retry.pop()
                 if retry
+                else self._llm_copy(view, model_id, copies, excluded, entry, local_loaded, attempt)
+                if self.llm_routing and isinstance(attempt, _Answered) and not balanced
                 else choose_copy(
                     view,
                     copies,
@@ -470,6 +490,45 @@ class Router:
             f"model {model_id!r}: no instance could serve it after {len(tried)} attempts: "
             + ("; ".join(tried) or "no live instance")
         )
+
+    def _llm_copy(
+        self,
+        view: ClusterView,
+        model_id: str,
+        copies: dict[str, int],
+        excluded: set[str],
+        entry: CacheEntry | None,
+        local_loaded: bool,
+        attempt: _Answered,
+    ) -> str | None:
+        """A language model's copy (decisions.placement.llm), remembered for its prefix."""
+        inflight = dict(self.inflight)
+        inflight[self.self_id] = entry.inflight if entry is not None else 0
+        loads = fresh(self.forwarder.engine_loads.get(model_id, {}), int(time.monotonic() * 1000))
+        prefix = attempt.prefix
+        owner = self.prefixes.get(model_id, prefix) if prefix is not None else None
+        assume = self.cluster.assume_loaded_ms
+        target = choose_llm_copy(view, copies, inflight, loads, excluded, assume, local_loaded, owner)
+        if target is not None and prefix is not None:
+            self.prefixes.served(model_id, prefix, target)
+        return target
+
+    def engine_load_here(self, model_id: str) -> Metadata:
+        """This copy's load, for a peer that forwarded a language model's call: the calls in
+        flight to it now, with its engine's reading when fresh (`meshd-engine-load`)."""
+        entry = self.local.cache.get(model_id)
+        inflight = entry.inflight if entry is not None else 0
+        reading = self.forwarder.engine_loads.get(model_id, {}).get(self.self_id)
+        if reading is not None and int(time.monotonic() * 1000) - reading[1] <= FRESH_MS:
+            load = dataclasses.replace(reading[0], inflight=inflight)
+        else:
+            load = EngineLoad(inflight)
+        return ((LOAD_HEADER, format_load(load)),)
+
+    async def note_runtime_load(self, model_id: str, stream: ResponseStream) -> None:
+        """The engine load the runtime sent with a call's first answer."""
+        with contextlib.suppress(Exception):  # a call that ended: no reading
+            self.forwarder.note_engine_load(model_id, self.self_id, await stream.call.initial_metadata())
 
     async def _after_release(self, model_id: str) -> None:
         """Wait while this runtime gives up a capped copy still in the model's record: until
@@ -983,15 +1042,16 @@ async def _no_more() -> AsyncIterator[bytes]:
 class _Answered:
     """A stream's attempts until its first answer (`Router.open_answered`)."""
 
-    __slots__ = ("direct", "model_id", "stream")
+    __slots__ = ("direct", "model_id", "prefix", "stream")
 
-    def __init__(self, stream: _Stream, direct: DirectOpen | None = None) -> None:
+    def __init__(self, stream: _Stream, direct: DirectOpen | None = None, prefix: str | None = None) -> None:
         self.stream = stream
         self.direct = direct
         self.model_id = stream.model_id
+        self.prefix = prefix  # a language model's long prompt prefix (its hash)
 
     def retarget(self, model_id: str) -> _Answered:
-        return _Answered(self.stream.retarget(model_id), self.direct)
+        return _Answered(self.stream.retarget(model_id), self.direct, self.prefix)
 
     async def local(self, entry: CacheEntry) -> Answered:
         st = self.stream
@@ -1006,7 +1066,10 @@ class _Answered:
             entry, st.spec, st.first, st.model_id, st.metadata, _left(st.deadline)
         )
         try:
-            return await _first_answer(opened)
+            answered = await _first_answer(opened)
+            if st.router.llm_routing:
+                await st.router.note_runtime_load(self.model_id, opened)
+            return answered
         except grpc.aio.AioRpcError as e:
             code, details = e.code(), e.details() or ""
             router = self.stream.router

@@ -125,6 +125,9 @@ class LlmRuntimeArgs:
     engine_args: tuple[str, ...] = ("--n_ctx", "2048", "--embedding", "true", "--interrupt_requests", "false")
     adapter_slots: int = 4
     env: Mapping[str, str] = field(default_factory=dict)  # the runtime's, and so its engines'
+    # --loading-timeout-ms: meshd takes a peer's copy as loaded a third of it after its load
+    # began (at least 3 s), so a short one lets a fresh mesh route to copies sooner.
+    loading_timeout_ms: int | None = None
 
     def argv(self, port: int, workdir: Path) -> list[str]:
         engine = ["--engine-command", self.engine_command] if self.engine_command else ["--engine", self.engine]
@@ -142,6 +145,7 @@ class LlmRuntimeArgs:
             str(workdir),
             "--adapter-slots",
             str(self.adapter_slots),
+            *(["--loading-timeout-ms", str(self.loading_timeout_ms)] if self.loading_timeout_ms else []),
             *(["--", *self.engine_args] if self.engine_args else []),
         ]
 

@@ -29,6 +29,7 @@ from meshd.adapter.llm import textmap
 from meshd.adapter.llm.grpc_abort import abort
 from meshd.adapter.llm.process import EngineProcess, describe_exit
 from meshd.adapter.llm.runtime import Engines, Served, State
+from meshd.decisions.placement.llm import LOAD_HEADER, format_load
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,10 @@ class OpenAICalls(llm_pb2_grpc.OpenAIServicer):  # type: ignore[misc]
             body["model"] = model_id  # the engine's name for it (its alias)
             raw = json.dumps(body).encode()
         sent = False
+        watch = served.owner.watch  # the engine's load, sent to meshd with the answer
+        watch.inflight += 1
         try:
+            watch.refresh(self.engines.http(), served.owner.engine.base_url)
             response = await _post(self.engines, served, request.path, raw)
             async with response:
                 # The first chunk waits for the first piece of the answer (after the prefill), so
@@ -127,6 +131,7 @@ class OpenAICalls(llm_pb2_grpc.OpenAIServicer):  # type: ignore[misc]
                 pieces = response.content.iter_any()  # as they arrive: one SSE event or more
                 first = await anext(pieces, b"")
                 content_type = response.headers.get("Content-Type", "")
+                await context.send_initial_metadata(((LOAD_HEADER, format_load(watch.load())),))
                 yield llm_pb2.HttpChunk(status=response.status, content_type=content_type, data=first)
                 sent = True
                 async for piece in pieces:
@@ -137,6 +142,8 @@ class OpenAICalls(llm_pb2_grpc.OpenAIServicer):  # type: ignore[misc]
             message = await _gone(served, e)
             log.info("%s: %s (after the first chunk: %s)", model_id, message, sent)
             await abort(context, grpc.StatusCode.UNAVAILABLE, message)
+        finally:
+            watch.inflight -= 1
 
 
 class TextInference(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]

@@ -32,6 +32,7 @@ from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
 from meshd.adapter.llm.engines import RestartPolicy, adapter_refusal, engine_argv, restart_delay
 from meshd.adapter.llm.grpc_abort import abort
+from meshd.adapter.llm.load import LoadWatch
 from meshd.adapter.llm.process import EngineProcess, EngineStartError, describe_exit, free_port
 from meshd.core.model_types import ADAPTER_SLOTS_FULL, LLM_MODEL_TYPES, base_model_of, is_llm_type
 
@@ -102,6 +103,7 @@ class Served:
     watcher: asyncio.Task[None] | None = None
     started_s: float = 0.0  # how long its last start took
     base: Served | None = None  # a LoRA adapter: the base model whose engine serves it
+    watch: LoadWatch = field(default_factory=LoadWatch)  # its engine's load (an adapter: its base's)
 
     @property
     def owner(self) -> Served:

@@ -13,6 +13,7 @@ from typing import Any
 
 from meshd.core.errors import InvalidArgument, MeshError, NotFound
 from meshd.decisions.ids import check_id, decode_id
+from meshd.decisions.openai import CALL_METHOD
 from meshd.observability.tracing import Activate
 from meshd.serving.peer_protocol import (
     ACCEPTED,
@@ -122,14 +123,20 @@ class PeerInferenceHandler(RawMethodHandler):
             except MeshError as e:
                 await _refuse(context, e)
                 return
+            llm = router.llm_routing and spec.path == CALL_METHOD  # a language model's: its load goes back
             try:
-                await context.send_initial_metadata(ACCEPTED_METADATA)
+                await context.send_initial_metadata(
+                    ACCEPTED_METADATA + router.engine_load_here(model_id) if llm else ACCEPTED_METADATA
+                )
             except BaseException:
                 stream.close()
                 raise
             try:
                 async for response in relay_responses(stream, context):
                     yield response
+                    if llm:  # the runtime sent its engine's load with its first answer
+                        llm = False
+                        await router.note_runtime_load(model_id, stream)
             except MeshError as e:  # a request message we refused (id injection)
                 await _refuse(context, e)
 

@@ -18,6 +18,7 @@ import pytest
 from meshd._proto.meshd import llm_pb2, llm_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+from meshd.decisions.placement.llm import LOAD_HEADER, EngineLoad, parse_load
 from meshd.testing.procs import Children, free_ports, port_open, wait_until
 
 pytestmark = pytest.mark.slow  # real processes: the runtime and its engines
@@ -107,3 +108,24 @@ def test_a_crashing_engine_is_restarted_then_given_up_and_its_model_reported_gon
     with pytest.raises(grpc.RpcError) as e:
         stub.modelSize(rt.ModelSizeRequest(modelId="m1"), timeout=10)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_answers_carry_the_engines_load(children: Children, tmp_path: Path) -> None:
+    """Each answer's initial metadata says the engine's load (`meshd-engine-load`): the calls
+    in flight at the runtime, and the engine's own reading of its queue once it was read."""
+    ch = start_runtime(children, tmp_path, " --max-running 1 --token-interval-ms 5")
+    load(ch, "m1", tmp_path)
+    body = json.dumps({"model": "m1", "prompt": "a b c", "stream": True}).encode()
+
+    def one() -> EngineLoad:
+        call = llm_pb2_grpc.OpenAIStub(ch).Call(llm_pb2.HttpCall(model_id="m1", path="/v1/completions", body=body))
+        said = dict(call.initial_metadata())
+        assert b"".join(c.data for c in call).endswith(b"data: [DONE]\n\n")
+        got = parse_load(said[LOAD_HEADER])
+        assert got is not None, said
+        return got
+
+    assert one().inflight == 1
+    readings: list[EngineLoad] = []
+    wait_until(lambda: readings.append(one()) or readings[-1].running >= 0, 30, "the engine's metrics read")
+    assert readings[-1].waiting == 0 and 0.0 <= readings[-1].kv_use <= 1.0
