@@ -1,11 +1,13 @@
 """Copy scaling, applied by each instance to the copies it holds (SPEC §6 cadence).
 
 Every rate-check interval: a copy serving more than the per-copy threshold asks for more
-copies; a model used regularly (again 7-40 min after an earlier spell) gets a second copy;
-a model below its `min_copies` gets copies placed; an idle extra copy is dropped when the
-cluster is nearly full and this instance is the worst holder; a model above its
-`max_copies` loses the worst holder's copy. The rules are `meshd.decisions.placement.scaling`
-(pure); this module samples rates, asks them and carries out the answers.
+copies, as does a language model's copy whose engine kept requests waiting
+(decisions.placement.llm.queue_stays_deep); a model used regularly (again 7-40 min after an
+earlier spell) gets a second copy; a model below its `min_copies` gets copies placed; an idle
+extra copy is dropped when the cluster is nearly full and this instance is the worst holder; a
+model above its `max_copies` loses the worst holder's copy. The rules are
+`meshd.decisions.placement.scaling` (pure); this module samples rates, asks them and carries
+out the answers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from meshd.decisions.cache import State
 from meshd.decisions.placement import scaling
+from meshd.decisions.placement.llm import queue_stays_deep
 from meshd.decisions.placement.modelkey import policy_from_key
 from meshd.decisions.placement.scaling import ModelPolicy, QueueSample
 from meshd.decisions.placement.view import ClusterView
@@ -62,6 +65,7 @@ class Scaler:
             return
         served_now: dict[str, int] = {}
         gates_now: dict[str, QueueSample] = {}
+        depths, self.router.forwarder.queue_depths = self.router.forwarder.queue_depths, {}
         for entry in self.local.cache.entries():
             if entry.state is not State.LOADED:
                 continue
@@ -85,6 +89,9 @@ class Scaler:
                 entry.served, self._served.get(entry.model_id, entry.served), self.config.interval_ms
             )
             rpm, threshold = scaling.gated_rate(rpm, self.config.threshold_rpm, sample, self.config.bandwidth_pct)
+            depth = depths.get(entry.model_id)
+            if depth is not None and queue_stays_deep(*depth):  # a language model's engine kept a queue
+                rpm = max(rpm, threshold)
             try:  # one model's failure must neither stop the others nor skew the next rates
                 await self._apply(
                     view, entry.model_id, policy, holders, rpm, threshold, entry.last_used_ms, entry.prior_use_ms

@@ -47,6 +47,9 @@ class Forwarder:
         # Language models: each copy's engine load as its runtime or its instance last said
         # (`meshd-engine-load`), and when (monotonic ms): model -> instance -> (load, ms).
         self.engine_loads: dict[str, dict[str, tuple[EngineLoad, int]]] = {}
+        # This instance's copies: readings of their engines' queue since the scaler last looked,
+        # and the fewest requests waiting in any (model -> (readings, least waiting)).
+        self.queue_depths: dict[str, tuple[int, int]] = {}
 
     def note_engine_load(self, model_id: str, instance_id: str, metadata: Any) -> None:
         """Remember a copy's engine load from a call's initial metadata, if it carries one."""
@@ -56,6 +59,9 @@ class Forwarder:
                 if load is not None:
                     now = int(time.monotonic() * 1000)
                     self.engine_loads.setdefault(model_id, {})[instance_id] = (load, now)
+                    if instance_id == self.self_id and load.waiting >= 0:
+                        readings, least = self.queue_depths.get(model_id, (0, load.waiting))
+                        self.queue_depths[model_id] = (readings + 1, min(least, load.waiting))
                 return
 
     async def unary(

@@ -36,6 +36,12 @@ PREFIX_CHARS = 1_024  # about 256 tokens: a system prompt, or the start of a con
 AFFINITY_SLACK = 2
 KV_FULL = 0.9  # KV-cache use at which an engine starts queueing and preempting: overloaded
 PREFIX_MEMORY = 4_096  # prefixes remembered per instance (least recently used forgotten)
+# Copy scaling (loops.scaler, each rate check): a copy whose engine had at least DEEP_QUEUE
+# requests waiting at every one of at least MIN_READINGS readings since the last check counts as
+# at the load threshold, whatever its requests per minute: long LLM calls queue at rates far
+# below the 2,000 a minute that add copies of other models.
+DEEP_QUEUE = 2
+MIN_READINGS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +144,12 @@ class PrefixOwners:
         self._owners.move_to_end(key)
         while len(self._owners) > self.capacity:
             self._owners.popitem(last=False)
+
+
+def queue_stays_deep(readings: int, least_waiting: int) -> bool:
+    """Whether a copy's engine queue stayed deep over a rate check: `readings` of its load
+    since the last check, the fewest requests waiting in any of them."""
+    return readings >= MIN_READINGS and least_waiting >= DEEP_QUEUE
 
 
 def overloaded(load: EngineLoad | None, queue: int, least: int) -> bool:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from meshd.decisions.placement.llm import (
     AFFINITY_SLACK,
+    DEEP_QUEUE,
     FRESH_MS,
+    MIN_READINGS,
     PREFIX_CHARS,
     EngineLoad,
     PrefixOwners,
@@ -14,6 +16,7 @@ from meshd.decisions.placement.llm import (
     fresh,
     parse_load,
     prefix_key,
+    queue_stays_deep,
 )
 from meshd.decisions.placement.view import ClusterView
 from tests.decisions.placement.factories import NOW, inst, view
@@ -116,3 +119,9 @@ def test_copies_still_loading_follow_the_usual_rule() -> None:
     assert pick({"a": LOADED, "b": LOADING}, {"a": 5}) == "a"
     assert pick({}) is None
     assert pick({"a": LOADED}, exclude={"a"}) is None
+
+
+def test_a_queue_that_stays_deep_asks_for_copies() -> None:
+    assert queue_stays_deep(MIN_READINGS, DEEP_QUEUE)
+    assert not queue_stays_deep(MIN_READINGS, DEEP_QUEUE - 1), "one reading with a short queue: it drained"
+    assert not queue_stays_deep(MIN_READINGS - 1, DEEP_QUEUE + 5), "too few readings to say it stayed"
