@@ -55,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--pull-fsync",
         choices=["on", "off"],
-        help="sync each file before its rename (env MESHD_PULL_FSYNC=0 for off; default on)",
+        help="sync each file before its rename, for a cache that must outlive a node crash "
+        "(env MESHD_PULL_FSYNC=1 for on; default off)",
     )
 
 

@@ -84,8 +84,10 @@ class StorageSettings:
     part_bytes: int = PART_BYTES
     part_threshold: int = PART_THRESHOLD
     # fdatasync each file before its rename, so a marker never outlives its bytes after a power
-    # loss; 0 where the volume does not outlive the node anyway (an emptyDir).
-    fsync: bool = True
+    # loss or kernel crash. Off by default: a process crash (kill -9, OOM) loses nothing from
+    # the page cache, and the usual volume (an emptyDir) does not outlive the node anyway; on
+    # this machine it cost 4x on a 1 GiB pull (docs/storage.md). On for a hostPath or PV cache.
+    fsync: bool = False
 
     @classmethod
     def from_env(cls, root_dir: str | Path | None = None, env: Mapping[str, str] | None = None) -> StorageSettings:
@@ -100,7 +102,7 @@ class StorageSettings:
             int(budget) if budget else None,
             int(e.get("MESHD_PULL_STALL_MS", STALL_TIMEOUT_MS)),
             int(e.get("MESHD_PULL_PARALLEL", MAX_PARTS_IN_FLIGHT)),
-            fsync=e.get("MESHD_PULL_FSYNC", "1") not in ("0", "false", "no"),
+            fsync=e.get("MESHD_PULL_FSYNC", "0") in ("1", "true", "yes", "on"),
         )
 
 

@@ -526,6 +526,6 @@ def test_pull_bench_smoke() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = {tuple(line.split()[:2]) for line in proc.stdout.splitlines()}
     for case in ("big", "small"):
-        for tool in ("meshd", "meshd-nosync", "boto3", "s5cmd", "reload"):
+        for tool in ("meshd", "meshd-fsync", "boto3", "s5cmd", "reload"):
             assert (case, tool) in rows, proc.stdout
     assert ("big", "one-GET") in rows and "summary:" in proc.stdout
