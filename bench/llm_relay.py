@@ -47,6 +47,7 @@ from _shared import (  # noqa: E402 - bench/ is on sys.path
     asyncio_run,
     command_line,
     cpu_seconds,
+    dump_logs,
     log,
     mesh_of_run,
     sigterm_as_interrupt,
@@ -289,7 +290,8 @@ def rows_for(streams: int, shots: dict[str, list[Shot]]) -> list[str]:
     return out
 
 
-async def measure(a: argparse.Namespace, node: Node) -> list[str]:
+async def measure(a: argparse.Namespace, node: Node) -> tuple[list[str], int]:
+    """The table's rows, and how many streams failed in all."""
     engine_pid, engine_port = engine_of(MODEL)
     pids = {"meshd": node.meshd.proc.pid, "runtime": node.runtime.proc.pid, "engine": engine_pid, "client": os.getpid()}
     haproxy = haproxy_of(node.meshd.proc.pid)
@@ -298,6 +300,7 @@ async def measure(a: argparse.Namespace, node: Node) -> list[str]:
     ports = {"direct": engine_port, "meshd": node.http_port}
     stream_s = a.pieces * INTERVAL_MS / 1000
     rows = []
+    errors = 0
     for streams in a.streams:
         shots: dict[str, list[Shot]] = {"direct": [], "meshd": []}
         for run in range(a.runs):
@@ -306,8 +309,9 @@ async def measure(a: argparse.Namespace, node: Node) -> list[str]:
                 shot = await drive(ports[path], streams, a.pieces, stream_s, a.seconds, pids)
                 log(f"{streams} streams, run {run}, {path}: {shot.pieces_s:.0f} pieces/s, {shot.errors} errors")
                 shots[path].append(shot)
+                errors += shot.errors
         rows += rows_for(streams, shots)
-    return rows
+    return rows, errors
 
 
 async def warm(node: Node) -> None:
@@ -353,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         with mesh_of_run(mesh):
             node = start(mesh, Path(tmp))
             asyncio_run(warm(node))
-            lines += asyncio_run(measure(a, node))
+            rows, errors = asyncio_run(measure(a, node))
+            lines += rows
+            if errors:  # what meshd, its runtime and the engine said about them
+                dump_logs(mesh, log)
     print("\n".join(lines))
     return 0
 

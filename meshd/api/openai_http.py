@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from meshd._proto.meshd import llm_pb2
 from meshd.api.openai_direct import EngineStreams
@@ -170,6 +170,8 @@ class OpenAIHttp:
         response.content_type = head.content_type or "application/json"
         if head.content_type.startswith(SSE_TYPE):
             response.headers["Cache-Control"] = "no-cache"
+        if answer.splice is not None and request.version >= HttpVersion11:
+            response.enable_chunked_encoding()  # _ClientSink frames each read as one chunk
         await response.prepare(request)
         if tally is not None:
             tally.status = status
@@ -178,11 +180,9 @@ class OpenAIHttp:
             if tally is not None:
                 tally.piece(head.data)
         try:
-            if answer.raw:  # streamed from the engine: all it had sent, in one write
-                async for data in answer.rest:
-                    await response.write(data)
-                    if tally is not None:
-                        tally.piece(data)
+            if answer.splice is not None:  # streamed from the engine: each read one write, from its callback
+                if head.data:  # else the answer was whole (empty)
+                    await answer.splice(_ClientSink(request, response, tally))
             else:
                 async for chunk in answer.rest:
                     data = llm_pb2.HttpChunk.FromString(chunk).data
@@ -215,6 +215,32 @@ class OpenAIHttp:
             timing = token_timing(path, streaming, started, tally.first, tally.last, tally.events, tally.tail)
             self.note_tokens(model_id, timing)
         return response
+
+
+class _ClientSink:
+    """The client's side of a spliced answer (Answered.splice): each read from the engine
+    written as one chunk, from the engine socket's callback, past aiohttp's writer (which has
+    sent the head and the first piece, and sends the end)."""
+
+    __slots__ = ("chunked", "tally", "transport")
+
+    def __init__(self, request: web.Request, response: web.StreamResponse, tally: _Tally | None) -> None:
+        self.transport = request.transport
+        self.chunked = response.chunked
+        self.tally = tally
+
+    def write(self, segments: list[bytes]) -> bool:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return False
+        data = segments[0] if len(segments) == 1 else b"".join(segments)
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        if self.tally is not None:
+            self.tally.piece(data)
+        return True
+
+    def backlog(self) -> int:
+        return self.transport.get_write_buffer_size() if self.transport is not None else 0
 
 
 class _Tally:

@@ -1005,16 +1005,32 @@ class Closable(Protocol):
     def close(self) -> None: ...
 
 
+class Sink(Protocol):
+    """Where a spliced answer goes (Answered.splice): one write per read of its source."""
+
+    def write(self, segments: list[bytes]) -> bool:
+        """Send these bytes on; False: the receiver is gone."""
+
+    def backlog(self) -> int:
+        """Bytes written but not yet sent (the source pauses above a bound)."""
+
+
 class Answered:
     """An opened stream whose first answer has come; `close()` exactly once when done.
 
-    `raw`: a direct answer (Router.open_direct), whose `rest` yields the body's bytes as the
-    server sent them rather than the method's response messages."""
+    `splice`: a direct answer (Router.open_direct) hands the rest of its body's bytes to a
+    sink as they come, instead of `rest` yielding response messages."""
 
-    def __init__(self, first: bytes | None, rest: AsyncIterator[bytes], stream: Closable, raw: bool = False) -> None:
+    def __init__(
+        self,
+        first: bytes | None,
+        rest: AsyncIterator[bytes],
+        stream: Closable,
+        splice: Callable[[Sink], Awaitable[None]] | None = None,
+    ) -> None:
         self.first = first  # None: the stream ended without an answer
         self.rest = rest
-        self.raw = raw
+        self.splice = splice
         self._stream = stream
         self._after: Callable[[], None] | None = None
 
