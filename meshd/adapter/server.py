@@ -27,6 +27,7 @@ import grpc
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as v2
 from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
+from meshd._proto.meshd import disk_pb2, disk_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
 from meshd.adapter import layout, sizing
@@ -34,6 +35,7 @@ from meshd.adapter.layout import Layout, LayoutError, ModelSource
 from meshd.adapter.supervisor import Supervisor
 from meshd.core.errors import means_model_missing
 from meshd.decisions.placement.modelkey import key_object
+from meshd.storage import StorageError, StorageHelper
 
 log = logging.getLogger(__name__)
 
@@ -128,12 +130,17 @@ T = TypeVar("T")
 
 
 class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
-    def __init__(self, config: AdapterConfig, model_layout: Layout, server: ModelServer) -> None:
+    def __init__(
+        self, config: AdapterConfig, model_layout: Layout, server: ModelServer, storage: StorageHelper | None = None
+    ) -> None:
         self.config = config
         self.layout = model_layout
         self.server = server
         self.state = AdapterState()
         self.supervisor: Supervisor | None = None
+        # Issue 42: models whose key or path names a store are pulled to local disk first,
+        # and their files stay there after an unload (the disk tier); None: paths are local
+        self.storage = storage
 
     # ---- plumbing --------------------------------------------------------------------
     async def _server_up(self, context: Any) -> None:
@@ -158,18 +165,54 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"adapter: {e}")
             raise AssertionError("context.abort returned") from e
 
-    def _source(self, request: Any) -> ModelSource:
-        key = key_object(request.modelKey) or {}
-        if not request.modelPath or "\0" in request.modelPath:
+    def _source(self, request: Any, pulled: tuple[str, str] | None = None) -> ModelSource:
+        """The model's files as the layout installs them; `pulled`: the local path and the
+        rewritten key of a model the storage helper pulled (issue 42)."""
+        model_path, model_key = pulled or (request.modelPath, request.modelKey)
+        key = key_object(model_key) or {}
+        if not model_path or "\0" in model_path:
             raise Failure(grpc.StatusCode.INVALID_ARGUMENT, f"model {request.modelId!r}: modelPath is empty or invalid")
-        path = Path(request.modelPath)
+        path = Path(model_path)
         if not path.is_absolute() and self.config.model_root is not None:
             path = self.config.model_root / path
         return ModelSource(request.modelId, layout.model_type_of(request.modelType, key), path, key)
 
+    async def _pull(self, request: Any) -> tuple[str, str] | None:
+        """Pull the model onto local disk when its key or path names a store (or find it on
+        the disk tier): its local path and rewritten key (`disk_size_bytes` measured, the
+        storage fields gone); None when its path is local. A failed pull is the load's failure,
+        naming the model, the store and the object."""
+        if self.storage is None:
+            return None
+        try:
+            pulled = await self.storage.pull(request.modelId, request.modelPath, request.modelKey)
+        except StorageError as e:
+            # Not UNAVAILABLE: that would read as the runtime gone, not the model's store.
+            code = grpc.StatusCode.INTERNAL if e.retryable else grpc.StatusCode.FAILED_PRECONDITION
+            raise Failure(code, str(e)) from None
+        if pulled is None:
+            return None
+        how = "found on disk" if pulled.from_disk else f"pulled in {pulled.pull_ms} ms"
+        log.info("%s: %s (%d bytes) at %s", request.modelId, how, pulled.disk_size_bytes, pulled.local_path)
+        return pulled.local_path, pulled.key
+
     def _size(self, request: Any, source: ModelSource) -> int:
         disk = sizing.disk_usage(source.path) if source.path.exists() else None
         return sizing.model_size(request.modelKey, disk, self.config.size_multiplier, self.config.default_model_size)
+
+    async def _listed_size(self, request: Any) -> int | None:
+        """A stored model's size from its store's listing (or the disk tier), before a byte
+        moves, as the runtime's load would count it; None: its path is local."""
+        if self.storage is None:
+            return None
+        try:
+            listed = await self.storage.predict_size(request.modelId, request.modelPath, request.modelKey)
+        except StorageError as e:
+            raise Failure(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+        if listed is None:
+            return None
+        cfg = self.config
+        return sizing.model_size(request.modelKey, listed, cfg.size_multiplier, cfg.default_model_size)
 
     # ---- the SPI ---------------------------------------------------------------------
     async def loadModel(self, request: rt.LoadModelRequest, context: Any) -> rt.LoadModelResponse:
@@ -183,7 +226,7 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                     return rt.LoadModelResponse(
                         sizeInBytes=known.size_bytes, maxConcurrency=self.config.max_concurrency
                     )
-                source = self._source(request)
+                source = self._source(request, await self._pull(request))
                 try:
                     directory = await asyncio.to_thread(layout.install, self.layout, self.config.repository, source)
                 except (LayoutError, OSError) as e:
@@ -207,6 +250,8 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         return await self._answer(context, work)
 
     async def _discard(self, model_id: str) -> None:
+        if self.storage is not None:
+            self.storage.release(model_id)  # its files stay on disk, evictable
         with contextlib.suppress(grpc.aio.AioRpcError):
             await self.server.unload(model_id)
         with contextlib.suppress(OSError):
@@ -279,9 +324,14 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
     def _forget(self, model_id: str) -> None:
         self.state.loaded.pop(model_id, None)
         self.state.restoring.discard(model_id)
+        if self.storage is not None:
+            self.storage.release(model_id)  # unloaded: its files stay on disk (the tier), evictable
 
     async def predictModelSize(self, request: rt.PredictModelSizeRequest, context: Any) -> rt.PredictModelSizeResponse:
         async def work() -> rt.PredictModelSizeResponse:
+            listed = await self._listed_size(request)
+            if listed is not None:
+                return rt.PredictModelSizeResponse(sizeInBytes=listed)
             source = self._source(request)
             return rt.PredictModelSizeResponse(sizeInBytes=await asyncio.to_thread(self._size, request, source))
 
@@ -385,3 +435,24 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                     continue
                 log.warning("unloading %s: the model server holds it but nothing counts it", model_id)
                 await self._unload(model_id)
+
+
+class AdapterDisk(disk_pb2_grpc.DiskTierServicer):  # type: ignore[misc]
+    """`meshd.disk.DiskTier`: what the storage helper keeps on disk, for meshd's placement."""
+
+    def __init__(self, storage: StorageHelper) -> None:
+        self.storage = storage
+
+    async def diskInventory(
+        self, request: disk_pb2.DiskInventoryRequest, context: Any
+    ) -> disk_pb2.DiskInventoryResponse:
+        inv = self.storage.inventory()
+        models = [
+            disk_pb2.DiskModel(
+                model_id=m.model_id, size_bytes=m.size_bytes, pull_ms=m.pull_ms, last_used_ms=m.last_used_ms
+            )
+            for m in inv.models
+        ]
+        return disk_pb2.DiskInventoryResponse(
+            models=models, budget_bytes=inv.budget_bytes, used_bytes=inv.used_bytes, version=inv.version
+        )

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,11 +121,13 @@ def start_mlserver_adapter(
     memory_bytes: int,
     pid_file: Path,
     options: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Child:
     """`meshd adapter --server mlserver` on `ports` (adapter, MLServer gRPC, MLServer HTTP),
     supervising an MLServer (mlserver_command with `python`) that serves workdir/repository;
     both run from workdir/scratch (MLServer reads .env from, and imports from, its cwd). The
-    adapter writes MLServer's PID to `pid_file` (for kill_mlserver); `options`: more adapter flags.
+    adapter writes MLServer's PID to `pid_file` (for kill_mlserver); `options`: more adapter flags;
+    `env`: more environment (STORAGE_CONFIG_DIR, ...).
     """
     adapter_port, mlserver_port, http_port = ports
     repository = workdir / "repository"
@@ -140,7 +142,7 @@ def start_mlserver_adapter(
         "--",
         *argv,
     ]
-    return children.start("adapter", adapter_argv, server_env, cwd=scratch)
+    return children.start("adapter", adapter_argv, {**server_env, **(env or {})}, cwd=scratch)
 
 
 def kill_mlserver(pid_file: Path) -> None:

@@ -41,3 +41,27 @@ def test_a_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
         port = s.getsockname()[1]
         done = adapter("--repository", str(tmp_path / "repo"), "--port", str(port))
     assert done.returncode == 1 and "Failed to bind" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_pulled_models_folder_and_the_repository_stay_apart(tmp_path: Path) -> None:
+    from meshd.adapter.main import storage_problem
+
+    root = tmp_path / "models"
+    assert storage_problem(tmp_path / "repo", None) is None
+    assert storage_problem(tmp_path / "repo", root) is None
+    assert storage_problem(root / "_mlserver_models", root) is None  # upstream's layout
+    assert "named _" in (storage_problem(root / "repo", root) or "")  # the helper would take it for a model
+    assert "would hold" in (storage_problem(root, root) or "")
+    assert "would hold" in (storage_problem(tmp_path, root) or "")
+
+
+def test_a_repository_among_the_pulled_models_is_refused_at_start(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    argv = ["--server", "mlserver", "--server-grpc", "127.0.0.1:1", "--repository", str(root / "repo")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshd", "adapter", *argv, "--port", "0", "--root-model-dir", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "must be named _" in proc.stderr and "Traceback" not in proc.stderr
