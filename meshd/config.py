@@ -184,14 +184,15 @@ SETTINGS: tuple[Setting, ...] = (
         "--eviction",
         "cache eviction order: rate (each copy's recent request rate per unit of memory and second of reload, "
         "see docs/simulator.md), lrfu (recent uses per unit and second, halved every two turnovers), "
-        "gdsf (uses per unit and second, no decay) or lru (upstream's)",
+        "gdsf (uses per unit and second, no decay), lru (upstream's) or adaptive (rate or lru, whichever "
+        "of two shadow caches of the instance's requests missed less lately)",
         "rate",
     ),
     Setting(
         "latency_target_ms",
         "MESHD_LATENCY_TARGET_MS",
         "--latency-target-ms",
-        "opt-in (rate, lrfu): copies whose reload would take longer than this are worth 4x to keep (0: none)",
+        "opt-in (rate, lrfu, adaptive): copies whose reload would take longer than this are worth 4x to keep (0: none)",
         "0",
     ),
     Setting(

@@ -40,7 +40,7 @@ from meshd.config import Config
 from meshd.core.clock import wall_ms
 from meshd.core.errors import DeadlineExceeded, MeshError, NotFound
 from meshd.core.records import NATIVE_ADDRESS, NODE_LOCATION, RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
-from meshd.decisions.cache import CacheEntry, State, to_units
+from meshd.decisions.cache import CacheEntry, Eviction, State, to_units
 from meshd.decisions.drain import grace_over
 from meshd.decisions.fleet_clock import FleetClock, peer_readings
 from meshd.decisions.ids import ModelInfo
@@ -862,6 +862,7 @@ class Instance:
                 loads_waiting=q.waiting,
                 loads_in_progress=q.in_progress,
                 upstream_instances=upstream,
+                eviction_frequency_weight=cache.frequency_weight if cache.eviction is Eviction.ADAPTIVE else None,
             )
 
         def leader() -> ClusterStats | None:

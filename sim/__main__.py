@@ -46,6 +46,7 @@ PRESETS: dict[str, Callable[[w.Catalogue, int, float, float, int], w.Workload]] 
     "bursts": lambda c, n, a, r, s: w.bursts(c, n, a, r, seed=s),
     "daily": lambda c, n, a, r, s: w.daily(c, n, a, r, seed=s),
     "new-models": lambda c, n, a, r, s: w.new_models(c, n, a, r, seed=s),
+    "switching": lambda c, n, a, r, s: w.switching(c, n, a, r, seed=s),
     # Its own catalogue and arrival rate (sim.workloads.large_models): --models, --rate and the
     # size and load-speed options do not apply.
     "large-models": lambda c, n, a, r, s: w.large_models(n, a, seed=s),

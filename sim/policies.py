@@ -15,6 +15,8 @@
 - `meshd-unpriced`: `meshd` without placement by price (meshd before it, until 2026-11-27).
 - `meshd-own-clock`: `meshd` before issue 33: each cache's clock runs with its own evictions,
   and a model's use history stays with the instance that evicted it.
+- `meshd-adaptive`: `meshd` with ADAPTIVE eviction (RATE's key, the weight of its worth
+  against recency learnt from the evicted models that come back; issue 44).
 - `meshd-gdsf`: `meshd` with GDSF eviction (meshd's default before LRFU: counts that never decay).
 - `meshd-lrfu`: `meshd` with LRFU eviction (recent uses, halved every two turnovers: meshd's
   default from 2026-11-26 until RATE, the same day).
@@ -62,12 +64,14 @@ MESHD_OWN_CLOCK = Policy(
 )
 MESHD_GDSF = Policy("meshd-gdsf", eviction=Eviction.GDSF, spread_recent_loads=True, load_queue=True)
 MESHD_LRFU = Policy("meshd-lrfu", eviction=Eviction.LRFU, spread_recent_loads=True, load_queue=True)
+MESHD_ADAPTIVE = Policy(
+    "meshd-adaptive", eviction=Eviction.ADAPTIVE, spread_recent_loads=True, load_queue=True, fleet_clock=True
+)
 MESHD_FIFO = Policy("meshd-fifo", eviction=Eviction.GDSF, spread_recent_loads=True)  # meshd before issue 24
 RANDOM = Policy("random", random_placement=True)
 
-POLICIES = {
-    p.name: p for p in (UPSTREAM, MESHD, MESHD_UNPRICED, MESHD_OWN_CLOCK, MESHD_LRFU, MESHD_GDSF, MESHD_FIFO, RANDOM)
-}
+_ALL = (UPSTREAM, MESHD, MESHD_ADAPTIVE, MESHD_UNPRICED, MESHD_OWN_CLOCK, MESHD_LRFU, MESHD_GDSF, MESHD_FIFO, RANDOM)
+POLICIES = {p.name: p for p in _ALL}
 
 
 def as_configured(eviction: Eviction, load_queue: bool = True) -> Policy:

@@ -12,6 +12,7 @@ Synthetic workloads (all over a Zipf(alpha) popularity of the catalogue):
 - `bursts`: Zipf background plus bursts during which one cold model takes a share of traffic.
 - `daily`: the arrival rate follows a daily cycle (compressed: `day_s` seconds per day).
 - `new_models`: models arrive over time, each entering at the top of the ranking.
+- `switching`: `zipf` for half the requests, then the whole ranking re-dealt every minute.
 - `large_models`: its own catalogue (`large_catalogue`): under a hundred big models with
   10-40 s loads and 10-60 s service times, asked for in bursts (sessions) over weeks, the
   catalogue growing as it goes (issue 33's held-back trace, in shape).
@@ -319,6 +320,21 @@ def new_models(
         rank = bisect.bisect_left(cum, rng.random() * cum[-1])
         models.append(present - 1 - rank)  # the newest model holds rank 0
     return Workload("new-models", cat, times, models, tuple(epochs))
+
+
+def switching(cat: Catalogue, n_requests: int, alpha: float, rate_rps: float, seed: int = 0) -> Workload:
+    """Two regimes, one after the other (issue 44): `zipf` for the first half of the requests, where
+    counting uses wins, then `shifting` with the whole ranking re-dealt every minute, where the
+    popular set keeps turning over and recency wins."""
+    first = zipf(cat, n_requests // 2, alpha, rate_rps, seed=seed)
+    second = shifting(cat, n_requests - n_requests // 2, alpha, rate_rps, period_s=60.0, fraction=1.0, seed=seed + 1)
+    offset = first.times_ms[-1] if len(first) else 0
+    times = array("q", first.times_ms)
+    times.extend(t + offset for t in second.times_ms)
+    models = array("q", first.models)
+    models.extend(second.models)
+    later = tuple(e._replace(start=e.start + len(first)) for e in second.popularity)
+    return Workload("switching", cat, times, models, first.popularity + later)
 
 
 def read_csv(path: Path, default_size_bytes: int = DEFAULT_SIZE_BYTES) -> Workload:

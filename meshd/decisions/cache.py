@@ -4,7 +4,7 @@ Pure: no I/O, no asyncio; time comes in as arguments (ms). The mechanism that ow
 runtime (`meshd.serving.local`) asks it what to admit and what to evict, then does the loads and
 unloads. The simulator drives exactly this class.
 
-Four eviction orders (`Eviction`), one switch:
+Five eviction orders (`Eviction`), one switch:
 - `LRU` (upstream's): by each entry's last-used time, which may be set "in
   the past" (a model registered without a recent use must not push out models in active use).
 - `RATE` (meshd's, the daemon's default): an entry's value is its request rate x its load time
@@ -30,6 +30,13 @@ Four eviction orders (`Eviction`), one switch:
   priority is L + uses x load_ms / units, where L (the "inflation") is the priority of the
   last victim, so entries not used for a while age out. Its counts never decay while a copy
   is held, which costs it where popularity moves.
+- `ADAPTIVE` (issue 44): RATE's or recency's order, whichever would have missed less lately on
+  this cache's own requests: two shadow caches of its capacity (ids and sizes, no copies), one
+  LRU and one RATE, see every request it sees and count their misses (older ones halved every
+  2 turnovers); the cache follows the shadow that missed less, switching when the other missed
+  5 % less (set dueling). While it follows recency its key is RATE's clock of the last use alone,
+  so use histories keep being kept and a switch back loses nothing. `frequency_weight` says which
+  (1 RATE, 0 recency; the `meshd_eviction_frequency_weight` gauge).
 The counting orders keep the copies whose reloads would cost the most time per unit of
 memory they hold, and, unlike LRU, do not let a model used once push out one used a hundred
 times (the scan resistance that S3-FIFO and SIEVE get from quick demotion). Evicted models
@@ -63,6 +70,7 @@ class Eviction(enum.Enum):
     GDSF = "gdsf"
     LRFU = "lrfu"
     RATE = "rate"
+    ADAPTIVE = "adaptive"
 
 
 GHOSTS_MIN = 64  # GDSF and LRFU remember at least this many evicted models' uses
@@ -89,6 +97,14 @@ RATE_HALF_LIFE_TURNOVERS = 4.0
 # the ones avoided first. The trade-off (more loads of the fast-loading models) is in
 # docs/policies.md, "A latency target".
 LATENCY_TARGET_WEIGHT = 4.0
+# ADAPTIVE: two shadow caches of the same capacity, one LRU and one RATE, see the requests this
+# cache sees (ids and sizes only: no copies); each counts its misses, older ones counting half
+# every ADAPTIVE_MEMORY_TURNOVERS turnovers of this cache's clock. The cache evicts in the order
+# of the one that missed less lately, and changes only when the other has missed ADAPTIVE_MARGIN
+# less (set dueling, as in adaptive CPU cache insertion; LeCaR and ARC learn from ghosts instead).
+ADAPTIVE_MEMORY_TURNOVERS = 2.0
+ADAPTIVE_MARGIN = 0.05
+ADAPTIVE_TO_RECENCY_MARGIN = 0.05
 _LRFU_REBASE = 1 << 20  # half-lives of clock after which every clock is rebased (float precision)
 # A copy's reload cost is its load time, and one load's time is noisy (storage, contention):
 # once the fit below has LOAD_FIT_MIN_LOADS loads, the cost is the geometric mean of the load's
@@ -155,7 +171,9 @@ class WeightedLRU:
         # any instance are on one scale. 1: the cache's own turnover alone.
         self.fleet_size = 1
         self.evicted_units = 0  # units of loaded copies this cache has evicted, ever (its record says)
-        turnovers = RATE_HALF_LIFE_TURNOVERS if eviction is Eviction.RATE else LRFU_HALF_LIFE_TURNOVERS
+        # RATE's use histories and key, ADAPTIVE's too
+        self._rates = eviction is Eviction.RATE or eviction is Eviction.ADAPTIVE
+        turnovers = RATE_HALF_LIFE_TURNOVERS if self._rates else LRFU_HALF_LIFE_TURNOVERS
         self._half_life = turnovers * capacity_units
         self._prior_span = RATE_PRIOR_TURNOVERS * capacity_units
         self.load_fit = LoadTimeFit()
@@ -170,6 +188,14 @@ class WeightedLRU:
         # clocks of its last uses), so a model that comes back resumes its count instead of
         # starting as a stranger.
         self._ghosts: dict[str, tuple[float, float, tuple[float, ...]]] = {}
+        # ADAPTIVE: the order it follows (`frequency_weight`: 1 RATE's, 0 recency's), the two
+        # shadow caches, their recent misses (decayed to `_misses_clock`).
+        self.frequency_weight = 1.0
+        self._shadows: tuple[WeightedLRU, WeightedLRU] | None = None
+        if eviction is Eviction.ADAPTIVE:
+            self._shadows = (WeightedLRU(capacity_units, Eviction.LRU), WeightedLRU(capacity_units, Eviction.RATE))
+        self._misses = [0.0, 0.0]  # LRU's, RATE's
+        self._misses_clock = 0.0
 
     # ---- reads ---------------------------------------------------------------------
     def get(self, model_id: str) -> CacheEntry | None:
@@ -209,10 +235,12 @@ class WeightedLRU:
         placement sends a load where it evicts the least (`rank.cheapest`). Exactly so between
         instances of one capacity; with mixed capacities each value decays on its own
         half-life (turnovers of its own capacity), a bias not measured."""
-        if self.eviction is not Eviction.RATE and self.eviction is not Eviction.LRFU:
+        if not self._rates and self.eviction is not Eviction.LRFU:
             return None
         victim = self._next_victim()
-        return None if victim is None else self._key(victim)[0] - self.clock / self._half_life
+        if victim is None:
+            return None
+        return self._log_value(victim) + (victim.clock - self.clock) / self._half_life
 
     def _next_victim(self) -> CacheEntry | None:
         """The first loaded entry in eviction order (None: nothing loaded)."""
@@ -242,11 +270,13 @@ class WeightedLRU:
         entry = self._entries.get(model_id)
         if entry is None or uses < 1:
             return
+        if self._shadows is not None:
+            self._duel(model_id, entry.units, now_ms, uses)
         counted = self.eviction is not Eviction.LRU  # a use changes the key
         if self.eviction is Eviction.GDSF:
             entry.uses += uses
             entry.priority = self.inflation + entry.uses * _cost_per_unit(entry)
-        elif self.eviction is Eviction.RATE:
+        elif self._rates:
             at = entry.uses_at
             if len(at) < RATE_USES_KEPT or at[0] != self.clock:  # else every use it keeps is now: no change
                 self._record_uses(entry, at, uses)
@@ -300,11 +330,14 @@ class WeightedLRU:
             return Admission(False, reason="no room: the cache is full of more recently used models")
         for victim in victims:
             self._evict(victim)
+        if self._shadows is not None:
+            self._duel(model_id, units, now_ms)
         self._seq += 1
         entry = CacheEntry(model_id, units, last_used_ms, State.LOADING, now_ms, seq=self._seq)
         ghost = self._ghosts.pop(model_id, None)
-        if self.eviction is Eviction.RATE:
+        if self._rates:
             self._record_uses(entry, self._resumed(ghost[2] if ghost is not None else (), history), 1)
+
         elif ghost is not None and self.eviction is Eviction.GDSF:
             entry.uses += int(ghost[0])
         elif ghost is not None:
@@ -420,6 +453,7 @@ class WeightedLRU:
         self._ghosts = {
             m: (score, clock - shift, tuple(c - shift for c in at)) for m, (score, clock, at) in self._ghosts.items()
         }
+        self._misses_clock -= shift
         self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
         heapq.heapify(self._heap)
 
@@ -484,11 +518,47 @@ class WeightedLRU:
         if self.eviction is Eviction.LRFU or self.eviction is Eviction.RATE:
             # score x cost per unit, decayed to a common clock; in logs, so the order of two
             # entries does not change while neither is used (both decay at the same rate).
-            value = entry.score * _cost_per_unit(entry)
-            if self.latency_target_ms and entry.load_ms > self.latency_target_ms:
-                value *= LATENCY_TARGET_WEIGHT  # its reload would break the target
-            return (math.log2(value) + entry.clock / self._half_life, entry.last_used_ms)
+            return (self._log_value(entry) + entry.clock / self._half_life, entry.last_used_ms)
+        if self.eviction is Eviction.ADAPTIVE:  # the same, its worth weighed by the learnt weight
+            if self.frequency_weight:
+                return (self._log_value(entry) + entry.clock / self._half_life, entry.last_used_ms)
+            return (entry.clock / self._half_life, entry.last_used_ms)
         return (entry.last_used_ms,)
+
+    def _log_value(self, entry: CacheEntry) -> float:
+        """RATE, LRFU, ADAPTIVE: log2 of the entry's score x reload cost per unit, at its last use."""
+        value = entry.score * _cost_per_unit(entry)
+        if self.latency_target_ms and entry.load_ms > self.latency_target_ms:
+            value *= LATENCY_TARGET_WEIGHT  # its reload would break the target
+        return math.log2(value)
+
+    def _duel(self, model_id: str, units: int, now_ms: int, uses: int = 1) -> None:
+        """ADAPTIVE: `uses` requests of `model_id` reach the shadow caches; each that misses counts
+        it; the order follows the one that missed less lately."""
+        assert self._shadows is not None
+        misses = self._misses
+        decay = math.exp2((self._misses_clock - self.clock) / (ADAPTIVE_MEMORY_TURNOVERS * self.capacity_units))
+        if decay < 1.0:
+            misses[0] *= decay
+            misses[1] *= decay
+            self._misses_clock = self.clock
+        cost = self.load_fit.expected_ms(units)  # the reload cost RATE's shadow weighs (None: unknown)
+        for i, shadow in enumerate(self._shadows):
+            if model_id in shadow:
+                shadow.touch(model_id, now_ms, uses)
+            elif shadow.admit(model_id, units, now_ms, now_ms).admitted:
+                shadow.set_state(model_id, State.LOADED, now_ms, cost)
+                misses[i] += 1.0
+        lru, rate = misses
+        follow = self.frequency_weight
+        if follow and lru < rate * (1.0 - ADAPTIVE_TO_RECENCY_MARGIN):
+            follow = 0.0
+        elif not follow and rate < lru * (1.0 - ADAPTIVE_MARGIN):
+            follow = 1.0
+        if follow != self.frequency_weight:
+            self.frequency_weight = follow
+            self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
+            heapq.heapify(self._heap)
 
     def _push(self, entry: CacheEntry) -> None:
         heapq.heappush(self._heap, (self._key(entry), entry.seq, entry.model_id))

@@ -146,6 +146,7 @@ class InstanceStats:
     loads_waiting: int = 0  # loads waiting for a loading thread
     loads_in_progress: int = 0  # loading threads taken
     upstream_instances: int = 0  # upstream (Java) instance records in the registry: never routed to
+    eviction_frequency_weight: float | None = None  # MESHD_EVICTION=adaptive: what it learnt (else none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +423,9 @@ class _Gauges(Collector):
             }
             for name, value in values.items():
                 yield GaugeMetricFamily(name, _DOCS[name], value=value)
+            if s.eviction_frequency_weight is not None:
+                name = "meshd_eviction_frequency_weight"
+                yield GaugeMetricFamily(name, _DOCS[name], value=s.eviction_frequency_weight)
         c = self.cluster()
         if c is not None:
             yield GaugeMetricFamily("modelmesh_models_loaded_total", _DOCS["loaded"], value=c.models_loaded)
@@ -454,6 +458,7 @@ _DOCS = {
     "modelmesh_instance_loading_queue_size": "Number of model loads waiting for a loading thread in pod",
     "modelmesh_instance_loads_in_progress": "Number of loading threads in use in pod",
     "meshd_upstream_instances": "Upstream (Java) ModelMesh instance records seen in this mesh's registry (never used)",
+    "meshd_eviction_frequency_weight": "Adaptive eviction: weight of frequency against recency (0 LRU, 1 RATE)",
     "loaded": "Total number of models with at least one loaded copy",
     "failed": "Total number of models with one or more recent load failures",
     "managed": "Total number of models managed",

@@ -405,3 +405,42 @@ def test_a_latency_target_keeps_the_copy_whose_reload_would_break_it(target_ms: 
     assert [e.model_id for e in cache.admit("new", 1, 12, 12).evicted] == [evicted]
     with pytest.raises(ValueError, match="latency target"):
         WeightedLRU(2, Eviction.RATE, latency_target_ms=-1.0)
+
+
+def request(cache: WeightedLRU, model_id: str, now: int) -> bool:
+    """One request as the daemon serves it: a hit touches, a miss admits and loads (True: a hit)."""
+    if model_id in cache:
+        cache.touch(model_id, now)
+        return True
+    if cache.admit(model_id, 1, now, now).admitted:
+        cache.set_state(model_id, State.LOADED, now, 100.0)
+    return False
+
+
+def test_adaptive_follows_whichever_shadow_missed_less_and_comes_back() -> None:
+    from meshd.decisions.cache import Eviction
+
+    cache = WeightedLRU(3, Eviction.ADAPTIVE)
+    assert cache.frequency_weight == 1.0  # it starts as RATE
+    now = 0
+    for _ in range(20):  # two models used often
+        for m in ("a", "b"):
+            now += 1
+            request(cache, m, now)
+    # Then the traffic moves to two others: RATE keeps the two that went cold and lets c and d
+    # push each other out; recency keeps c and d. The LRU shadow misses less: it is followed.
+    hits = []
+    for _ in range(30):
+        for m in ("c", "d"):
+            now += 1
+            hits.append(request(cache, m, now))
+    assert cache.frequency_weight == 0.0
+    assert {"c", "d"} <= {e.model_id for e in cache.entries()} and all(hits[-10:])
+    # Two hot models, each followed by two models used once: recency loses both, RATE keeps
+    # them. Back to RATE.
+    for scan in range(0, 120, 2):
+        for m in ("x", "y")[scan % 4 // 2], f"s{scan}", f"s{scan + 1}":
+            now += 1
+            request(cache, m, now)
+    assert cache.frequency_weight == 1.0
+    assert {"x", "y"} <= {e.model_id for e in cache.entries()}

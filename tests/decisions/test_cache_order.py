@@ -55,10 +55,11 @@ def sorted_plan(cache: WeightedLRU, needed: int, exclude: str, newer_than: int |
 
 def spec_key(cache: WeightedLRU, e: CacheEntry) -> tuple[float, ...]:
     """Each order's key as its docs define it (LRFU: log of the decayed uses x cost per unit;
-    RATE: log of the rate x cost per unit, decayed since the last use)."""
+    RATE: log of the rate x cost per unit, decayed since the last use; ADAPTIVE: RATE's, or the
+    clock of the last use alone)."""
     if cache.eviction is Eviction.GDSF:
         return (e.priority, e.last_used_ms)
-    if cache.eviction in (Eviction.LRFU, Eviction.RATE):
+    if cache.eviction in (Eviction.LRFU, Eviction.RATE, Eviction.ADAPTIVE):
         cost = e.load_ms / e.units if e.load_ms > 0 else DEFAULT_LOAD_MS_PER_UNIT
         if cache.eviction is Eviction.LRFU:
             score, half_life = e.score, LRFU_HALF_LIFE_TURNOVERS * cache.capacity_units
@@ -66,7 +67,9 @@ def spec_key(cache: WeightedLRU, e: CacheEntry) -> tuple[float, ...]:
             assert 1 <= len(e.uses_at) <= RATE_USES_KEPT and e.uses_at[-1] == e.clock
             score = use_rate(e.uses_at, RATE_PRIOR_TURNOVERS * cache.capacity_units)
             half_life = RATE_HALF_LIFE_TURNOVERS * cache.capacity_units
-        return (math.log2(score * cost) + e.clock / half_life, e.last_used_ms)
+        # ADAPTIVE: RATE's, or recency on the same clock alone while it follows its LRU shadow
+        weight = cache.frequency_weight if cache.eviction is Eviction.ADAPTIVE else 1.0
+        return (weight * math.log2(score * cost) + e.clock / half_life, e.last_used_ms)
     return (e.last_used_ms,)
 
 

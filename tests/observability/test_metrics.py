@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -175,6 +176,9 @@ def test_gauges_are_read_at_scrape_time_and_cluster_ones_only_on_the_leader() ->
     assert values["modelmesh_instance_used_bps"] == 2500
     assert values["modelmesh_instance_models_total"] == 3
     assert "modelmesh_models_managed_total" not in values
+    assert "meshd_eviction_frequency_weight" not in values  # not the adaptive order: no such gauge
+    stats = replace(stats, eviction_frequency_weight=0.625)
+    assert {s.name: s.value for s in samples(m.exposition())}["meshd_eviction_frequency_weight"] == 0.625
     leading[0] = ClusterStats(models_managed=5, models_loaded=4, models_with_failure=1)
     values = {s.name: s.value for s in samples(m.exposition())}
     assert (

@@ -16,7 +16,7 @@ from sim.policies import UPSTREAM
 
 def test_generators_are_deterministic_sorted_and_in_range() -> None:
     cat = w.catalogue(50, random.Random(1), size_sigma=0.5)
-    for make in (w.zipf, w.shifting, w.bursts, w.daily, w.new_models):
+    for make in (w.zipf, w.shifting, w.bursts, w.daily, w.new_models, w.switching):
         a = make(cat, 2000, 1.0, 50.0, seed=3)  # type: ignore[operator]
         b = make(cat, 2000, 1.0, 50.0, seed=3)  # type: ignore[operator]
         assert list(a.models) == list(b.models) and list(a.times_ms) == list(b.times_ms)
@@ -149,3 +149,15 @@ def test_the_large_models_preset_has_the_held_back_traces_shape() -> None:
     # Sessions: most requests follow one for the same model.
     repeats = sum(a == b for a, b in itertools.pairwise(wl.models))
     assert repeats > 0.3 * len(wl)
+
+
+def test_switching_is_zipf_then_a_ranking_re_dealt_every_minute() -> None:
+    cat = w.catalogue(50, random.Random(1), size_sigma=0.5)
+    wl = w.switching(cat, 4000, 1.0, 10.0, seed=2)
+    # The first half is zipf's stream; the second starts where it ends, its epochs after it.
+    first = w.zipf(cat, 2000, 1.0, 10.0, seed=2)
+    assert list(wl.models[:2000]) == list(first.models) and wl.times_ms[2000] >= wl.times_ms[1999]
+    starts = [e.start for e in wl.popularity]
+    assert starts[0] == 0 and starts[1] == 2000 and starts == sorted(starts)
+    # Two minutes at 10 rps: the ranking is re-dealt about every 600 requests after the switch.
+    assert 2 <= len(starts) - 2 <= 4
