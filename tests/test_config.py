@@ -123,6 +123,7 @@ def test_eviction_switch() -> None:
     assert load_config(None, {"MESHD_EVICTION": "lrfu"}).eviction is Eviction.LRFU
     assert load_config(None, {"MESHD_EVICTION": "LRU"}).eviction is Eviction.LRU  # upstream's, one setting away
     assert load_config(None, {"MESHD_EVICTION": "gdsf"}).eviction is Eviction.GDSF
+    assert load_config(None, {"MESHD_EVICTION": "adaptive"}).eviction is Eviction.ADAPTIVE
     with pytest.raises(ConfigError, match="lru, gdsf, lrfu"):
         load_config(None, {"MESHD_EVICTION": "arc"})
 
