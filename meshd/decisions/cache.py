@@ -36,7 +36,8 @@ Five eviction orders (`Eviction`), one switch:
   2 turnovers); the cache follows the shadow that missed less, switching to recency when its
   shadow missed 25 % less and back when RATE's missed 5 % less (set dueling). While it follows
   recency its key is RATE's clock of the last use alone, so use histories keep being kept and a
-  switch back loses nothing. `frequency_weight` says which
+  switch back loses nothing. In a fleet RATE's shadow is as informed as the cache: it follows
+  the fleet clock and resumes a model from the history its record carries. `frequency_weight` says which
   (1 RATE, 0 recency; the `meshd_eviction_frequency_weight` gauge).
 The counting orders keep the copies whose reloads would cost the most time per unit of
 memory they hold, and, unlike LRU, do not let a model used once push out one used a hundred
@@ -336,7 +337,7 @@ class WeightedLRU:
         for victim in victims:
             self._evict(victim)
         if self._shadows is not None:
-            self._duel(model_id, units, now_ms)
+            self._duel(model_id, units, now_ms, history=history)
         self._seq += 1
         entry = CacheEntry(model_id, units, last_used_ms, State.LOADING, now_ms, seq=self._seq)
         ghost = self._ghosts.pop(model_id, None)
@@ -427,6 +428,8 @@ class WeightedLRU:
         the clock is at least `floor` (a peer's clock, when this cache joins a running fleet)."""
         self.fleet_size = max(1, fleet_size)
         self.clock = max(self.clock, floor) + max(0.0, advance)
+        for shadow in self._shadows or ():  # ADAPTIVE: its shadows' clocks are the fleet's too
+            shadow.follow_fleet(fleet_size, advance, floor)
 
     def _resumed(self, ghost: tuple[float, ...], history: Sequence[float]) -> tuple[float, ...]:
         """RATE: the uses a returning model resumes from: its ghost here or the history its
@@ -537,9 +540,10 @@ class WeightedLRU:
             value *= LATENCY_TARGET_WEIGHT  # its reload would break the target
         return math.log2(value)
 
-    def _duel(self, model_id: str, units: int, now_ms: int, uses: int = 1) -> None:
+    def _duel(self, model_id: str, units: int, now_ms: int, uses: int = 1, history: Sequence[float] = ()) -> None:
         """ADAPTIVE: `uses` requests of `model_id` reach the shadow caches; each that misses counts
-        it; the order follows the one that missed less lately."""
+        it; the order follows the one that missed less lately. RATE's shadow resumes a model from
+        the `history` its record carries, as the cache does."""
         assert self._shadows is not None
         misses = self._misses
         decay = math.exp2((self._misses_clock - self.clock) / (ADAPTIVE_MEMORY_TURNOVERS * self.capacity_units))
@@ -551,7 +555,7 @@ class WeightedLRU:
         for i, shadow in enumerate(self._shadows):
             if model_id in shadow:
                 shadow.touch(model_id, now_ms, uses)
-            elif shadow.admit(model_id, units, now_ms, now_ms).admitted:
+            elif shadow.admit(model_id, units, now_ms, now_ms, history=history).admitted:
                 shadow.set_state(model_id, State.LOADED, now_ms, cost)
                 misses[i] += 1.0
         lru, rate = misses
