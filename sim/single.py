@@ -8,7 +8,7 @@ Owns the single-cache runs that put meshd's eviction beside known results:
 - `belady_hit_ratio`: Belady's MIN (evict the object requested furthest in the future);
   the offline optimum for objects of one size, a strong heuristic bound otherwise.
 - `libcachesim_hit_ratios`: the same stream through libCacheSim's algorithms (PyPI
-  `libcachesim`, optional): LRU, S3-FIFO, SIEVE, GDSF, ARC, LHD, Belady.
+  `libcachesim`, optional): LRU, S3-FIFO, SIEVE, GDSF, ARC, LeCaR, CACHEUS, LHD, Belady.
 - `oracle_hits`: a policy that knows every model's request probability at each moment (from
   the generator) but not the future: it holds the most probable models per unit that fit
   and loads a missed model only when it is among them or there is free room (issue 20's
@@ -30,7 +30,7 @@ from meshd.decisions.cache import Eviction, State, WeightedLRU
 from sim.workloads import Epoch
 
 # LFUDA is left out: libcachesim 0.3.5's LFUDA did not finish at 1 % capacity here.
-LIBCACHESIM_ALGORITHMS = ("LRU", "S3FIFO", "Sieve", "GDSF", "ARC", "LHD", "Belady")
+LIBCACHESIM_ALGORITHMS = ("LRU", "S3FIFO", "Sieve", "GDSF", "ARC", "LeCaR", "Cacheus", "LHD", "Belady")
 _NEVER = 1 << 62
 _INT64_MAX = (1 << 63) - 1
 
