@@ -142,9 +142,16 @@ class Pod:
             return 0  # not answering
 
 
-def start_adapter(pod: Pod, mlserver_env: Path, tmp: Path, adapter_port: int, mlserver_port: int) -> Child:
+def start_adapter(
+    pod: Pod,
+    mlserver_env: Path,
+    tmp: Path,
+    adapter_port: int,
+    mlserver_port: int,
+    env: dict[str, str] | None = None,
+) -> Child:
     ports = (adapter_port, mlserver_port, free_ports(1, avoid=(adapter_port, mlserver_port))[0])
-    return start_mlserver_adapter(pod.procs, mlserver_env, tmp, ports, 512 << 20, pod.mlserver_pid_file)
+    return start_mlserver_adapter(pod.procs, mlserver_env, tmp, ports, 512 << 20, pod.mlserver_pid_file, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +161,17 @@ def mlserver_env() -> Path:
 
 @pytest.fixture
 def pod(mlserver_env: Path, tmp_path: Path, etcd_server: object, plain_meshd: Path) -> Iterator[Pod]:
+    yield from start_pod(mlserver_env, tmp_path, etcd_server, plain_meshd)
+
+
+def start_pod(
+    mlserver_env: Path,
+    tmp_path: Path,
+    etcd_server: object,
+    plain_meshd: Path,
+    adapter_env: dict[str, str] | None = None,
+) -> Iterator[Pod]:
+    """The pod; `adapter_env`: more environment for the runtime container (the adapter)."""
     models = train_sklearn_models(mlserver_env, tmp_path / "models", 2)
     # The etcd secret, mounted as the controller mounts it (controllers/modelmesh/etcd.go).
     secret = tmp_path / "opt/kserve/mmesh/etcd/etcd_connection"
@@ -213,7 +231,7 @@ def pod(mlserver_env: Path, tmp_path: Path, etcd_server: object, plain_meshd: Pa
         wait_until(lambda: pod.http(probe_port, "/live") == 200 or not meshd.alive(), 60, "/live")
         assert meshd.alive(), meshd.log_tail()
         assert pod.http(probe_port, "/ready") == 503, "ready before the runtime answered"
-        pod.adapter = start_adapter(pod, mlserver_env, tmp_path, adapter_port, mlserver_port)
+        pod.adapter = start_adapter(pod, mlserver_env, tmp_path, adapter_port, mlserver_port, adapter_env)
         wait_until(lambda: pod.http(probe_port, "/ready") == 200 or not meshd.alive(), 180, "/ready")
         assert meshd.alive(), meshd.log_tail()
         yield pod
@@ -370,3 +388,78 @@ def test_the_controllers_flows_on_a_pod_it_would_start(pod: Pod) -> None:
     assert answers in ([200], [0]), answers  # answered once stopped, or cut as the process exited
     assert pod.meshd.proc.returncode == 0, pod.meshd.log_tail()
     assert not port_open(pod.grpc_port)
+
+
+# ---- issue 42: the storage-config secret and a Predictor's storage.key/path, unchanged ----
+
+# modelmesh-serving's example secret (config/dependencies/minio-storage-secret.yaml, docs
+# predictors/setup-storage.md): one key per storage, its value the JSON below. Only the
+# endpoint differs: here an S3-protocol server (moto's) on loopback.
+SECRET_ACCESS = ("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
+EXAMPLE_BUCKET = "modelmesh-example-models"
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def storage_pod(
+    mlserver_env: Path, tmp_path: Path, etcd_server: object, plain_meshd: Path, moto_url: str
+) -> Iterator[Pod]:
+    secret = tmp_path / "storage-config"  # the secret's mount: files through ..data, as the kubelet writes them
+    entry = {
+        "type": "s3",
+        "access_key_id": SECRET_ACCESS[0],
+        "secret_access_key": SECRET_ACCESS[1],
+        "endpoint_url": moto_url,
+        "default_bucket": EXAMPLE_BUCKET,
+        "region": "us-south",
+    }
+    write_configmap(secret, 1, {"localMinIO": json.dumps(entry, indent=2)})
+    # The runtime container's environment: the controller sets no ROOT_MODEL_DIR for the
+    # adapter (its default, /models); here it is a folder of the test's.
+    env = {"ROOT_MODEL_DIR": str(tmp_path / "models-dir"), "STORAGE_CONFIG_DIR": str(secret)}
+    yield from start_pod(mlserver_env, tmp_path, etcd_server, plain_meshd, env)
+
+
+def test_a_predictor_with_storage_key_and_path_loads_from_the_secrets_store(storage_pod: Pod, moto_url: str) -> None:
+    boto3 = pytest.importorskip("boto3")
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=moto_url,
+        aws_access_key_id=SECRET_ACCESS[0],
+        aws_secret_access_key=SECRET_ACCESS[1],
+        region_name="us-south",
+    )
+    s3.create_bucket(Bucket=EXAMPLE_BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-south"})
+    model = storage_pod.models[0]
+    for f in model.path.rglob("*"):
+        if f.is_file():
+            s3.upload_file(str(f), EXAMPLE_BUCKET, f"sklearn/{model.name}/{f.relative_to(model.path)}")
+    # What the controller writes for `storage: {key: localMinIO, path: sklearn/<name>}` and
+    # `modelFormat: {name: sklearn}` (predictor_controller.go's ModelKeyInfo).
+    key = {"storage_key": "localMinIO", "model_type": {"name": "sklearn"}}
+    info = mm.ModelInfo(type="mt:sklearn", path=f"sklearn/{model.name}", key=json.dumps(key))
+    with grpc.insecure_channel(f"127.0.0.1:{storage_pod.grpc_port}") as ch:
+        stub = mm_grpc.ModelMeshStub(ch)
+        set_vmodel(stub, "isvc-s3", "isvc-s3__isvc-4444444444", info)
+        loaded = poll_vmodel(
+            stub, "isvc-s3", lambda s: s.activeModelStatus.status in (ST.LOADED, ST.LOADING_FAILED), "isvc-s3"
+        )
+        assert decode_model_state(loaded.activeModelStatus) == ("Loaded", ""), loaded
+        assert infer(ch, "isvc-s3", model) == model.expected
+    models_dir = Path(storage_pod.env["MESHD_DATA_DIR"]).parent / "models-dir"
+    assert (models_dir / "isvc-s3__isvc-4444444444" / model.name / "model.joblib").is_file()
+    assert storage_pod.adapter is not None
+    for child in (storage_pod.adapter, storage_pod.meshd):
+        text = child.log_path.read_text(errors="replace")
+        assert SECRET_ACCESS[1] not in text and SECRET_ACCESS[0] not in text
