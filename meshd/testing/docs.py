@@ -35,7 +35,7 @@ class Block:
 
 def shell_blocks(markdown: str) -> list[Block]:
     """The page's shell blocks, in order."""
-    found = []
+    found: list[Block] = []
     for match in _FENCE.finditer(markdown):
         if match.group(1) in SHELL_FENCES:
             line = markdown.count("\n", 0, match.start()) + 1
