@@ -1,0 +1,66 @@
+"""docs/llm.md's shell blocks, run as a reader runs them (meshd.testing.docs): in order, as
+written, in one shell session, in a directory holding a tiny GGUF this test makes as the
+reader's `my-llm.gguf`, each block with a time limit.
+
+What is not as written, and why:
+- the set-up block (a venv compiling llama.cpp, ~9 min) is not run: `~/.venvs/llama` (HOME is
+  a fresh folder) is the llama.cpp venv the tests already built (.venvs/), linked there;
+- the default ports (8085, 8091 in the text; 8033, 8080, 2112, 8089, 8090 taken by default)
+  are swapped for free ones, in the text and by settings on the `meshd serve` line, as in
+  tests/integration/test_docs_run.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshd.testing.docs import Block, run_blocks, shell_blocks
+from meshd.testing.llm import make_gguf
+from meshd.testing.procs import free_ports
+
+pytestmark = pytest.mark.slow
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "llm.md"
+SETUP = "# llama.cpp (llama-cpp-python's server) in a venv of its own"
+LIMIT_S = 180.0  # per block: an engine's first start on 2 busy cores takes seconds, a hang forever
+
+
+def test_the_llm_page_runs_as_written_in_order(llama_python: Path, tmp_path: Path) -> None:
+    blocks = shell_blocks(PAGE.read_text())
+    assert blocks and blocks[0].text.startswith(SETUP), "the page's set-up block changed: say what stands in for it"
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / ".venvs").mkdir(parents=True)
+    work.mkdir()
+    (home / ".venvs" / "llama").symlink_to(llama_python.parent.parent)
+    (made,) = make_gguf(llama_python, tmp_path / "gguf", 1)
+    shutil.move(made, work / "my-llm.gguf")
+    runtime, http, grpc_port, peer, metrics, probe, prestop = free_ports(7)
+    serve = (
+        f"MM_SVC_GRPC_PORT={grpc_port} MESHD_PEER_PORT={peer} MESHD_HTTP_PORT={http} "
+        f"MM_METRICS='prometheus:port={metrics};scheme=http' MM_PROBE_PORT={probe} MM_PRESTOP_WAIT_PORT={prestop} "
+    )
+    run = []
+    for b in blocks[1:]:
+        text = re.sub(r"\b8091\b", str(http), re.sub(r"\b8085\b", str(runtime), b.text))
+        if "\nmeshd serve " in text:
+            text = text.replace("\nmeshd serve ", f"\n{serve}meshd serve ", 1)
+        run.append(Block(b.index, b.line, text))
+    assert any(serve in b.text for b in run), "the page starts no meshd"
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HOME": str(home),
+        "MESHD_ADDRESS": f"localhost:{grpc_port}",  # the CLI's default 8033, swapped
+    }
+    for name in [n for n in env if n.startswith(("MM_", "MESHD_", "KV_STORE")) and n != "MESHD_ADDRESS"]:
+        del env[name]
+    ran = run_blocks(run, work, env, LIMIT_S)
+    started = ran[0].output
+    assert '"object":"chat.completion"' in started.replace(" ", ""), started
+    assert '"model":"my-llm"' in started.replace(" ", ""), started
