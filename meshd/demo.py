@@ -38,6 +38,7 @@ from meshd.testing.triton import (
 )
 
 MODEL_SIZE_BYTES = 4 << 20
+RETRIES_429 = 10  # a language model request answered 429 is sent again, up to this many times
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,6 +59,12 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         "`meshd adapter`, serving the models as Python-backend models (needs the nvidia-pytriton wheel); "
         "llamacpp: language models (tiny random GGUFs) on llama.cpp engines under `meshd llm-runtime`, "
         "asked through meshd's OpenAI-compatible port (its venv is compiled on first use: ~9 min on 2 cores)",
+    )
+    p.add_argument(
+        "--engine-python",
+        type=Path,
+        help="with --runtime llamacpp: the Python of a venv with llama-cpp-python[server] you already have "
+        "(default: one the demo builds under .venvs in a checkout, else ~/.cache/meshd/venvs)",
     )
     p.add_argument(
         "--triton-python",
@@ -194,6 +201,7 @@ async def drive_llm(args: argparse.Namespace, mesh: LocalMesh, infos: dict[str, 
         for n, model_id in enumerate(rng.choices(ids, weights=zipf_weights(len(ids), args.zipf), k=args.requests)):
             queue.put_nowait((n, model_id))
         tally = Tally()
+        retried = [0]
         answers: dict[tuple[str, bool], str] = {}
         bias = {str(token): -100 for token in (2, *range(131, 259))}  # no </s>, printable bytes only
         async with aiohttp.ClientSession() as session:
@@ -208,18 +216,26 @@ async def drive_llm(args: argparse.Namespace, mesh: LocalMesh, infos: dict[str, 
                 else:
                     body["prompt"] = "a mesh is"
                 path = "/v1/chat/completions" if chat else "/v1/completions"
-                async with session.post(node.http_url + path, json=body) as r:
-                    if r.status != 200:
-                        raise RuntimeError(f"HTTP {r.status}")
-                    if not stream:
-                        choice = (await r.json())["choices"][0]
-                        return str(choice["message"]["content"] if chat else choice["text"])
-                    text = []
-                    async for line in r.content:
-                        if line.startswith(b"data: {"):
-                            choice = json.loads(line[6:])["choices"][0]
-                            text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
-                    return "".join(text)
+                for attempt in range(RETRIES_429 + 1):
+                    async with session.post(node.http_url + path, json=body) as r:
+                        if r.status == 429 and attempt < RETRIES_429:
+                            # No copy could take it in time (an engine serves one request at a
+                            # time, and loads queue): wait as Retry-After says, then ask again.
+                            retried[0] += 1
+                            await asyncio.sleep(float(r.headers.get("Retry-After") or 1))
+                            continue
+                        if r.status != 200:
+                            raise RuntimeError(f"HTTP {r.status}")
+                        if not stream:
+                            choice = (await r.json())["choices"][0]
+                            return str(choice["message"]["content"] if chat else choice["text"])
+                        text = []
+                        async for line in r.content:
+                            if line.startswith(b"data: {"):
+                                choice = json.loads(line[6:])["choices"][0]
+                                text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+                        return "".join(text)
+                raise AssertionError("unreachable: the last attempt returns or raises")
 
             async def worker() -> None:
                 while True:
@@ -252,6 +268,7 @@ async def drive_llm(args: argparse.Namespace, mesh: LocalMesh, infos: dict[str, 
         print(f"  same answers     {tally.ok} (temperature 0: each model answers a prompt the same way every time)")
         print(f"  other answers    {tally.wrong}")
         print(f"  errors           {errors}" + (f" {tally.errors}" if errors else ""))
+        print(f"  retried          {retried[0]} (HTTP 429: no copy free in time; retried after its Retry-After)")
         print(f"  loads            {sum(s.loads for s in stats)} (each starts an engine process)")
         print(f"  evictions        {sum(s.evictions for s in stats)} (each stops one)")
         print(f"  latency p50      {percentile(tally.latencies_ms, 50):.2f} ms (a whole 12-token answer)")
@@ -264,9 +281,19 @@ async def drive_llm(args: argparse.Namespace, mesh: LocalMesh, infos: dict[str, 
 
 def start_llm_mesh(args: argparse.Namespace, mesh: LocalMesh) -> dict[str, mm.ModelInfo]:
     from meshd.testing.llm import TINY_ENGINE_BYTES, LlmRuntimeArgs, add_llm_node, llamacpp_python, make_gguf
+    from meshd.testing.venvs import DEFAULT_ROOT
 
-    print("  llama.cpp   building its venv on first use (~9 min on 2 cores; seconds once cached)", flush=True)
-    python = llamacpp_python()
+    if args.engine_python is not None:
+        python = args.engine_python
+        print(f"  llama.cpp   engine venv {python.parent.parent} (--engine-python)", flush=True)
+    else:
+        print(
+            f"  llama.cpp   engine venv under {DEFAULT_ROOT} (built on first use: ~9 min on 2 cores; "
+            "--engine-python uses one you have)",
+            flush=True,
+        )
+        python = llamacpp_python()
+        print(f"  llama.cpp   engine venv {python.parent.parent}", flush=True)
     paths = make_gguf(python, mesh.workdir / "gguf", args.models, seed=args.seed)
     runtime = LlmRuntimeArgs(python, memory_bytes=args.cache_models * TINY_ENGINE_BYTES + (16 << 20))
     for i in range(args.instances):

@@ -2,7 +2,9 @@
 
 Such clients pin their own dependencies (tritonclient wants protobuf < 7), so they never go
 into meshd's venv: each gets its own, built on first use and kept for later runs under
-`<repo>/.venvs/<name>-<hash>/`, where the hash covers the requirements and the Python version.
+`<repo>/.venvs/<name>-<hash>/` in a checkout, else (meshd installed: never inside site-packages)
+under `$XDG_CACHE_HOME/meshd/venvs` (`~/.cache/meshd/venvs`); the hash covers the requirements
+and the Python version.
 A marker file, written only after pip succeeded, marks a venv complete; a venv without it
 (an interrupted install) is removed and built again. An fcntl lock around the build keeps
 two processes (pytest-xdist workers, two test runs) from building the same venv at once.
@@ -13,14 +15,26 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 MARKER = ".meshd-venv-complete"
-DEFAULT_ROOT = Path(__file__).resolve().parents[2] / ".venvs"
+
+
+def default_root(above_package: Path, env: Mapping[str, str]) -> Path:
+    """Where venvs go: `.venvs` of the checkout holding the package, or (an installed meshd,
+    whose folder above the package is site-packages) the user's cache."""
+    if (above_package / "pyproject.toml").is_file() and (above_package / "meshd").is_dir():
+        return above_package / ".venvs"
+    cache = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "meshd" / "venvs"
+
+
+DEFAULT_ROOT = default_root(Path(__file__).resolve().parents[2], os.environ)
 INSTALL_TIMEOUT_S = 900.0
 _ERROR_TAIL_LINES = 30
 
