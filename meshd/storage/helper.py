@@ -85,8 +85,8 @@ class StorageSettings:
     part_threshold: int = PART_THRESHOLD
     # fdatasync each file before its rename, so a marker never outlives its bytes after a power
     # loss or kernel crash. Off by default: a process crash (kill -9, OOM) loses nothing from
-    # the page cache, and the usual volume (an emptyDir) does not outlive the node anyway; on
-    # this machine it cost 4x on a 1 GiB pull (docs/storage.md). On for a hostPath or PV cache.
+    # the page cache, and the usual volume (an emptyDir) does not outlive the node anyway.
+    # On for a hostPath or PV cache (docs/storage.md).
     fsync: bool = False
 
     @classmethod
