@@ -103,3 +103,17 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEt
 def etcd_prefix() -> str:
     """A key prefix no other test uses, so tests can share `etcd_server`."""
     return f"/test/{uuid.uuid4().hex[:12]}/"
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    """An S3-protocol server (moto's, a dev dependency) on loopback, for the storage tests."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()

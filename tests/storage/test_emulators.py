@@ -42,7 +42,7 @@ def put(url: str, path: str, body: bytes, headers: dict[str, str] | None = None)
 
 @pytest.fixture
 def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    server_mod = pytest.importorskip("gcp_storage_emulator.server")
+    from gcp_storage_emulator import server as server_mod  # a dev dependency: missing, this fails
     port = free_port()
     server = server_mod.create_server("127.0.0.1", port, in_memory=True, default_bucket="gbkt")
     server.start()
