@@ -22,15 +22,13 @@ from pathlib import Path
 
 import grpc
 
-from meshd._proto.meshd import disk_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
-from meshd.adapter import gpu, layout, running, sizing
+from meshd.adapter import gpu, layout, running, sizing, stored
 from meshd.adapter.layout import Layout, MLServerLayout, TritonLayout
-from meshd.adapter.server import Adapter, AdapterConfig, AdapterDisk, ModelServer
+from meshd.adapter.server import Adapter, AdapterConfig, ModelServer
 from meshd.adapter.supervisor import Supervisor, SupervisorConfig
 from meshd.observability.logs import setup_logging
 from meshd.process.child import resolve
-from meshd.storage import StorageHelper, StorageSettings
 
 log = logging.getLogger("meshd.adapter")
 
@@ -59,13 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-grpc", required=True, metavar="HOST:PORT", help="the model server's gRPC endpoint")
     p.add_argument("--repository", type=Path, required=True, help="the model server's model repository (owned)")
     p.add_argument("--model-root", type=Path, help="relative model paths are under this folder")
-    p.add_argument(
-        "--root-model-dir",
-        type=Path,
-        help="pull models whose key or path names a store (storage-config, s3://, hf://, ...) into "
-        "this folder first and keep them there as a disk tier (env ROOT_MODEL_DIR; its budget: env "
-        "MESHD_DISK_CACHE_BYTES; the secret's folder: env STORAGE_CONFIG_DIR; docs/storage.md)",
-    )
+    stored.add_root_model_dir(p)
     p.add_argument("--host", default="127.0.0.1", help="address of the SPI port")
     p.add_argument("--port", type=int, help="SPI (mmesh.ModelRuntime) TCP port")
     p.add_argument("--socket", type=Path, help="SPI unix socket")
@@ -144,15 +136,6 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str], gpu_bytes: int | 
     )
 
 
-def storage_root(a: argparse.Namespace, env: Mapping[str, str]) -> Path | None:
-    """Where pulled models go (the flag, else upstream's ROOT_MODEL_DIR); None: no storage
-    helper, model paths are local files."""
-    if a.root_model_dir is not None:
-        return Path(a.root_model_dir)
-    value = env.get("ROOT_MODEL_DIR")
-    return Path(value) if value else None
-
-
 def storage_problem(repository: Path, root: Path | None) -> str | None:
     """The repository is cleared at start: inside the model folder only under a name the
     storage helper leaves alone (upstream's `_mlserver_models`, `_triton_models`)."""
@@ -179,11 +162,7 @@ async def serve(a: argparse.Namespace, config: AdapterConfig) -> int:
     ]
     channel = grpc.aio.insecure_channel(a.server_grpc, options=options)
     model_layout: Layout = LAYOUTS[a.server]()
-    storage = None
-    root = storage_root(a, os.environ)
-    if root is not None:
-        storage = StorageHelper(StorageSettings.from_env(root))
-        await storage.start()  # half-written pulls removed, complete ones back in the tier
+    storage = await stored.open_storage(stored.storage_root(a, os.environ))
     adapter = Adapter(config, model_layout, ModelServer(channel), storage)
     command = launch_command(a)
     env = dict(os.environ)
@@ -203,8 +182,7 @@ async def serve(a: argparse.Namespace, config: AdapterConfig) -> int:
 
     server = grpc.aio.server(options=options)
     rt_grpc.add_ModelRuntimeServicer_to_server(adapter, server)
-    if storage is not None:  # without it diskInventory is UNIMPLEMENTED: meshd sees no tier
-        disk_pb2_grpc.add_DiskTierServicer_to_server(AdapterDisk(storage), server)
+    stored.serve_disk_tier(server, storage)
     bound = []
     if a.port is not None:
         port = server.add_insecure_port(f"{a.host}:{a.port}")
@@ -253,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(a.log_level, log_format)
     config = config_from(a, os.environ, gpu_memory(a, os.environ))
     problem = layout.overlap_problem(config.repository, config.model_root) or storage_problem(
-        config.repository, storage_root(a, os.environ)
+        config.repository, stored.storage_root(a, os.environ)
     )
     if problem:
         print(f"meshd adapter: {problem}", file=sys.stderr)

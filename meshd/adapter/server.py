@@ -27,15 +27,15 @@ import grpc
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as v2
 from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
-from meshd._proto.meshd import disk_pb2, disk_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
-from meshd.adapter import layout, sizing
+from meshd.adapter import layout, sizing, stored
 from meshd.adapter.layout import Layout, LayoutError, ModelSource
+from meshd.adapter.stored import Failure
 from meshd.adapter.supervisor import Supervisor
 from meshd.core.errors import means_model_missing
 from meshd.decisions.placement.modelkey import key_object
-from meshd.storage import StorageError, StorageHelper
+from meshd.storage import StorageHelper
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,6 @@ class AdapterState:
         if lock is None:
             lock = self.locks[model_id] = asyncio.Lock()
         return lock
-
-
-class Failure(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
 
 
 class ModelServer:
@@ -182,18 +175,9 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         the disk tier): its local path and rewritten key (`disk_size_bytes` measured, the
         storage fields gone); None when its path is local. A failed pull is the load's failure,
         naming the model, the store and the object."""
-        if self.storage is None:
-            return None
-        try:
-            pulled = await self.storage.pull(request.modelId, request.modelPath, request.modelKey)
-        except StorageError as e:
-            # Not UNAVAILABLE: that would read as the runtime gone, not the model's store.
-            code = grpc.StatusCode.INTERNAL if e.retryable else grpc.StatusCode.FAILED_PRECONDITION
-            raise Failure(code, str(e)) from None
+        pulled = await stored.pull(self.storage, request.modelId, request.modelPath, request.modelKey)
         if pulled is None:
             return None
-        how = "found on disk" if pulled.from_disk else f"pulled in {pulled.pull_ms} ms"
-        log.info("%s: %s (%d bytes) at %s", request.modelId, how, pulled.disk_size_bytes, pulled.local_path)
         return pulled.local_path, pulled.key
 
     def _size(self, request: Any, source: ModelSource) -> int:
@@ -203,12 +187,7 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
     async def _listed_size(self, request: Any) -> int | None:
         """A stored model's size from its store's listing (or the disk tier), before a byte
         moves, as the runtime's load would count it; None: its path is local."""
-        if self.storage is None:
-            return None
-        try:
-            listed = await self.storage.predict_size(request.modelId, request.modelPath, request.modelKey)
-        except StorageError as e:
-            raise Failure(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+        listed = await stored.listed_size(self.storage, request.modelId, request.modelPath, request.modelKey)
         if listed is None:
             return None
         cfg = self.config
@@ -435,24 +414,3 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
                     continue
                 log.warning("unloading %s: the model server holds it but nothing counts it", model_id)
                 await self._unload(model_id)
-
-
-class AdapterDisk(disk_pb2_grpc.DiskTierServicer):  # type: ignore[misc]
-    """`meshd.disk.DiskTier`: what the storage helper keeps on disk, for meshd's placement."""
-
-    def __init__(self, storage: StorageHelper) -> None:
-        self.storage = storage
-
-    async def diskInventory(
-        self, request: disk_pb2.DiskInventoryRequest, context: Any
-    ) -> disk_pb2.DiskInventoryResponse:
-        inv = self.storage.inventory()
-        models = [
-            disk_pb2.DiskModel(
-                model_id=m.model_id, size_bytes=m.size_bytes, pull_ms=m.pull_ms, last_used_ms=m.last_used_ms
-            )
-            for m in inv.models
-        ]
-        return disk_pb2.DiskInventoryResponse(
-            models=models, budget_bytes=inv.budget_bytes, used_bytes=inv.used_bytes, version=inv.version
-        )

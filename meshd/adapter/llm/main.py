@@ -23,7 +23,7 @@ import grpc
 from meshd._proto.inference import grpc_predict_v2_pb2_grpc as pb_grpc
 from meshd._proto.meshd import llm_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
-from meshd.adapter import running
+from meshd.adapter import running, stored
 from meshd.adapter.llm.calls import OpenAICalls, TextInference
 from meshd.adapter.llm.engines import PACKAGES, PRESETS, RestartPolicy, check_template, engine_module
 from meshd.adapter.llm.runtime import Engines, LlmConfig, LlmRuntime
@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--restart-window-s", type=float, default=120.0, help="... within this many seconds (default %(default)g)"
     )
     p.add_argument("--model-root", type=Path, help="relative model paths are under this folder (default: the cwd)")
+    stored.add_root_model_dir(p)
     p.add_argument(
         "--workdir", type=Path, default=Path(".meshd-llm"), help="engine logs go under it (default %(default)s)"
     )
@@ -187,7 +188,8 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str]) -> LlmConfig:
 
 
 async def serve(a: argparse.Namespace, config: LlmConfig) -> int:
-    engines = Engines(config)
+    storage = await stored.open_storage(stored.storage_root(a, os.environ))
+    engines = Engines(config, storage)
     await engines.start()
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -197,6 +199,7 @@ async def serve(a: argparse.Namespace, config: LlmConfig) -> int:
     rt_grpc.add_ModelRuntimeServicer_to_server(LlmRuntime(engines), server)
     llm_pb2_grpc.add_OpenAIServicer_to_server(OpenAICalls(engines), server)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(TextInference(engines), server)
+    stored.serve_disk_tier(server, storage)
     bound = []
     if a.port is not None:
         port = server.add_insecure_port(f"{a.host}:{a.port}")
@@ -217,6 +220,8 @@ async def serve(a: argparse.Namespace, config: LlmConfig) -> int:
     log.info("stopping: engines are stopped first")
     await server.stop(grace=2.0)
     await engines.close()
+    if storage is not None:
+        await storage.close()
     log.info("stopped")
     return 0
 

@@ -30,11 +30,13 @@ import grpc
 
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+from meshd.adapter import sizing, stored
 from meshd.adapter.llm.engines import RestartPolicy, adapter_refusal, engine_argv, restart_delay
 from meshd.adapter.llm.grpc_abort import abort
 from meshd.adapter.llm.load import LoadWatch
 from meshd.adapter.llm.process import EngineProcess, EngineStartError, describe_exit, free_port
 from meshd.core.model_types import ADAPTER_SLOTS_FULL, LLM_MODEL_TYPES, base_model_of, is_llm_type
+from meshd.storage import StorageHelper
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +124,11 @@ class Served:
 class Engines:
     """The engine of each loaded model, started, stopped and supervised."""
 
-    def __init__(self, config: LlmConfig) -> None:
+    def __init__(self, config: LlmConfig, storage: StorageHelper | None = None) -> None:
         self.config = config
+        # Issue 42: models whose key or path names a store are pulled to local disk first
+        # (LlmRuntime.loadModel); their files stay there after an unload (the disk tier)
+        self.storage = storage
         self.served: dict[str, Served] = {}
         self.session: aiohttp.ClientSession | None = None
         self._loading = asyncio.Semaphore(max(1, config.max_loading_concurrency))
@@ -201,6 +206,7 @@ class Engines:
         served = self.served.pop(model_id, None)
         if served is None:
             return False
+        self._release(model_id)
         if served.base is not None:
             try:
                 await self._adapter_call(served, UNLOAD_ADAPTER_PATH, {"lora_name": model_id}, missing_ok=True)
@@ -210,6 +216,7 @@ class Engines:
             return True
         for adapter in [a for a in self.served.values() if a.base is served]:  # they go with their base
             del self.served[adapter.model_id]
+            self._release(adapter.model_id)
         if served.watcher is not None:
             served.watcher.cancel()
         await served.engine.stop()
@@ -220,8 +227,14 @@ class Engines:
         """A model given up: it and the adapters in its engine are reported gone."""
         for adapter in self.adapters_of(served):
             self.served.pop(adapter.model_id, None)
+            self._release(adapter.model_id)
         if self.served.get(served.model_id) is served:
             del self.served[served.model_id]
+            self._release(served.model_id)
+
+    def _release(self, model_id: str) -> None:
+        if self.storage is not None:
+            self.storage.release(model_id)  # its files stay on disk (the tier), evictable
 
     def adapters_of(self, base: Served) -> list[Served]:
         return [a for a in self.served.values() if a.base is base]
@@ -334,6 +347,16 @@ class Engines:
             log.info("the engine of %s is back on port %d", served.model_id, engine.port)
 
 
+def engine_file(path: Path) -> Path:
+    """What an engine is given for a pulled model: the GGUF file when the model is a folder
+    holding exactly one (llama.cpp takes a file, not a folder); else the path as it is."""
+    if path.is_dir():
+        ggufs = [f for f in path.rglob("*.gguf") if f.is_file()]
+        if len(ggufs) == 1:
+            return ggufs[0]
+    return path
+
+
 class LlmRuntime(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
     """The SPI over `Engines`."""
 
@@ -342,8 +365,17 @@ class LlmRuntime(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         self.methods = methods
 
     async def loadModel(self, request: rt.LoadModelRequest, context: Any) -> rt.LoadModelResponse:
+        path, key = request.modelPath, request.modelKey
         try:
-            served = await self.engines.load(request.modelId, request.modelType, request.modelPath, request.modelKey)
+            pulled = await stored.pull(self.engines.storage, request.modelId, path, key)
+        except stored.Failure as e:
+            await abort(context, e.code, e.details)
+        if pulled is not None:
+            path, key = pulled.local_path, pulled.key
+            if request.modelType.lower() != ADAPTER_TYPE:
+                path = str(engine_file(Path(path)))
+        try:
+            served = await self.engines.load(request.modelId, request.modelType, path, key)
         except AdapterSlotsFull as e:
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except BaseNotLoaded as e:  # not the adapter's fault: meshd loads it again, the base first
@@ -362,6 +394,15 @@ class LlmRuntime(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         return rt.UnloadModelResponse()
 
     async def predictModelSize(self, request: rt.PredictModelSizeRequest, context: Any) -> rt.PredictModelSizeResponse:
+        try:
+            listed = await stored.listed_size(
+                self.engines.storage, request.modelId, request.modelPath, request.modelKey
+            )
+        except stored.Failure as e:
+            await abort(context, e.code, e.details)
+        if listed is not None:  # a stored model: its files' size (an engine maps a GGUF whole)
+            default = self.engines.config.default_model_size
+            return rt.PredictModelSizeResponse(sizeInBytes=sizing.model_size(request.modelKey, listed, 1.0, default))
         if request.modelType.lower() == ADAPTER_TYPE:  # its files: an adapter adds little to its engine
             path = self.engines.model_path(request.modelPath)
             size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0

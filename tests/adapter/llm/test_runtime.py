@@ -15,9 +15,10 @@ from typing import Any
 import grpc
 import pytest
 
-from meshd._proto.meshd import llm_pb2, llm_pb2_grpc
+from meshd._proto.meshd import disk_pb2, disk_pb2_grpc, llm_pb2, llm_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+from meshd.adapter.llm.runtime import engine_file
 from meshd.decisions.placement.llm import LOAD_HEADER, EngineLoad, parse_load
 from meshd.testing.procs import Children, free_ports, port_open, wait_until
 
@@ -129,3 +130,34 @@ def test_answers_carry_the_engines_load(children: Children, tmp_path: Path) -> N
     readings: list[EngineLoad] = []
     wait_until(lambda: readings.append(one()) or readings[-1].running >= 0, 30, "the engine's metrics read")
     assert readings[-1].waiting == 0 and 0.0 <= readings[-1].kv_use <= 1.0
+
+
+def test_with_a_model_folder_a_bad_store_fails_the_load_and_the_disk_tier_is_served(
+    children: Children, tmp_path: Path
+) -> None:
+    ch = start_runtime(children, tmp_path, "", "--root-model-dir", str(tmp_path / "models"))
+    # A key naming a storage-config entry that is not there fails the load, naming both.
+    key = json.dumps({"storage_key": "no-such-entry"})
+    req = rt.LoadModelRequest(modelId="stored", modelType="llm", modelPath="llm/m", modelKey=key)
+    with pytest.raises(grpc.RpcError) as e:
+        rt_grpc.ModelRuntimeStub(ch).loadModel(req, timeout=30)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+    assert "'stored'" in (e.value.details() or "") and "no-such-entry" in (e.value.details() or "")
+    size = rt.PredictModelSizeRequest(modelId="stored", modelType="llm", modelPath="llm/m", modelKey=key)
+    with pytest.raises(grpc.RpcError) as e:
+        rt_grpc.ModelRuntimeStub(ch).predictModelSize(size, timeout=30)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    inv = disk_pb2_grpc.DiskTierStub(ch).diskInventory(disk_pb2.DiskInventoryRequest(), timeout=10)
+    assert list(inv.models) == [] and inv.budget_bytes > 0
+
+
+def test_a_pulled_folder_holding_one_gguf_is_handed_over_as_that_file(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "README.md").write_text("x")
+    assert engine_file(folder) == folder  # no GGUF: the folder (vLLM's Hugging Face layout)
+    (folder / "sub" / "a.gguf").write_bytes(b"GGUF")
+    assert engine_file(folder) == folder / "sub" / "a.gguf"
+    assert engine_file(folder / "sub" / "a.gguf") == folder / "sub" / "a.gguf"
+    (folder / "b.gguf").write_bytes(b"GGUF")
+    assert engine_file(folder) == folder  # two: the engine is told the folder, and says so
