@@ -206,7 +206,7 @@ class Engines:
         served = self.served.pop(model_id, None)
         if served is None:
             return False
-        self._release(model_id)
+        self.release(model_id)
         if served.base is not None:
             try:
                 await self._adapter_call(served, UNLOAD_ADAPTER_PATH, {"lora_name": model_id}, missing_ok=True)
@@ -216,7 +216,7 @@ class Engines:
             return True
         for adapter in [a for a in self.served.values() if a.base is served]:  # they go with their base
             del self.served[adapter.model_id]
-            self._release(adapter.model_id)
+            self.release(adapter.model_id)
         if served.watcher is not None:
             served.watcher.cancel()
         await served.engine.stop()
@@ -227,12 +227,13 @@ class Engines:
         """A model given up: it and the adapters in its engine are reported gone."""
         for adapter in self.adapters_of(served):
             self.served.pop(adapter.model_id, None)
-            self._release(adapter.model_id)
+            self.release(adapter.model_id)
         if self.served.get(served.model_id) is served:
             del self.served[served.model_id]
-            self._release(served.model_id)
+            self.release(served.model_id)
 
-    def _release(self, model_id: str) -> None:
+    def release(self, model_id: str) -> None:
+        """The model is not loaded here (any more): its pulled files stay, evictable."""
         if self.storage is not None:
             self.storage.release(model_id)  # its files stay on disk (the tier), evictable
 
@@ -375,7 +376,17 @@ class LlmRuntime(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
             if request.modelType.lower() != ADAPTER_TYPE:
                 path = str(engine_file(Path(path)))
         try:
-            served = await self.engines.load(request.modelId, request.modelType, path, key)
+            served = await self._load(request, context, path, key)
+        except BaseException:
+            if pulled is not None and request.modelId not in self.engines.served:
+                self.engines.release(request.modelId)  # not loaded: its files may be evicted
+            raise
+        return rt.LoadModelResponse(sizeInBytes=served.size_bytes)
+
+    async def _load(self, request: rt.LoadModelRequest, context: Any, path: str, key: str) -> Served:
+        """The engine's load, its failures as gRPC statuses."""
+        try:
+            return await self.engines.load(request.modelId, request.modelType, path, key)
         except AdapterSlotsFull as e:
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except BaseNotLoaded as e:  # not the adapter's fault: meshd loads it again, the base first
@@ -386,7 +397,6 @@ class LlmRuntime(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
             await abort(context, grpc.StatusCode.NOT_FOUND, str(e))
         except EngineStartError as e:
             await abort(context, grpc.StatusCode.INTERNAL, f"loading {request.modelId!r} failed: {e}")
-        return rt.LoadModelResponse(sizeInBytes=served.size_bytes)
 
     async def unloadModel(self, request: rt.UnloadModelRequest, context: Any) -> rt.UnloadModelResponse:
         if not await self.engines.unload(request.modelId):
