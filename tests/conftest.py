@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -105,8 +106,8 @@ def etcd_prefix() -> str:
     return f"/test/{uuid.uuid4().hex[:12]}/"
 
 
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
+@pytest.fixture(scope="session")
+def moto_server_url() -> Iterator[str]:
     """An S3-protocol server (moto's, a dev dependency) on loopback, for the storage tests."""
     from moto.server import ThreadedMotoServer
 
@@ -117,3 +118,12 @@ def moto_url() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+@pytest.fixture
+def moto_url(moto_server_url: str) -> str:
+    """moto's server, emptied first: its buckets live in the test process, shared by every server
+    started in it, so one test's bucket would otherwise be another's BucketAlreadyOwnedByYou."""
+    reset = urllib.request.Request(f"{moto_server_url}/moto-api/reset", method="POST")
+    urllib.request.urlopen(reset, timeout=10).close()
+    return moto_server_url
