@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.testing.docs import BlockFailed, run_blocks, shell_blocks
+from meshd.testing.docs import BlockFailed, fences, run_blocks, shell_blocks
 
 PAGE = """
 text
@@ -61,3 +61,19 @@ def test_a_failing_or_hanging_block_fails_the_run(tmp_path: Path, last: str, wor
     assert time.monotonic() - began < 30
     found = re.search(r"started (\d+)", str(failed.value))
     assert found and not alive(int(found.group(1)))
+
+
+def test_shell_fences_and_blocks_marked_not_run() -> None:
+    page = (
+        "```shell\necho a\n```\n"
+        "```bash (not run: needs a Kubernetes cluster)\nkubectl apply -f x\n```\n"
+        "```\nno language\n```\n"
+        "```sh\necho b\n```\n"
+    )
+    assert [(b.index, b.line, b.text) for b in shell_blocks(page)] == [(0, 1, "echo a\n"), (1, 10, "echo b\n")]
+    assert [(f.line, f.language, f.not_run) for f in fences(page)] == [
+        (1, "shell", ""),
+        (4, "bash", "needs a Kubernetes cluster"),
+        (7, "", ""),
+        (10, "sh", ""),
+    ]

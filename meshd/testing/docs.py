@@ -2,8 +2,10 @@
 (jobs started with `&` in one block are `%N` in the next), each with a time limit, so a block
 that fails fails the run and one that hangs is stopped instead of hanging it.
 
-Blocks fenced ```bash, ```sh or ```console are shell; ```text, ```yaml, ```python and the rest
-are not run. The session runs under `set -e`: a command that fails ends it, as a reader would
+Blocks fenced ```bash, ```sh, ```shell or ```console are shell; ```text, ```yaml, ```python and
+the rest are not run, and neither is a shell block whose fence says why after its language
+(```` ```bash (not run: needs a Kubernetes cluster) ````: GitHub still highlights it as bash).
+The session runs under `set -e`: a command that fails ends it, as a reader would
 stop there. Whatever the session started is stopped by its process group at the end, even
 when a block failed.
 """
@@ -22,8 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-SHELL_FENCES = ("bash", "sh", "console")
-_FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
+from meshd.testing.procs import free_ports
+
+SHELL_FENCES = ("bash", "sh", "shell", "console")
+_FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)([^\n]*)\n(.*?)^```\s*$", re.S | re.M)
+_NOT_RUN = re.compile(r"^\s*\(not run: ([^)]*\S[^)]*)\)\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +38,70 @@ class Block:
     text: str
 
 
-def shell_blocks(markdown: str) -> list[Block]:
-    """The page's shell blocks, in order."""
-    found: list[Block] = []
+@dataclass(frozen=True, slots=True)
+class Fence:
+    line: int  # where it opens in the page, from 1
+    language: str  # "" when the fence names none
+    not_run: str  # the reason a shell block gives for not being run, else ""
+    text: str
+
+
+def fences(markdown: str) -> list[Fence]:
+    """Every fenced block of the page, in order."""
+    found: list[Fence] = []
     for match in _FENCE.finditer(markdown):
-        if match.group(1) in SHELL_FENCES:
-            line = markdown.count("\n", 0, match.start()) + 1
-            found.append(Block(len(found), line, match.group(2)))
+        line = markdown.count("\n", 0, match.start()) + 1
+        why = _NOT_RUN.match(match.group(2))
+        found.append(Fence(line, match.group(1), why.group(1).strip() if why else "", match.group(3)))
     return found
+
+
+def shell_blocks(markdown: str) -> list[Block]:
+    """The page's shell blocks to run, in order (not those marked `(not run: why)`)."""
+    found: list[Block] = []
+    for fence in fences(markdown):
+        if fence.language in SHELL_FENCES and not fence.not_run:
+            found.append(Block(len(found), fence.line, fence.text))
+    return found
+
+
+def reader_env(home: Path, bin_dir: Path, base: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """A new reader's environment: `bin_dir` (where meshd is installed) first on PATH, `home`
+    (made here, empty) as HOME, and no meshd setting of ours (MM_*, MESHD_*, KV_STORE*)."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {name: value for name, value in base.items() if not name.startswith(("MM_", "MESHD_", "KV_STORE"))}
+    return env | {"PATH": f"{bin_dir}{os.pathsep}{base.get('PATH', '')}", "HOME": str(home)}
+
+
+def swap_ports(text: str, ports: Mapping[str, int]) -> str:
+    """`text` with each default port (a whole number, as in `localhost:8091`) swapped."""
+    for default, port in ports.items():
+        text = re.sub(rf"\b{default}\b", str(port), text)
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class ServePorts:
+    """Free ports for every port a `meshd serve` takes by default (8033, 8080, 8091, 2112,
+    8089, 8090), as the settings a reader would put before it on its command line."""
+
+    grpc: int
+    peer: int
+    http: int
+    metrics: int
+    probe: int
+    prestop: int
+
+    @classmethod
+    def free(cls) -> ServePorts:
+        return cls(*free_ports(6))
+
+    def settings(self) -> str:
+        return (
+            f"MM_SVC_GRPC_PORT={self.grpc} MESHD_PEER_PORT={self.peer} MESHD_HTTP_PORT={self.http} "
+            f"MM_METRICS='prometheus:port={self.metrics};scheme=http' MM_PROBE_PORT={self.probe} "
+            f"MM_PRESTOP_WAIT_PORT={self.prestop} "
+        )
 
 
 class BlockFailed(AssertionError):
