@@ -14,6 +14,7 @@ RUN_BY = {
     "README.md": "tests/integration/test_docs_run.py",
     "docs/kserve.md": "tests/integration/test_docs_kserve.py",
     "docs/llm.md": "tests/llm/test_docs_llm.py",
+    "docs/native.md": "tests/integration/test_docs_native.py",
 }
 
 
