@@ -15,6 +15,7 @@ RUN_BY = {
     "docs/kserve.md": "tests/integration/test_docs_kserve.py",
     "docs/llm.md": "tests/llm/test_docs_llm.py",
     "docs/native.md": "tests/integration/test_docs_native.py",
+    "docs/runtimes.md": "tests/integration/test_docs_runtimes.py",
 }
 
 

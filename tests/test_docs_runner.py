@@ -77,3 +77,12 @@ def test_shell_fences_and_blocks_marked_not_run() -> None:
         (7, "", ""),
         (10, "sh", ""),
     ]
+
+
+def test_what_escaped_into_a_session_of_its_own_is_stopped(tmp_path: Path) -> None:
+    """As `meshd demo`'s processes do: neither the session's group nor its end reaches them."""
+    page = "```bash\nsetsid sleep 300 &\nsleep 0.5; echo started $! sessions $(ps -o sid= -p $$ $!)\n```\n"
+    ran = run_blocks(shell_blocks(page), tmp_path, dict(os.environ), 30, stop_grace_s=5)
+    found = re.search(r"started (\d+) sessions (\d+) (\d+)", ran[0].output)
+    assert found and found.group(2) != found.group(3), ran[0].output  # it did escape
+    assert not alive(int(found.group(1)))

@@ -7,7 +7,9 @@ the rest are not run, and neither is a shell block whose fence says why after it
 (```` ```bash (not run: needs a Kubernetes cluster) ````: GitHub still highlights it as bash).
 The session runs under `set -e`: a command that fails ends it, as a reader would
 stop there. Whatever the session started is stopped by its process group at the end, even
-when a block failed.
+when a block failed, and so is whatever escaped into a session of its own (`meshd demo`'s
+processes do): every process of the session carries a marker in its environment, and what
+still carries it at the end is killed by PID.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshd.testing.procs import free_ports
 
+SESSION_MARKER = "MESHD_DOCS_SESSION"  # in the environment of everything a session starts
 SHELL_FENCES = ("bash", "sh", "shell", "console")
 _FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)([^\n]*)\n(.*?)^```\s*$", re.S | re.M)
 _NOT_RUN = re.compile(r"^\s*\(not run: ([^)]*\S[^)]*)\)\s*$")
@@ -80,6 +84,13 @@ def swap_ports(text: str, ports: Mapping[str, int]) -> str:
     return text
 
 
+def before_serve(text: str, settings: str) -> str:
+    """`text` with `settings` put before its first `meshd serve` command, as a reader would."""
+    return re.sub(
+        r"(^|[\s;&|(])meshd serve ", lambda m: f"{m.group(1)}{settings}meshd serve ", text, count=1, flags=re.M
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ServePorts:
     """Free ports for every port a `meshd serve` takes by default (8033, 8080, 8091, 2112,
@@ -127,10 +138,11 @@ def run_blocks(
     BlockFailed naming the block, with the whole session's output, when one fails or runs past
     its limit. At the end (or on failure) the session's process group is sent SIGTERM, given
     `stop_grace_s` to stop (meshd drains), then SIGKILL."""
+    marker = uuid.uuid4().hex
     proc = subprocess.Popen(
         ["bash", "--noprofile", "--norc"],
         cwd=cwd,
-        env=dict(env),
+        env={**env, SESSION_MARKER: marker},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -189,11 +201,28 @@ def run_blocks(
             proc.stdin.flush()
         return ran
     finally:
-        stop_group(proc, stop_grace_s)
+        stop_group(proc, stop_grace_s, marker)
 
 
-def stop_group(proc: subprocess.Popen[str], grace_s: float) -> None:
-    """SIGTERM to the session's process group (what it left running), then SIGKILL."""
+def marked_pids(marker: str, proc: Path = Path("/proc")) -> list[int]:
+    """Processes whose environment carries the session's marker (inherited by every descendant)."""
+    wanted = f"{SESSION_MARKER}={marker}".encode()
+    found = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone meanwhile, or not ours to read
+    return found
+
+
+def stop_group(proc: subprocess.Popen[str], grace_s: float, marker: str = "") -> None:
+    """SIGTERM to the session's process group (what it left running), then SIGKILL; then
+    SIGKILL to what carries `marker` (escaped the group into a session of its own), before the
+    pipes close: such a process holds the output pipe open, and closing it would wait on the
+    reader."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -204,10 +233,25 @@ def stop_group(proc: subprocess.Popen[str], grace_s: float) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
+    escaped = marked_pids(marker) if marker else []
+    for pid in escaped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10  # SIGKILL lands asynchronously; their pipes close when they are gone
+    while time.monotonic() < deadline and any(_running(pid) for pid in escaped):
+        time.sleep(0.05)
     for stream in (proc.stdin, proc.stdout):
         if stream is not None:
             with contextlib.suppress(OSError):
                 stream.close()
+
+
+def _running(pid: int) -> bool:
+    """Not gone and not a zombie (an orphan's zombie waits for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _group_alive(pgid: int) -> bool:
