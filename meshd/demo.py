@@ -63,7 +63,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--engine-python",
         type=Path,
-        help="with --runtime llamacpp: the Python of a venv with llama-cpp-python[server] you already have "
+        help="with --runtime llamacpp: the Python of a venv with llama-cpp-python[server] and gguf you already have "
         "(default: one the demo builds under .venvs in a checkout, else ~/.cache/meshd/venvs)",
     )
     p.add_argument(
@@ -342,6 +342,14 @@ def run_demo(args: argparse.Namespace) -> int:
         except TritonMissing as e:
             print(f"meshd demo --runtime triton: {e}", file=sys.stderr)
             print("  (or point --triton-python at a Python whose environment has it)", file=sys.stderr)
+            return 2
+    if args.runtime == "llamacpp" and args.engine_python is not None:
+        from meshd.testing.llm import engine_problem
+
+        problem = engine_problem(args.engine_python)
+        if problem is not None:
+            print(f"meshd demo --runtime llamacpp: {problem}", file=sys.stderr)
+            print("  (or leave out --engine-python: the demo builds its own venv, ~9 min on 2 cores)", file=sys.stderr)
             return 2
     own_dir = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="meshd-demo-")) if own_dir else args.workdir

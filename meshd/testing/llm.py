@@ -22,6 +22,11 @@ from meshd.testing.venvs import ensure_venv
 
 LLAMACPP_REQUIREMENTS: tuple[str, ...] = ("llama-cpp-python[server]==0.3.36", "gguf==0.19.0", "numpy==2.4.6")
 BUILD_TIMEOUT_S = 1800.0
+# What a venv given as the engine's must hold: the engine, its OpenAI server (the [server]
+# extra), and gguf, which the demo writes its models with (llama-cpp-python does not bring it).
+ENGINE_MODULES = ("llama_cpp", "uvicorn", "gguf")
+ENGINE_HINT = "pip install 'llama-cpp-python[server]==0.3.36' gguf==0.19.0"
+_PROBE = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
 MAKE_SCRIPT = Path(__file__).with_name("_make_gguf.py")
 # A tiny model's engine holds ~74 MiB once ready (RSS of its process): two fit in 200 MB, three do not.
 TINY_ENGINE_BYTES = 80 << 20
@@ -94,6 +99,22 @@ def llamacpp_python() -> Path:
     """The python of the llama.cpp venv (built on first use)."""
     os.environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     return ensure_venv("llamacpp", LLAMACPP_REQUIREMENTS, timeout_s=BUILD_TIMEOUT_S)
+
+
+def engine_problem(python: Path) -> str | None:
+    """What the llama.cpp venv of `python` lacks for the demo, said with how to add it; None if nothing."""
+    try:
+        proc = subprocess.run(
+            [str(python), "-c", _PROBE, *ENGINE_MODULES], capture_output=True, text=True, timeout=60, check=False
+        )
+    except OSError as e:
+        return f"cannot run {python}: {e}"
+    if proc.returncode != 0:
+        return f"cannot run {python}: {proc.stderr.strip()[-500:]}"
+    missing = proc.stdout.split()
+    if missing:
+        return f"{python}'s environment lacks {', '.join(missing)}; {ENGINE_HINT} into it"
+    return None
 
 
 def make_gguf(
