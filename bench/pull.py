@@ -4,11 +4,18 @@
 checked), several runs, medians. Also one plain GET stream of the large object, and a reload
 from the disk tier (a restarted helper finding the model on disk).
 
-    python bench/pull.py                 # 1 GiB object, 1,000 x 64 KiB files, 3 runs
-    python bench/pull.py --smoke         # small and quick, for the test suite
+    python bench/pull.py                      # 1 GiB object, 1,000 x 64 KiB files, 3 runs
+    python bench/pull.py --stream-mib-s 100   # each GET capped at 100 MiB/s by the server
+    python bench/pull.py --smoke              # small and quick, for the test suite
 
 Goals (printed as ratios, judged here, never in tests): meshd at least as fast as the faster of
 boto3 and s5cmd, >= 3x one GET stream, a reload from disk >= 10x faster than the pull.
+
+Each tool's row also shows how many cores the machine kept busy while it ran (server and
+client together, from /proc/stat): on loopback one GET stream is CPU-bound, so parallel GETs
+can beat it by at most (cores / what one stream keeps busy), printed as the ceiling. Parallel
+GETs pay off where each connection is slower than the machine (a remote store): the server's
+per-GET cap (`--stream-mib-s`) models that.
 """
 
 from __future__ import annotations
@@ -60,9 +67,11 @@ def warm(folder: Path) -> None:
                     pass
 
 
-def start_server(root: Path) -> tuple[subprocess.Popen[str], str]:
+def start_server(root: Path, stream_bytes_s: float = 0.0) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "meshd.testing.objserver", str(root)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "meshd.testing.objserver", str(root), "--rate", str(stream_bytes_s)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
@@ -70,6 +79,17 @@ def start_server(root: Path) -> tuple[subprocess.Popen[str], str]:
         proc.kill()
         raise SystemExit("the object server did not start")
     return proc, url
+
+
+def busy_ticks() -> tuple[int, int] | None:
+    """(busy, total) CPU ticks of the whole machine, or None where /proc/stat is absent."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -132,11 +152,12 @@ def main() -> None:
     ap.add_argument("--small-kib", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="where data and copies go (default: a temp dir)")
+    ap.add_argument("--stream-mib-s", type=float, default=0.0, help="cap each GET at this rate (0: no cap)")
     ap.add_argument("--smoke", action="store_true", help="64 MiB, 50 files, 1 run")
     args = ap.parse_args()
     if args.smoke:
         args.big_mib, args.small_count, args.runs = 64, 50, 1
-    if args.runs < 1 or args.big_mib < 1 or args.small_count < 1 or args.small_kib < 1:
+    if args.runs < 1 or args.big_mib < 1 or args.small_count < 1 or args.small_kib < 1 or args.stream_mib_s < 0:
         ap.error("sizes and runs must be positive")
     base = args.dir or Path(tempfile.mkdtemp(prefix="meshd-pull-bench-"))
     data = base / "data"
@@ -144,8 +165,9 @@ def main() -> None:
     if shutil.disk_usage(base).free < need + (1 << 30):
         raise SystemExit(f"not enough free disk under {base} for {need >> 20} MiB")
     make_data(data, args.big_mib * MIB, args.small_count, args.small_kib * 1024)
-    server, url = start_server(data)
+    server, url = start_server(data, args.stream_mib_s * MIB)
     results: dict[tuple[str, str], list[float]] = {}
+    cores: dict[tuple[str, str], list[float]] = {}
     try:
         for run in range(args.runs):
             for case, key, folder in (("big", "big.bin", False), ("small", "small", True)):
@@ -167,9 +189,14 @@ def main() -> None:
                     shutil.rmtree(dest, ignore_errors=True)
                     os.sync()  # each tool starts with no one else's dirty pages to write back
                     warm(data / BUCKET)  # ... and the server reads from memory, not the disk, for each
+                    before = busy_ticks()
                     took = fn(dest)
+                    after = busy_ticks()
                     if took is not None:
                         results.setdefault((case, name), []).append(took)
+                        if before and after and after[1] > before[1]:
+                            share = (after[0] - before[0]) / (after[1] - before[1])
+                            cores.setdefault((case, name), []).append(share * (os.cpu_count() or 1))
                     if name == "meshd":
                         reload_s = _reload(dest, key)
                         results.setdefault((case, "reload"), []).append(reload_s)
@@ -181,12 +208,16 @@ def main() -> None:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
     sizes = {"big": args.big_mib * MIB, "small": args.small_count * args.small_kib * 1024}
-    print(f"{'case':6} {'tool':12} {'median_s':>9} {'MiB/s':>8}  runs")
+    cap = f", each GET capped at {args.stream_mib_s:g} MiB/s" if args.stream_mib_s else ""
+    print(f"{os.cpu_count()} cores{cap}")
+    print(f"{'case':6} {'tool':12} {'median_s':>9} {'MiB/s':>8} {'cores':>5}  runs")
     med: dict[tuple[str, str], float] = {}
     for (case, name), times in sorted(results.items()):
         med[(case, name)] = statistics.median(times)
         rate = sizes[case] / MIB / med[(case, name)]
-        print(f"{case:6} {name:12} {med[(case, name)]:9.3f} {rate:8.0f}  {' '.join(f'{t:.3f}' for t in times)}")
+        busy = statistics.median(cores[(case, name)]) if cores.get((case, name)) else float("nan")
+        runs = " ".join(f"{t:.3f}" for t in times)
+        print(f"{case:6} {name:12} {med[(case, name)]:9.3f} {rate:8.0f} {busy:5.2f}  {runs}")
     print("summary:")
     for case in ("big", "small"):
         m = med[(case, "meshd")]
@@ -195,6 +226,10 @@ def main() -> None:
         line = f"  {case}: meshd / faster of boto3,s5cmd = {min(rivals) / m:.2f}x ({min(rivals) / n:.2f}x with fsync)"
         if (case, "one-GET") in med:
             line += f"; meshd / one GET stream = {med[(case, 'one-GET')] / m:.2f}x"
+            one = cores.get((case, "one-GET"))
+            if one:
+                ceiling = (os.cpu_count() or 1) / statistics.median(one)
+                line += f" (ceiling here: {ceiling:.2f}x, one stream keeps {statistics.median(one):.2f} cores busy)"
         line += f"; reload from disk {m / med[(case, 'reload')]:.0f}x faster than the pull"
         print(line)
 

@@ -199,6 +199,8 @@ async def serve(a: argparse.Namespace, config: AdapterConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if storage is not None:  # running pulls end now, as failed loads, rather than hold the exit
+        await storage.close()
     await server.stop(grace=2.0)
     for t in tasks:
         t.cancel()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import socket
 import ssl
 import tempfile
 import threading
@@ -87,6 +88,8 @@ class Transport:
     tls: ssl.SSLContext | None = None
     timeout_s: float = 60.0
     _local: threading.local = field(default_factory=threading.local)
+    _open: set[http.client.HTTPConnection] = field(default_factory=set)  # every thread's, for abort()
+    _open_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _conn(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
         pool: dict[tuple[str, str], http.client.HTTPConnection] = getattr(self._local, "pool", None) or {}
@@ -98,18 +101,40 @@ class Transport:
             else:
                 conn = http.client.HTTPConnection(netloc, timeout=self.timeout_s)
             pool[(scheme, netloc)] = conn
+            with self._open_lock:
+                self._open.add(conn)
         return conn
 
     def _drop(self, scheme: str, netloc: str) -> None:
         pool = getattr(self._local, "pool", {})
         conn = pool.pop((scheme, netloc), None)
         if conn is not None:
+            self._forget(conn)
             conn.close()
 
+    def _forget(self, conn: http.client.HTTPConnection) -> None:
+        with self._open_lock:
+            self._open.discard(conn)
+
     def close(self) -> None:
+        """Close this thread's connections."""
         for conn in getattr(self._local, "pool", {}).values():
+            self._forget(conn)
             conn.close()
         self._local.pool = {}
+
+    def abort(self) -> None:
+        """From any thread: shut every open connection down, so a worker blocked reading one
+        sees its end now rather than after `timeout_s` (the helper is stopping)."""
+        with self._open_lock:
+            conns = list(self._open)
+        for conn in conns:
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed
 
     def request(
         self,

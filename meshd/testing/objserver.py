@@ -318,11 +318,17 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m meshd.testing.objserver ROOT`: serve ROOT on a free port until killed; prints the URL."""
-    import sys
+    """`python -m meshd.testing.objserver ROOT [--rate BYTES_PER_S]`: serve ROOT on a free port
+    until killed; prints the URL. `--rate` caps each GET (a store whose per-connection
+    throughput is the limit)."""
+    import argparse
 
-    args = sys.argv[1:] if argv is None else argv
-    server = ObjectServer(Path(args[0]))
+    ap = argparse.ArgumentParser(prog="python -m meshd.testing.objserver")
+    ap.add_argument("root", type=Path)
+    ap.add_argument("--rate", type=float, default=0.0, help="bytes/s per GET (0: no limit)")
+    args = ap.parse_args(argv)
+    server = ObjectServer(args.root)
+    server.faults.rate = args.rate
     print(server.url, flush=True)
     server.httpd.serve_forever()
 

@@ -11,6 +11,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -456,6 +457,34 @@ async def test_a_slow_pull_lives_while_it_progresses_and_a_silent_one_times_out(
         with pytest.raises(StorageError, match=r"no bytes for 0.6 s") as e:
             await helper.pull("silent", "w", key)
         assert e.value.kind == "transient" and "'w'" in str(e.value)
+
+
+async def test_close_ends_a_running_pull_at_once_and_refuses_new_ones(tmp_path: Path) -> None:
+    """A runtime stopping mid-pull is not held until the store answers (or the stall limit):
+    close() shuts the pull's connections, its load fails as retryable, its files are gone."""
+    root = tmp_path / "srv"
+    (root / "bkt").mkdir(parents=True)
+    (root / "bkt" / "w").write_bytes(blob(2 * MIB))
+    with ObjectServer(root) as srv:
+        # Silent after 64 KiB of each GET for 30 s (then a dropped connection, retried): without
+        # close() ending it, this pull would last minutes.
+        srv.faults.drop_after, srv.faults.drops, srv.faults.hang_s = 64 * KIB, 100, 30.0
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        key = json.dumps({"storage_key": "k"})
+        helper = await started(settings(tmp_path, stall_ms=600_000, budget_bytes=64 * MIB))
+        pulling = asyncio.create_task(helper.pull("m", "w", key))
+        models = tmp_path / "models"
+        await wait_until_async(
+            lambda: len(srv.gets()) >= 2 and any(models.rglob("*.partial")), timeout_s=30, what="the pull under way"
+        )
+        await asyncio.wait_for(helper.close(), timeout=20)  # a hang guard, not a timing check
+        with pytest.raises(StorageError, match="stopping") as e:
+            await asyncio.wait_for(pulling, timeout=5)
+        assert e.value.retryable and "'m'" in str(e.value)
+        assert not (models / "m").exists() and helper.inventory().models == ()
+        assert not [t for t in threading.enumerate() if t.name.startswith("pull-m")]
+        with pytest.raises(StorageError, match="stopping"):
+            await helper.pull("other", "w", key)
 
 
 KILLED_CHILD = """

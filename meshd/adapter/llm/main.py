@@ -218,10 +218,10 @@ async def serve(a: argparse.Namespace, config: LlmConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping: engines are stopped first")
+    if storage is not None:  # running pulls end now, as failed loads, rather than hold the exit
+        await storage.close()
     await server.stop(grace=2.0)
     await engines.close()
-    if storage is not None:
-        await storage.close()
     log.info("stopped")
     return 0
 
