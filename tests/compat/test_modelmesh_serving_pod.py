@@ -258,7 +258,10 @@ def decode_model_state(status: mm.ModelStatusInfo) -> tuple[str, str]:
 
 
 def model_info(model: TrainedModel, model_type: str = "mt:sklearn") -> mm.ModelInfo:
-    key = {"storage_key": "localMinIO", "model_type": {"name": "sklearn"}, "disk_size_bytes": 1024}
+    # A model already on the pod's disk: its key names no store (this pod's adapter has no
+    # ROOT_MODEL_DIR and reads the path where it is). A model in the secret's store, pulled
+    # first: test_a_predictor_with_storage_key_and_path_loads_from_the_secrets_store.
+    key = {"model_type": {"name": "sklearn"}, "disk_size_bytes": 1024}
     return mm.ModelInfo(type=model_type, path=str(model.path), key=json.dumps(key))
 
 
