@@ -3,7 +3,9 @@
 The router still decides everything (which copy, loads, limits, metrics); only the bytes of
 a copy beside this instance skip the llm-runtime's gRPC relay, so each piece crosses one
 Python process, not two. The runtime is asked once per copy where its engine listens
-(`HttpCall.where`), then the request goes to that port on a connection of its own.
+(`HttpCall.where`), then the request goes to that port on a connection kept open between
+calls (HTTP/1.1 keep-alive, as a browser's: no connect and no accept per call, and the request
+is written at once). A kept connection the engine closed meanwhile is replaced by a new one.
 
 The answer is spliced: each read from the engine's socket (whatever it has queued: pieces
 coalesced) is written to the client's socket from the read's own callback, in one chunk, with
@@ -39,6 +41,9 @@ HEAD_LIMIT = 64 << 10  # an engine's status line and headers
 # unsent to the client, and look again shortly.
 CLIENT_BACKLOG = 1 << 20
 RESUME_CHECK_S = 0.005
+# Idle connections kept per engine: as many as calls were in flight at once, up to this (each
+# holds a descriptor here and one in the engine; uvicorn, vLLM's server, closes them after 5 s).
+IDLE_PER_ENGINE = 1024
 
 
 class EngineBroke(Exception):
@@ -50,9 +55,36 @@ class EngineStreams:
 
     def __init__(self) -> None:
         self._where: dict[str, tuple[CacheEntry, str, int]] = {}  # model id -> (its copy, host, port)
+        self._idle: dict[tuple[str, int], dict[_EngineConnection, None]] = {}  # (host, port) -> kept connections
 
     async def close(self) -> None:
         self._where.clear()
+        for idle in list(self._idle.values()):
+            for connection in list(idle):
+                connection.close()
+        self._idle.clear()
+
+    def _keep(self, connection: _EngineConnection) -> bool:
+        """Keep a connection whose answer came whole for the next call (False: it is full)."""
+        idle = self._idle.setdefault(connection.address, {})
+        if len(idle) >= IDLE_PER_ENGINE:
+            return False
+        idle[connection] = None
+        return True
+
+    def _forget(self, connection: _EngineConnection) -> None:
+        idle = self._idle.get(connection.address)
+        if idle is not None:
+            idle.pop(connection, None)
+
+    def _kept(self, address: tuple[str, int]) -> _EngineConnection | None:
+        idle = self._idle.get(address)
+        while idle:
+            connection = idle.popitem()[0]  # the last kept: the least likely to have timed out
+            if connection.transport is not None and not connection.transport.is_closing():
+                return connection
+            connection.close()
+        return None
 
     def opener(self, call: llm_pb2.HttpCall) -> DirectOpen:
         """How the router opens `call` on a local copy: at its engine."""
@@ -73,29 +105,43 @@ class EngineStreams:
                 f"POST {call.path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n"
             ).encode() + body
-            loop = asyncio.get_running_loop()
-            try:
-                _, engine = await asyncio.wait_for(
-                    loop.create_connection(lambda: _EngineCall(request), host, port), CONNECT_TIMEOUT_S
-                )
-            except (OSError, TimeoutError):
-                self._where.pop(model_id, None)
-                return None
-            try:
-                status, content_type, first = await engine.head  # after the prefill: its failure reroutes
-            except EngineBroke:
-                engine.close()
-                self._where.pop(model_id, None)
-                return None
-            except BaseException:  # the call's timeout, or the client gone: the engine stops too
-                engine.close()
-                raise
+            engine = self._kept(where)
+            while True:
+                kept = engine is not None
+                if engine is None:
+                    try:
+                        engine = await self._connect(where)
+                    except (OSError, TimeoutError):
+                        self._where.pop(model_id, None)
+                        return None
+                engine.send(request)
+                try:
+                    status, content_type, first = await engine.head  # after the prefill: its failure reroutes
+                    break
+                except EngineBroke:
+                    engine.close()
+                    if kept and not engine.heard:  # closed by the engine while kept: try a new connection
+                        engine = None
+                        continue
+                    self._where.pop(model_id, None)
+                    return None
+                except BaseException:  # the call's timeout, or the client gone: the engine stops too
+                    engine.close()
+                    raise
             head = llm_pb2.HttpChunk(status=status, content_type=content_type, data=first)
             return Answered(head.SerializeToString(), _nothing(), engine, splice=self._splice(engine, model_id))
 
         return direct
 
-    def _splice(self, engine: _EngineCall, model_id: str) -> Callable[[Sink], Awaitable[None]]:
+    async def _connect(self, address: tuple[str, int]) -> _EngineConnection:
+        loop = asyncio.get_running_loop()
+        _, engine = await asyncio.wait_for(
+            loop.create_connection(lambda: _EngineConnection(address, self._keep, self._forget), *address),
+            CONNECT_TIMEOUT_S,
+        )
+        return engine
+
+    def _splice(self, engine: _EngineConnection, model_id: str) -> Callable[[Sink], Awaitable[None]]:
         async def splice(sink: Sink) -> None:
             try:
                 await engine.splice(sink)
@@ -125,38 +171,67 @@ async def _nothing() -> AsyncIterator[bytes]:
     yield b""  # an async generator with nothing in it: a spliced answer has no messages
 
 
-class _EngineCall(asyncio.Protocol):
-    """One HTTP/1.1 request to an engine on a connection of its own; its answer's body is
-    handed on from `data_received` itself (to `sink`: the payload of one read, as segments)."""
+class _EngineConnection(asyncio.Protocol):
+    """One HTTP/1.1 connection to an engine, one request at a time (`send`); its answer's body
+    is handed on from `data_received` itself (to `sink`: the payload of one read, as segments).
+    `close()` when done with an answer: a whole one leaves the connection kept (`keep`) for the
+    next call, anything else closes it."""
 
-    def __init__(self, request: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        self.loop = loop
-        self.request = request
+    def __init__(
+        self,
+        address: tuple[str, int],
+        keep: Callable[[_EngineConnection], bool],
+        forget: Callable[[_EngineConnection], None],
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.address = address
+        self.keep = keep
+        self.forget = forget
         self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.idle = False  # kept between calls
+        self.watch: asyncio.TimerHandle | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        """The state of one answer."""
+        loop = self.loop
         self.head: asyncio.Future[tuple[int, str, bytes]] = loop.create_future()
         self.ended: asyncio.Future[None] = loop.create_future()
         self.status = 0  # 0 until the head is read
         self.content_type = ""
+        self.reusable = False  # HTTP/1.1, not `Connection: close`
+        self.heard = False  # any byte of this answer came
         self.buffer = b""  # the head until whole, then body bytes read before the sink came
         self.sink: Sink | None = None
         self.chunked = False
         self.length: int | None = None  # body bytes still to come (Content-Length), else None
         self.left = 0  # of the current chunk's payload
         self.skip = 0  # of the CRLF after a chunk
-        self.line = b""  # a chunk-size line split across reads
+        self.line = b""  # a chunk-size or trailer line split across reads
+        self.trailer = False  # past the last chunk: trailer lines until an empty one
         self.whole = False
         self.paused = False
         self.last = loop.time()
-        self.watch: asyncio.TimerHandle | None = None
 
     # ---- the connection -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a TCP transport (uvloop's too)
-        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def send(self, request: bytes) -> None:
+        """Start a call on this connection (new, or kept and idle)."""
+        assert self.transport is not None
+        if self.idle:
+            self.idle = False
+            self._reset()
+        self.transport.write(request)
         self.watch = self.loop.call_later(SILENCE_S, self._silence)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.idle:
+            self.forget(self)
+            return
         if self.watch is not None:
             self.watch.cancel()
         if self.status and not self.chunked and self.length is None:
@@ -169,13 +244,30 @@ class _EngineCall(asyncio.Protocol):
         self._end(None if self.whole else why)
 
     def close(self) -> None:
-        """Done with the answer (whole, or the client gone): the connection goes."""
+        """Done with the answer (whole, or the client gone): the connection is kept for the
+        next call if the answer came whole, else it goes (an engine stops a call whose
+        connection closes)."""
+        if self.idle:
+            return
         if not self.ended.done():
             self.ended.cancel()  # nobody waits for it any more
-        if self.transport is not None:
-            self.transport.close()
         if self.watch is not None:
             self.watch.cancel()
+            self.watch = None
+        if self.transport is None:
+            return
+        if (
+            self.whole
+            and self.reusable
+            and not self.lost
+            and not self.paused
+            and not self.transport.is_closing()
+            and self.keep(self)
+        ):
+            self.idle = True
+            self.sink = None
+            return
+        self.transport.close()
 
     def _silence(self) -> None:
         idle = self.loop.time() - self.last
@@ -200,6 +292,14 @@ class _EngineCall(asyncio.Protocol):
 
     # ---- the answer -----------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        if self.idle or self.whole:  # nothing is asked: not an answer to keep the connection for
+            self.forget(self)
+            self.idle = False
+            self.reusable = False
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self.heard = True
         self.last = self.loop.time()
         if not self.status:
             self.buffer += data
@@ -251,7 +351,9 @@ class _EngineCall(asyncio.Protocol):
 
     def _parse_head(self, head: bytes) -> None:
         lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
+        version, status_text = lines[0].split(" ", 2)[:2]
+        status = int(status_text)
+        self.reusable = version == "HTTP/1.1"
         for line in lines[1:]:
             name, _, value = line.partition(":")
             name, value = name.strip().lower(), value.strip()
@@ -261,6 +363,8 @@ class _EngineCall(asyncio.Protocol):
                 self.chunked = True
             elif name == "content-length":
                 self.length = int(value)
+            elif name == "connection" and "close" in value.lower():
+                self.reusable = False
         if self.chunked:
             self.length = None
         elif self.length == 0 or status in (204, 304):
@@ -297,9 +401,12 @@ class _EngineCall(asyncio.Protocol):
                     break
                 line, self.line = self.line + data[i:j], b""
                 i = j + 1
+                if self.trailer:
+                    self.whole = not line.strip()  # the empty line that ends the answer
+                    continue
                 size = int(line.split(b";", 1)[0].strip(), 16)
                 if size == 0:
-                    self.whole = True  # trailers, if any, are not read: the connection goes
+                    self.trailer = True
                 else:
                     self.left = size
         return out

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 BLOCK_TOKENS = 16  # vLLM's default block size: prefixes are cached in whole blocks
+MAX_BODY = 64 << 20  # a long prompt (aiohttp refuses over 1 MiB by default; vLLM takes it)
 
 
 @dataclass
@@ -154,7 +155,7 @@ def app(name: str, interval_s: float = 0.0, engine: Engine | None = None) -> web
         await response.write(b"data: [DONE]\n\n")
         return response
 
-    application = web.Application()
+    application = web.Application(client_max_size=MAX_BODY)
     application.router.add_get("/v1/models", models)
     application.router.add_post("/v1/completions", completions)
     application.router.add_get("/metrics", metrics)
