@@ -12,14 +12,13 @@ What is not as written, and why:
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from meshd.testing.docs import Block, run_blocks, shell_blocks
+from meshd.testing.docs import Block, ServePorts, reader_env, run_blocks, shell_blocks, swap_ports
 from meshd.testing.procs import free_ports
 
 pytestmark = pytest.mark.slow
@@ -29,19 +28,6 @@ SETUP = ("python3 scripts/dev.py demo", "pip install .")  # what the blocks skip
 LIMIT_S = 120.0  # per block: a start-up and a load on 2 busy cores take seconds, a hang forever
 
 
-def session_env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "HOME": str(tmp_path / "home"),  # a new user's: nothing of ours in it
-    }
-    for name in list(env):  # no setting of ours leaks into the reader's session
-        if name.startswith(("MM_", "MESHD_", "KV_STORE")):
-            del env[name]
-    (tmp_path / "home").mkdir()
-    return env
-
-
 def test_the_readme_runs_as_written_in_order(tmp_path: Path) -> None:
     blocks = shell_blocks(README.read_text())
     skipped = [b for b in blocks if b.text.startswith(SETUP)]
@@ -49,22 +35,18 @@ def test_the_readme_runs_as_written_in_order(tmp_path: Path) -> None:
         "python3 scripts/dev.py demo",
         "pip install .",
     ], "the README's set-up blocks changed: say here what stands in for them"
-    runtime, second_runtime, http, grpc_port, peer, metrics, probe, prestop = free_ports(8)
-    swap = {"8085": runtime, "8086": second_runtime, "8091": http, "8033": grpc_port}
-    first_serve = (
-        f"MM_SVC_GRPC_PORT={grpc_port} MESHD_PEER_PORT={peer} MESHD_HTTP_PORT={http} "
-        f"MM_METRICS='prometheus:port={metrics};scheme=http' MM_PROBE_PORT={probe} MM_PRESTOP_WAIT_PORT={prestop} "
-    )
+    ports = ServePorts.free()
+    runtime, second_runtime = free_ports(2)  # none of ports': handed out lately
+    swap = {"8085": runtime, "8086": second_runtime, "8091": ports.http, "8033": ports.grpc}
     ran_blocks = []
     for b in (b for b in blocks if b not in skipped):
-        text = b.text
-        for default, port in swap.items():
-            text = re.sub(rf"\b{default}\b", str(port), text)
+        text = swap_ports(b.text, swap)
         if not ran_blocks:  # the quickstart
             assert "\nmeshd serve --runtime-port" in text, "the quickstart starts no meshd"
-            text = text.replace("\nmeshd serve ", f"\n{first_serve}meshd serve ", 1)
+            text = text.replace("\nmeshd serve ", f"\n{ports.settings()}meshd serve ", 1)
         ran_blocks.append(Block(b.index, b.line, text))
-    env = session_env(tmp_path) | {"MESHD_ADDRESS": f"localhost:{grpc_port}"}  # the CLI's default 8033, swapped
+    env = reader_env(tmp_path / "home", Path(sys.executable).parent)
+    env["MESHD_ADDRESS"] = f"localhost:{ports.grpc}"  # the CLI's default 8033, swapped
     work = tmp_path / "work"
     work.mkdir()
     ran = run_blocks(ran_blocks, work, env, LIMIT_S)

@@ -51,7 +51,7 @@ def test_the_runtimes_page_runs_as_written_in_order(tmp_path: Path) -> None:
     (home / ".venvs" / "mlserver").symlink_to(mlserver_python().parent.parent)
     (home / ".venvs" / "triton").symlink_to(triton_venv().python.parent.parent)
     ports = ServePorts.free()
-    runtime, server_grpc, server_http, triton_http = free_ports(4, avoid=vars_of(ports))
+    runtime, server_grpc, server_http, triton_http = free_ports(4)  # none of ports': handed out lately
     swap = {"8085": runtime, "8001": server_grpc, "8002": server_http, "8000": triton_http, "8033": ports.grpc}
     run = [
         Block(b.index, b.line, before_serve(swap_ports(b.text, swap), ports.settings()))
@@ -66,7 +66,3 @@ def test_the_runtimes_page_runs_as_written_in_order(tmp_path: Path) -> None:
     assert "correct answers  200" in demo and "wrong answers    0" in demo, demo
     assert "stopped every process the demo started" in demo, demo
     assert '"raw_output_contents": [\n    "AAAAQAAAQEA="' in triton_pod, triton_pod  # y = [2, 3]
-
-
-def vars_of(ports: ServePorts) -> list[int]:
-    return [ports.grpc, ports.peer, ports.http, ports.metrics, ports.probe, ports.prestop]

@@ -12,17 +12,15 @@ What is not as written, and why:
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from meshd.testing.docs import Block, run_blocks, shell_blocks
+from meshd.testing.docs import Block, ServePorts, before_serve, reader_env, run_blocks, shell_blocks, swap_ports
 from meshd.testing.llm import make_gguf
-from meshd.testing.procs import free_ports
+from meshd.testing.procs import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -40,26 +38,12 @@ def test_the_llm_page_runs_as_written_in_order(llama_python: Path, tmp_path: Pat
     (home / ".venvs" / "llama").symlink_to(llama_python.parent.parent)
     (made,) = make_gguf(llama_python, tmp_path / "gguf", 1)
     shutil.move(made, work / "my-llm.gguf")
-    runtime, http, grpc_port, peer, metrics, probe, prestop = free_ports(7)
-    serve = (
-        f"MM_SVC_GRPC_PORT={grpc_port} MESHD_PEER_PORT={peer} MESHD_HTTP_PORT={http} "
-        f"MM_METRICS='prometheus:port={metrics};scheme=http' MM_PROBE_PORT={probe} MM_PRESTOP_WAIT_PORT={prestop} "
-    )
-    run = []
-    for b in blocks[1:]:
-        text = re.sub(r"\b8091\b", str(http), re.sub(r"\b8085\b", str(runtime), b.text))
-        if "\nmeshd serve " in text:
-            text = text.replace("\nmeshd serve ", f"\n{serve}meshd serve ", 1)
-        run.append(Block(b.index, b.line, text))
-    assert any(serve in b.text for b in run), "the page starts no meshd"
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "HOME": str(home),
-        "MESHD_ADDRESS": f"localhost:{grpc_port}",  # the CLI's default 8033, swapped
-    }
-    for name in [n for n in env if n.startswith(("MM_", "MESHD_", "KV_STORE")) and n != "MESHD_ADDRESS"]:
-        del env[name]
+    ports, runtime = ServePorts.free(), free_port()
+    swap = {"8085": runtime, "8091": ports.http}
+    run = [Block(b.index, b.line, before_serve(swap_ports(b.text, swap), ports.settings())) for b in blocks[1:]]
+    assert any(ports.settings() in b.text for b in run), "the page starts no meshd"
+    env = reader_env(home, Path(sys.executable).parent)
+    env["MESHD_ADDRESS"] = f"localhost:{ports.grpc}"  # the CLI's default 8033, swapped
     ran = run_blocks(run, work, env, LIMIT_S)
     started = ran[0].output
     assert '"object":"chat.completion"' in started.replace(" ", ""), started
