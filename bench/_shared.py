@@ -161,6 +161,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def system_seconds(pid: int) -> float:
+    """stime of a whole process (all threads), in seconds: its time in the kernel (socket
+    calls, for a relay); NaN if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return float("nan")
+    return int(data[data.rindex(b")") + 2 :].split()[12]) / CLK_TCK
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process (VmRSS), in bytes; 0 if it is gone."""
     try:

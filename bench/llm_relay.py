@@ -14,7 +14,8 @@ medians over --runs:
                   into one read count as arriving together (gap 0)
     CPU/piece     utime + stime (/proc/<pid>/stat) over the window / pieces, per process on the
                   path: meshd, its llm-runtime, HAProxy (when meshd runs one), the engine and
-                  this client; `layer` is every process that is neither engine nor client
+                  this client; `layer` is every process that is neither engine nor client, and
+                  `sys` the part of `layer` spent in the kernel (stime: socket reads and writes)
 
 Each stream is one `/v1/completions` of --pieces pieces; every client keeps one stream open at
 a time and opens the next when it ends, their starts spread over one stream's length, so the
@@ -51,6 +52,7 @@ from _shared import (  # noqa: E402 - bench/ is on sys.path
     log,
     mesh_of_run,
     sigterm_as_interrupt,
+    system_seconds,
 )
 
 from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
@@ -181,6 +183,7 @@ class Shot:
     gap99: float
     errors: int
     cpu_us: dict[str, float]  # per piece, by process role
+    layer_sys_us: float  # per piece, the layer's time in the kernel
 
 
 async def drive(port: int, streams: int, pieces: int, warmup_s: float, measure_s: float, pids: dict[str, int]) -> Shot:
@@ -199,8 +202,10 @@ async def drive(port: int, streams: int, pieces: int, warmup_s: float, measure_s
     ]
     await asyncio.sleep(max(0.0, window.start - time.perf_counter()))
     before = {role: cpu_seconds(pid) for role, pid in pids.items()}
+    sys_before = sum(system_seconds(pid) for role, pid in pids.items() if role in LAYER)
     await asyncio.sleep(max(0.0, window.end - time.perf_counter()))
     after = {role: cpu_seconds(pid) for role, pid in pids.items()}
+    sys_after = sum(system_seconds(pid) for role, pid in pids.items() if role in LAYER)
     # The streams open at the window's end finish (the next case starts on a quiet engine).
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=stream_s * 3 + 30)
     per = max(1, window.pieces)
@@ -213,6 +218,7 @@ async def drive(port: int, streams: int, pieces: int, warmup_s: float, measure_s
         pct(window.gap_ms, 0.99),
         window.errors,
         cpu,
+        (sys_after - sys_before) / per * 1e6,
     )
 
 
@@ -277,10 +283,11 @@ def rows_for(streams: int, shots: dict[str, list[Shot]]) -> list[str]:
 
         cpu = {r: statistics.median(x.cpu_us.get(r, float("nan")) for x in s) for r in ROLES}
         layer = statistics.median(sum(x.cpu_us.get(r, 0.0) for r in LAYER) for x in s)
+        kernel = statistics.median(x.layer_sys_us for x in s)
         errors = sum(x.errors for x in s)
         out.append(
             f"{streams:>7} {path:6} {med('pieces_s'):9.0f} {med('ttft50'):8.2f} {med('ttft99'):8.2f} "
-            f"{med('gap50'):7.2f} {med('gap99'):7.2f} {layer:7.1f} "
+            f"{med('gap50'):7.2f} {med('gap99'):7.2f} {layer:7.1f} {kernel:7.1f} "
             + " ".join(f"{cpu[r]:7.1f}" if cpu[r] == cpu[r] else f"{'-':>7}" for r in ROLES)
             + f" {errors:6}"
         )
@@ -350,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# {os.cpu_count()} cores; engine paced {INTERVAL_MS:g} ms a piece, {a.pieces} pieces a stream; "
         f"medians of {a.runs}; ms; CPU in us per piece",
         f"{'streams':>7} {'path':6} {'pieces/s':>9} {'ttft50':>8} {'ttft99':>8} {'gap50':>7} {'gap99':>7} "
-        f"{'layer':>7} " + " ".join(f"{r:>7}" for r in ROLES) + f" {'errors':>6}",
+        f"{'layer':>7} {'sys':>7} " + " ".join(f"{r:>7}" for r in ROLES) + f" {'errors':>6}",
     ]
     with tempfile.TemporaryDirectory(prefix="meshd-bench-relay-") as tmp:
         mesh = LocalMesh(Path(tmp) / "mesh", service="bench-llm-relay")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -44,6 +45,10 @@ RESUME_CHECK_S = 0.005
 # Idle connections kept per engine: as many as calls were in flight at once, up to this (each
 # holds a descriptor here and one in the engine; uvicorn, vLLM's server, closes them after 5 s).
 IDLE_PER_ENGINE = 1024
+# The runtime is asked where an engine listens again this often while calls come, beside them:
+# its answer carries the engine's load (queue, KV cache), read at most this often
+# (adapter.llm.load.READ_EVERY_S), for routing and for adding copies when queues stay deep.
+ASK_AGAIN_S = 0.25
 
 
 class EngineBroke(Exception):
@@ -54,11 +59,15 @@ class EngineStreams:
     """meshd's client to the engines of its own runtime: where each listens."""
 
     def __init__(self) -> None:
-        self._where: dict[str, tuple[CacheEntry, str, int]] = {}  # model id -> (its copy, host, port)
+        # model id -> (its copy, host, port, time.monotonic() the runtime was asked)
+        self._where: dict[str, tuple[CacheEntry, str, int, float]] = {}
+        self._asking: dict[str, asyncio.Task[None]] = {}  # model id -> asked again now
         self._idle: dict[tuple[str, int], dict[_EngineConnection, None]] = {}  # (host, port) -> kept connections
 
     async def close(self) -> None:
         self._where.clear()
+        for task in list(self._asking.values()):
+            task.cancel()
         for idle in list(self._idle.values()):
             for connection in list(idle):
                 connection.close()
@@ -156,14 +165,32 @@ class EngineStreams:
     ) -> tuple[str, int] | None:
         known = self._where.get(model_id)
         if known is not None and known[0] is entry:
+            if time.monotonic() - known[3] >= ASK_AGAIN_S and model_id not in self._asking:
+                # Asked again beside the call, not before it: the answer brings the engine's load.
+                self._asking[model_id] = asyncio.create_task(self._ask_again(entry, model_id, ask))
             return known[1], known[2]
+        return await self._ask(entry, model_id, ask)
+
+    async def _ask(
+        self, entry: CacheEntry, model_id: str, ask: Callable[[bytes], Awaitable[bytes | None]]
+    ) -> tuple[str, int] | None:
         # No path: a runtime that does not know `where` refuses it, calling no engine.
         answer = await ask(llm_pb2.HttpCall(model_id=model_id, where=True).SerializeToString())
         url = urlsplit(llm_pb2.HttpChunk.FromString(answer).engine_url if answer else "")
         if url.scheme != "http" or not url.hostname or not url.port:  # refused, or an older runtime
             return None
-        self._where[model_id] = (entry, url.hostname, url.port)
+        self._where[model_id] = (entry, url.hostname, url.port, time.monotonic())
         return url.hostname, url.port
+
+    async def _ask_again(
+        self, entry: CacheEntry, model_id: str, ask: Callable[[bytes], Awaitable[bytes | None]]
+    ) -> None:
+        try:
+            await self._ask(entry, model_id, ask)  # refused: the address known stays (a call finds it gone)
+        except Exception:  # the call's deadline, say: asked again with the next call
+            pass
+        finally:
+            self._asking.pop(model_id, None)
 
 
 async def _nothing() -> AsyncIterator[bytes]:

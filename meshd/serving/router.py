@@ -793,6 +793,8 @@ class Router:
             call = self.runtime_calls.unary_stream(spec.path)(request, metadata=metadata, timeout=remaining_s)
             try:
                 async for answer in call:
+                    # The engine's load, as a relayed call's first answer brings it (note_runtime_load).
+                    self.forwarder.note_engine_load(model_id, self.self_id, await call.initial_metadata())
                     return bytes(answer)
             except grpc.aio.AioRpcError:
                 return None  # the relayed call meets the same refusal and handles it

@@ -3,13 +3,16 @@ with real processes: etcd, meshd, `meshd llm-runtime` and an engine of our own
 (meshd.testing.fake_llm: the prompt's words echoed, one SSE event a word, a usage when asked).
 
 The engine's connection is kept between calls (one connection, call after call); a prompt
-of several MiB (past any proxy's buffer) reaches the engine whole."""
+of several MiB (past any proxy's buffer) reaches the engine whole; the engine's queue, read
+by the runtime, still reaches meshd and adds a copy when it stays deep."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
+from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.testing.cluster import LocalMesh, Node
@@ -121,3 +125,54 @@ def test_a_prompt_of_several_mib_reaches_the_engine_whole(node: Node) -> None:
     # And again, on the connection kept from it.
     after = events(complete(node, {"model": MODEL, "prompt": "after", "stream": True}))
     assert after[0]["choices"][0]["text"] == "after"
+
+
+def loaded_on(node: Node) -> set[str]:
+    with grpc.insecure_channel(f"127.0.0.1:{node.peer_port}") as ch:
+        stats = peer_pb2_grpc.MeshPeerStub(ch).InstanceStats(peer_pb2.InstanceStatsRequest(), timeout=10)
+    return set(stats.loadedModels)
+
+
+def test_a_copy_is_added_when_the_engine_queue_stays_deep(tmp_path: Path, etcd_server: Any) -> None:
+    """Calls streamed straight from the engine still bring its load to meshd (the runtime is
+    asked where it listens again beside them): an engine serving one call at a time with
+    several waiting gets a second copy on the other instance, at a few calls a second (far
+    below the requests per minute that add copies of other models)."""
+    mesh = LocalMesh(tmp_path / "mesh", service=f"openai-deep-{tmp_path.name}")
+    mesh.etcd_url = etcd_server.url
+    stop = threading.Event()
+    try:
+        args = LlmRuntimeArgs(Path(sys.executable), engine_command=FAKE + " --max-running 1", engine_args=())
+        # Routed by calls in flight (the local copy first), so only copy scaling can add one:
+        # routing by load would load a copy for calls that find every copy busy.
+        settings: dict[str, str | int] = {"rate_check_ms": 2000, "llm_routing": "inflight"}
+        a, b = add_llm_node(mesh, "qa", args, settings), add_llm_node(mesh, "qb", args, settings)
+        with grpc.insecure_channel(a.target) as ch:
+            info = mm.ModelInfo(type="llm", path=str(tmp_path))
+            mm_grpc.ModelMeshStub(ch).registerModel(mm.RegisterModelRequest(modelId=MODEL, modelInfo=info), timeout=30)
+        complete(a, {"model": MODEL, "prompt": "warm", "stream": True})  # the first copy
+        assert len([n for n in (a, b) if MODEL in loaded_on(n)]) == 1
+        errors: list[BaseException] = []
+
+        def caller() -> None:
+            while not stop.is_set():
+                try:
+                    complete(a, {"model": MODEL, "prompt": "t", "repeat": 50, "stream": True})  # ~0.1 s each
+                except BaseException as e:  # reported by the test
+                    errors.append(e)
+                    return
+
+        callers = [threading.Thread(target=caller, daemon=True) for _ in range(5)]
+        for t in callers:
+            t.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(MODEL in loaded_on(n) for n in (a, b)):
+            time.sleep(0.5)
+        stop.set()
+        for t in callers:
+            t.join(timeout=60)
+        assert not errors, errors
+        assert all(MODEL in loaded_on(n) for n in (a, b)), "no second copy while the engine's queue stayed deep"
+    finally:
+        stop.set()
+        mesh.stop()

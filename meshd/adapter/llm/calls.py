@@ -102,6 +102,11 @@ class OpenAICalls(llm_pb2_grpc.OpenAIServicer):  # type: ignore[misc]
         model_id = _model_id(request.model_id, context)
         if request.where:  # meshd streams from the engine itself (a warm copy beside it)
             served = await _served(self.engines, model_id, context)
+            # meshd asks again while its calls go straight to the engine: the engine's load
+            # comes with each answer, as with a relayed call's (its queue decides copies).
+            watch = served.owner.watch
+            watch.refresh(self.engines.http(), served.owner.engine.base_url)
+            await context.send_initial_metadata(((LOAD_HEADER, format_load(watch.load())),))
             yield llm_pb2.HttpChunk(engine_url=served.owner.engine.base_url)
             return
         if request.path not in OPENAI_PATHS:
