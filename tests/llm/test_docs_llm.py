@@ -5,7 +5,7 @@ reader's `my-llm.gguf`, each block with a time limit.
 What is not as written, and why:
 - the set-up block (a venv compiling llama.cpp, ~9 min) is not run: `~/.venvs/llama` (HOME is
   a fresh folder) is the llama.cpp venv the tests already built (.venvs/), linked there;
-- the default ports (8085, 8091 in the text; 8033, 8080, 2112, 8089, 8090 taken by default)
+- the default ports (8085, 8091, the store's 8000 in the text; 8033, 8080, 2112, 8089, 8090 taken by default)
   are swapped for free ones, in the text and by settings on the `meshd serve` line, as in
   tests/integration/test_docs_run.py.
 """
@@ -20,7 +20,7 @@ import pytest
 
 from meshd.testing.docs import Block, ServePorts, before_serve, reader_env, run_blocks, shell_blocks, swap_ports
 from meshd.testing.llm import make_gguf
-from meshd.testing.procs import free_port
+from meshd.testing.procs import free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -38,13 +38,14 @@ def test_the_llm_page_runs_as_written_in_order(llama_python: Path, tmp_path: Pat
     (home / ".venvs" / "llama").symlink_to(llama_python.parent.parent)
     (made,) = make_gguf(llama_python, tmp_path / "gguf", 1)
     shutil.move(made, work / "my-llm.gguf")
-    ports, runtime = ServePorts.free(), free_port()
-    swap = {"8085": runtime, "8091": ports.http}
+    ports, (runtime, store) = ServePorts.free(), free_ports(2)
+    swap = {"8085": runtime, "8091": ports.http, "8000": store}
     run = [Block(b.index, b.line, before_serve(swap_ports(b.text, swap), ports.settings())) for b in blocks[1:]]
-    assert any(ports.settings() in b.text for b in run), "the page starts no meshd"
+    assert sum(ports.settings() in b.text for b in run) == 2, "the page starts a meshd, then one whose runtime pulls"
     env = reader_env(home, Path(sys.executable).parent)
     env["MESHD_ADDRESS"] = f"localhost:{ports.grpc}"  # the CLI's default 8033, swapped
     ran = run_blocks(run, work, env, LIMIT_S)
-    started = ran[0].output
-    assert '"object":"chat.completion"' in started.replace(" ", ""), started
-    assert '"model":"my-llm"' in started.replace(" ", ""), started
+    started, stored = (r.output.replace(" ", "") for r in ran[:2])
+    assert '"object":"chat.completion"' in started and '"model":"my-llm"' in started, started
+    assert '"object":"chat.completion"' in stored and '"model":"stored-llm"' in stored, stored
+    assert (work / "models" / "stored-llm" / "my-llm.gguf").is_file()  # pulled from the store
