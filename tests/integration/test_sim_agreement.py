@@ -154,8 +154,8 @@ def test_the_simulator_and_a_real_mesh_agree_on_loads_and_hit_ratio(
         # (A wrong policy is not the control: RATE replayed gives 186-199, only 10-20 % below
         # LRU's real runs, whose own spread is +-7 %; one real run cannot tell them apart.)
         # ADAPTIVE too (issue 44): its shadows learn from what the fleet sees, so a simulator
-        # with the wrong fleet must not agree with it either. Measured (2026-11-28): real 188
-        # loads, simulated 185.0, a quarter more cache 148-163.
+        # with the wrong fleet must not agree with it either. Measured (2026-11-28, two runs): real
+        # 188 and 188 loads, simulated 185.0 and 189.0, a quarter more cache 148-163 and 148-159.
         wrong = [
             simulate(
                 replay,
