@@ -43,6 +43,7 @@ def put(url: str, path: str, body: bytes, headers: dict[str, str] | None = None)
 @pytest.fixture
 def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     from gcp_storage_emulator import server as server_mod  # a dev dependency: missing, this fails
+
     port = free_port()
     server = server_mod.create_server("127.0.0.1", port, in_memory=True, default_bucket="gbkt")
     server.start()
@@ -67,6 +68,83 @@ async def test_gcs_folder_model_with_ranged_parts(gcs: str, tmp_path: Path) -> N
     with pytest.raises(StorageError, match="no such object") as e:
         await helper.pull("gx", "gs://gbkt/absent", "")
     assert "gcs bucket gbkt" in str(e.value)
+
+
+class TokenEndpoint:
+    """An OAuth token endpoint of our own (Google's JWT-bearer grant): checks the assertion's
+    RS256 signature against the service account's public key and records its claims."""
+
+    def __init__(self, public_key: object, refuse: bool = False) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import parse_qs
+
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        self.claims: list[dict[str, object]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+            def do_POST(self) -> None:
+                form = parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+                head, body, sig = form["assertion"][0].split(".")
+                pad = lambda x: base64.urlsafe_b64decode(x + "=" * (-len(x) % 4))  # noqa: E731
+                public_key.verify(pad(sig), f"{head}.{body}".encode(), padding.PKCS1v15(), hashes.SHA256())  # type: ignore[attr-defined]
+                owner.claims.append(json.loads(pad(body)))
+                ok = form["grant_type"] == ["urn:ietf:params:oauth:grant-type:jwt-bearer"] and not refuse
+                answer = {"access_token": "tok-meshd", "expires_in": 3600} if ok else {"error": "invalid_grant"}
+                data = json.dumps(answer).encode()
+                self.send_response(200 if ok else 400)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/token"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+async def test_gcs_service_account_gets_its_token_from_the_token_uri(gcs: str, tmp_path: Path, refuse: bool) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    assert put(gcs, "/gbkt/sa/w.bin", blob(700 * KIB)) == 200
+    tokens = TokenEndpoint(key.public_key(), refuse)
+    try:
+        email = "puller@meshd-test.iam.gserviceaccount.com"
+        entry = {"type": "gcs", "bucket": "gbkt", "private_key": pem, "client_email": email, "token_uri": tokens.url}
+        write_config(tmp_path, "sa", entry)
+        helper = StorageHelper(settings(tmp_path))
+        await helper.start()
+        key_json = json.dumps({"storage_key": "sa"})
+        if refuse:
+            with pytest.raises(StorageError, match="invalid_grant") as e:
+                await helper.pull("gsa", "sa/w.bin", key_json)
+            assert "PRIVATE KEY" not in str(e.value) and not (tmp_path / "models" / "gsa").exists()
+            return
+        pulled = await helper.pull("gsa", "sa/w.bin", key_json)
+        assert pulled is not None and content(pulled.local_path) == blob(700 * KIB)
+        # A token per store opened (the listing's, the download's), not per request: the
+        # listing and three 256 KiB parts made four requests. Signed by the account's key.
+        assert 1 <= len(tokens.claims) <= 2
+        claims = tokens.claims[0]
+        assert claims["iss"] == email and claims["aud"] == tokens.url and "devstorage.read_only" in str(claims["scope"])
+    finally:
+        tokens.stop()
 
 
 # ---- Azure Blob (Azurite) ------------------------------------------------------------
