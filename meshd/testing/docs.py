@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshd.testing.procs import free_ports
+from meshd.testing.procs import free_ports, marked_pids
 
 SESSION_MARKER = "MESHD_DOCS_SESSION"  # in the environment of everything a session starts
 SHELL_FENCES = ("bash", "sh", "shell", "console")
@@ -113,6 +113,16 @@ class ServePorts:
             f"MM_METRICS='prometheus:port={self.metrics};scheme=http' MM_PROBE_PORT={self.probe} "
             f"MM_PRESTOP_WAIT_PORT={self.prestop} "
         )
+
+
+def with_ports(blocks: list[Block], swap: dict[str, int], ports: ServePorts, serves: int) -> list[Block]:
+    """`blocks` as a reader on a busy host runs them: `swap`'s default ports replaced by free
+    ones, `ports`' settings before each page's `meshd serve`; the page must start `serves`
+    meshd, or the swap missed one (and the test would reach a stranger's port)."""
+    run = [Block(b.index, b.line, before_serve(swap_ports(b.text, swap), ports.settings())) for b in blocks]
+    started = sum(ports.settings() in b.text for b in run)
+    assert started == serves, f"the page starts {started} meshd serve, not {serves}"
+    return run
 
 
 class BlockFailed(AssertionError):
@@ -204,20 +214,6 @@ def run_blocks(
         stop_group(proc, stop_grace_s, marker)
 
 
-def marked_pids(marker: str, proc: Path = Path("/proc")) -> list[int]:
-    """Processes whose environment carries the session's marker (inherited by every descendant)."""
-    wanted = f"{SESSION_MARKER}={marker}".encode()
-    found = []
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            try:
-                if wanted in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue  # gone meanwhile, or not ours to read
-    return found
-
-
 def stop_group(proc: subprocess.Popen[str], grace_s: float, marker: str = "") -> None:
     """SIGTERM to the session's process group (what it left running), then SIGKILL; then
     SIGKILL to what carries `marker` (escaped the group into a session of its own), before the
@@ -233,7 +229,7 @@ def stop_group(proc: subprocess.Popen[str], grace_s: float, marker: str = "") ->
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
-    escaped = marked_pids(marker) if marker else []
+    escaped = marked_pids(SESSION_MARKER, marker) if marker else []
     for pid in escaped:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

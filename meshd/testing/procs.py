@@ -63,6 +63,21 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def marked_pids(name: str, value: str, proc: Path = Path("/proc")) -> list[int]:
+    """Processes whose environment carries `name=value`: inherited by every descendant, so it
+    finds what a test started even after it left the process group (a new session, a daemon)."""
+    wanted = f"{name}={value}".encode()
+    found = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone meanwhile, or not ours to read
+    return found
+
+
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.05) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -30,7 +30,7 @@ from meshd.runtimes.models import DemoModel, GeneratedModel, decode_infer_respon
 from meshd.runtimes.models import make_infer_request as make_request
 from meshd.testing.cluster import LocalMesh
 from meshd.testing.observers import ClientThreads
-from meshd.testing.procs import Child, free_port, port_open, wait_until
+from meshd.testing.procs import Child, free_port, marked_pids, port_open, wait_until
 from meshd.testing.triton import (
     TRITON_VERSION,
     TritonInstall,
@@ -419,20 +419,6 @@ def test_tritonserver_sigkilled_under_traffic(
 MARKER_ENV = "MESHD_TEST_RUN"
 
 
-def marked_pids(marker: str) -> list[int]:
-    """Processes whose environment carries `MESHD_TEST_RUN=<marker>` (inherited by every descendant)."""
-    wanted = f"{MARKER_ENV}={marker}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if wanted in (entry / "environ").read_bytes().split(b"\0"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue  # gone meanwhile, or not ours to read
-    return pids
-
-
 def run_tracked(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     """Run `argv` to completion; on a timeout (AssertionError) and in any case at the end,
     SIGKILL whatever it started that is still running. The demo's etcd, meshd, adapters and
@@ -447,13 +433,13 @@ def run_tracked(argv: list[str], timeout_s: float) -> subprocess.CompletedProces
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            for pid in marked_pids(marker):
+            for pid in marked_pids(MARKER_ENV, marker):
                 _kill(pid)
             out, err = proc.communicate(timeout=30)
             raise AssertionError(f"{argv[:4]} timed out after {timeout_s:.0f}s:\n{out}\n{err}") from None
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
     finally:
-        for pid in marked_pids(marker):
+        for pid in marked_pids(MARKER_ENV, marker):
             _kill(pid)
         if proc.returncode is None:  # not reaped: its group id cannot belong to anyone else yet
             with contextlib.suppress(ProcessLookupError):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.testing.docs import Block, ServePorts, reader_env, run_blocks, shell_blocks, swap_ports
+from meshd.testing.docs import ServePorts, reader_env, run_blocks, shell_blocks, with_ports
 from meshd.testing.procs import free_port
 
 pytestmark = pytest.mark.slow
@@ -28,12 +28,7 @@ LIMIT_S = 120.0  # per block: a start-up and a load on 2 busy cores take seconds
 
 def test_the_kserve_page_runs_as_written_in_order(tmp_path: Path) -> None:
     ports, runtime = ServePorts.free(), free_port()
-    blocks = []
-    for b in shell_blocks(PAGE.read_text()):
-        text = swap_ports(b.text, {"8085": runtime, "8091": ports.http})
-        text = text.replace(" meshd serve ", f" {ports.settings()}meshd serve ", 1)
-        blocks.append(Block(b.index, b.line, text))
-    assert sum(ports.settings() in b.text for b in blocks) == 1, "the page starts no meshd, or more than one"
+    blocks = with_ports(shell_blocks(PAGE.read_text()), {"8085": runtime, "8091": ports.http}, ports, serves=1)
     work = tmp_path / "work"
     work.mkdir()
     env = reader_env(tmp_path / "home", Path(sys.executable).parent)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.testing.docs import Block, ServePorts, reader_env, run_blocks, shell_blocks, swap_ports
+from meshd.testing.docs import ServePorts, reader_env, run_blocks, shell_blocks, with_ports
 from meshd.testing.procs import free_port
 
 pytestmark = pytest.mark.slow
@@ -35,12 +35,7 @@ def test_the_native_page_runs_as_written_in_order(haproxy_path: str, tmp_path: P
     setup, *rest = shell_blocks(PAGE.read_text())
     assert setup.text.startswith(SETUP), "the page's set-up block changed: say here what stands in for it"
     ports, runtime = ServePorts.free(), free_port()
-    blocks = []
-    for b in rest:
-        text = swap_ports(b.text, {"8085": runtime, "8033": ports.grpc})
-        text = text.replace(" meshd serve ", f" {ports.settings()}meshd serve ", 1)
-        blocks.append(Block(b.index, b.line, text))
-    assert sum(ports.settings() in b.text for b in blocks) == 1, "the page starts no meshd, or more than one"
+    blocks = with_ports(rest, {"8085": runtime, "8033": ports.grpc}, ports, serves=1)
     work = tmp_path / "work"
     work.mkdir()
     env = reader_env(tmp_path / "home", Path(sys.executable).parent)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.testing.docs import Block, ServePorts, before_serve, reader_env, run_blocks, shell_blocks, swap_ports
+from meshd.testing.docs import ServePorts, reader_env, run_blocks, shell_blocks, with_ports
 from meshd.testing.mlserver import mlserver_python
 from meshd.testing.procs import free_ports
 from meshd.testing.triton import platform_problem, triton_venv
@@ -53,12 +53,7 @@ def test_the_runtimes_page_runs_as_written_in_order(tmp_path: Path) -> None:
     ports = ServePorts.free()
     runtime, server_grpc, server_http, triton_http = free_ports(4)  # none of ports': handed out lately
     swap = {"8085": runtime, "8001": server_grpc, "8002": server_http, "8000": triton_http, "8033": ports.grpc}
-    run = [
-        Block(b.index, b.line, before_serve(swap_ports(b.text, swap), ports.settings()))
-        for b in blocks
-        if b not in setup
-    ]
-    assert sum(ports.settings() in b.text for b in run) == 2, "the page's two pods each start one meshd"
+    run = with_ports([b for b in blocks if b not in setup], swap, ports, serves=2)  # the two pods' meshd
     env = reader_env(home, Path(sys.executable).parent) | {"MESHD_ADDRESS": f"localhost:{ports.grpc}"}
     ran = run_blocks(run, work, env, LIMIT_S)
     mlserver_pod, _stop, demo, triton_pod = (r.output for r in ran)

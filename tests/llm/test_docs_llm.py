@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.testing.docs import Block, ServePorts, before_serve, reader_env, run_blocks, shell_blocks, swap_ports
+from meshd.testing.docs import ServePorts, reader_env, run_blocks, shell_blocks, with_ports
 from meshd.testing.llm import make_gguf
 from meshd.testing.procs import free_ports
 
@@ -40,8 +40,7 @@ def test_the_llm_page_runs_as_written_in_order(llama_python: Path, tmp_path: Pat
     shutil.move(made, work / "my-llm.gguf")
     ports, (runtime, store) = ServePorts.free(), free_ports(2)
     swap = {"8085": runtime, "8091": ports.http, "8000": store}
-    run = [Block(b.index, b.line, before_serve(swap_ports(b.text, swap), ports.settings())) for b in blocks[1:]]
-    assert sum(ports.settings() in b.text for b in run) == 2, "the page starts a meshd, then one whose runtime pulls"
+    run = with_ports(blocks[1:], swap, ports, serves=2)  # a meshd, then one whose runtime pulls
     env = reader_env(home, Path(sys.executable).parent)
     env["MESHD_ADDRESS"] = f"localhost:{ports.grpc}"  # the CLI's default 8033, swapped
     ran = run_blocks(run, work, env, LIMIT_S)
