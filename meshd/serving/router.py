@@ -45,6 +45,7 @@ from meshd.core.errors import (
 from meshd.core.model_types import base_model_of
 from meshd.core.records import ModelRecord, RecordError, VModelRecord
 from meshd.decisions.cache import CacheEntry, State
+from meshd.decisions.openai import CALL_METHOD
 from meshd.decisions.placement.constraints import TypeConstraints
 from meshd.decisions.placement.disk import pull_estimate_ms
 from meshd.decisions.placement.liveness import trusted_peer
@@ -1085,7 +1086,7 @@ class _Answered:
         )
         try:
             answered = await _first_answer(opened)
-            if st.router.llm_routing:
+            if st.spec.path == CALL_METHOD:  # whatever the routing: copy scaling reads the queue
                 await st.router.note_runtime_load(self.model_id, opened)
             return answered
         except grpc.aio.AioRpcError as e:

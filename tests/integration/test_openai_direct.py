@@ -133,11 +133,14 @@ def loaded_on(node: Node) -> set[str]:
     return set(stats.loadedModels)
 
 
-def test_a_copy_is_added_when_the_engine_queue_stays_deep(tmp_path: Path, etcd_server: Any) -> None:
-    """Calls streamed straight from the engine still bring its load to meshd (the runtime is
-    asked where it listens again beside them): an engine serving one call at a time with
-    several waiting gets a second copy on the other instance, at a few calls a second (far
-    below the requests per minute that add copies of other models)."""
+@pytest.mark.parametrize("sent_to", ["holder", "other"])
+def test_a_copy_is_added_when_the_engine_queue_stays_deep(tmp_path: Path, etcd_server: Any, sent_to: str) -> None:
+    """An engine serving one call at a time with several waiting gets a second copy on the
+    other instance, at a few calls a second (far below the requests per minute that add copies
+    of other models), whether the calls come to the instance holding the copy (streamed
+    straight from the engine: the runtime is asked where it listens again beside them, and its
+    answer brings the engine's load) or to the other, which forwards them (the holder reads the
+    load from its runtime's first answer; before, it did so only when routing by load)."""
     mesh = LocalMesh(tmp_path / "mesh", service=f"openai-deep-{tmp_path.name}")
     mesh.etcd_url = etcd_server.url
     stop = threading.Event()
@@ -151,13 +154,15 @@ def test_a_copy_is_added_when_the_engine_queue_stays_deep(tmp_path: Path, etcd_s
             info = mm.ModelInfo(type="llm", path=str(tmp_path))
             mm_grpc.ModelMeshStub(ch).registerModel(mm.RegisterModelRequest(modelId=MODEL, modelInfo=info), timeout=30)
         complete(a, {"model": MODEL, "prompt": "warm", "stream": True})  # the first copy
-        assert len([n for n in (a, b) if MODEL in loaded_on(n)]) == 1
+        holders = [n for n in (a, b) if MODEL in loaded_on(n)]
+        assert len(holders) == 1
+        target = holders[0] if sent_to == "holder" else next(n for n in (a, b) if n is not holders[0])
         errors: list[BaseException] = []
 
         def caller() -> None:
             while not stop.is_set():
                 try:
-                    complete(a, {"model": MODEL, "prompt": "t", "repeat": 50, "stream": True})  # ~0.1 s each
+                    complete(target, {"model": MODEL, "prompt": "t", "repeat": 50, "stream": True})  # ~0.1 s each
                 except BaseException as e:  # reported by the test
                     errors.append(e)
                     return

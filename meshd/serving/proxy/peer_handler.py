@@ -123,7 +123,9 @@ class PeerInferenceHandler(RawMethodHandler):
             except MeshError as e:
                 await _refuse(context, e)
                 return
-            llm = router.llm_routing and spec.path == CALL_METHOD  # a language model's: its load goes back
+            # A language model's call: its load goes back (for routing by load), and the engine's
+            # reading is kept here whatever the routing, for copy scaling (queues that stay deep).
+            llm = spec.path == CALL_METHOD
             try:
                 await context.send_initial_metadata(
                     ACCEPTED_METADATA + router.engine_load_here(model_id) if llm else ACCEPTED_METADATA
