@@ -402,7 +402,6 @@ SECRET_ACCESS = ("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEK
 EXAMPLE_BUCKET = "modelmesh-example-models"
 
 
-
 @pytest.fixture
 def storage_pod(
     mlserver_env: Path, tmp_path: Path, etcd_server: object, plain_meshd: Path, moto_url: str
@@ -425,6 +424,7 @@ def storage_pod(
 
 def test_a_predictor_with_storage_key_and_path_loads_from_the_secrets_store(storage_pod: Pod, moto_url: str) -> None:
     import boto3  # a dev dependency: missing, the test fails rather than skips
+
     s3 = boto3.client(
         "s3",
         endpoint_url=moto_url,

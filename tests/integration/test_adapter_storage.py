@@ -30,10 +30,10 @@ ACCESS, SECRET = "AKIAMESHDTEST", "meshd-test-secret-never-logged"
 BUCKET = "modelmesh-example-models"  # modelmesh-serving's example bucket name
 
 
-
 @pytest.fixture
 def stack(mlserver_env: Path, tmp_path: Path, etcd_server: object, moto_url: str) -> Iterator[Stack]:  # noqa: F811
     import boto3  # a dev dependency: missing, the test fails rather than skips
+
     models = train_sklearn_models(mlserver_env, tmp_path / "trained", 1)
     s3 = boto3.client(
         "s3", endpoint_url=moto_url, aws_access_key_id=ACCESS, aws_secret_access_key=SECRET, region_name="us-east-1"
@@ -119,6 +119,7 @@ def test_a_model_in_s3_is_pulled_served_kept_on_disk_and_reloaded_from_it(
 
         # The store loses it; a reload still serves, from the disk tier.
         import boto3  # a dev dependency: missing, the test fails rather than skips
+
         s3 = boto3.client(
             "s3",
             endpoint_url=json.loads((tmp_path / "storage-config" / "localMinIO").read_text())["endpoint_url"],

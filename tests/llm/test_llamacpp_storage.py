@@ -57,6 +57,7 @@ class Stack:
 @pytest.fixture
 def stack(llama_python: Path, tmp_path: Path, etcd_server: Any, moto_url: str) -> Iterator[Stack]:
     import boto3  # a dev dependency: missing, the test fails rather than skips
+
     s3 = boto3.client(
         "s3", endpoint_url=moto_url, aws_access_key_id=ACCESS, aws_secret_access_key=SECRET, region_name="us-east-1"
     )

@@ -71,10 +71,10 @@ async def started(s: StorageSettings) -> StorageHelper:
 # ---- moto: S3 protocol, listing, signatures ---------------------------------------------
 
 
-
 @pytest.fixture
 def s3(moto_url: str, tmp_path: Path) -> Iterator[object]:
     import boto3  # a dev dependency: missing, the test fails rather than skips
+
     client = boto3.client(
         "s3",
         endpoint_url=moto_url,

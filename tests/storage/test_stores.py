@@ -10,6 +10,7 @@ from meshd.storage.stores import EMPTY_SHA256, S3Store, sigv4
 
 def test_sigv4_matches_botocore() -> None:
     from botocore import auth, awsrequest, credentials  # boto3's, a dev dependency
+
     creds = ("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "session-token")
     url = "https://127.0.0.1:9000/my-bucket/dir%20x/m%2Bodel.bin?list-type=2&prefix=a%2Fb"
     req = awsrequest.AWSRequest("GET", url, headers={"Range": "bytes=0-9"})
