@@ -9,6 +9,7 @@
     python -m sim --preset zipf --alpha 0.9 --rates 10,20,40,80  # the knee: hit ratio, hot p99, failures by rate
     python -m sim --preset large-models --client-timeout-s 600  # big models on 3 instances, clients that wait
     python -m sim --preset zipf --pull-mib-per-s 500 --disk-tier 0,4  # loads pull first; a disk tier 4x the cache
+    python -m sim llm                              # copies of one LLM routed by load and prefix (sim/llm.py)
 
 Prints markdown tables and writes them, with PNG plots (when matplotlib is installed), to
 --out (default results/). Bad arguments end with a one-line error and exit status 2.
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from meshd.decisions.cache import Eviction
-from sim import azure, report, single
+from sim import azure, llm, report, single
 from sim import workloads as w
 from sim.args import (
     bounded,
@@ -155,6 +156,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["llm"]:  # copies of one language model (sim/llm.py): a command of its own
+        return llm.main(words[1:])
     p = parser()
     args = p.parse_args(argv)
     try:

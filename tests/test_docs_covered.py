@@ -16,6 +16,7 @@ RUN_BY = {
     "docs/llm.md": "tests/llm/test_docs_llm.py",
     "docs/native.md": "tests/integration/test_docs_native.py",
     "docs/runtimes.md": "tests/integration/test_docs_runtimes.py",
+    "docs/simulator.md": "tests/sim/test_docs_simulator.py",
     "docs/storage.md": "tests/storage/test_docs_storage.py",
 }
 

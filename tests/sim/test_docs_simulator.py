@@ -1,0 +1,40 @@
+"""docs/simulator.md's shell blocks, run as a reader runs them (meshd.testing.docs): in order,
+as written, in one shell session in the repository, each with a time limit; the figures the page
+quotes are the ones they print (the simulator is deterministic for a seed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from meshd.testing.docs import reader_env, run_blocks, shell_blocks
+
+REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "docs" / "simulator.md"
+LIMIT_S = 60.0  # per block: each takes under a second of CPU
+PRINTED_AND_QUOTED = (
+    ("| load | median | 150 | 475 | 52% | 61/58/63 | 0 |", "| load | median | 150 | 475 | 52% | 61/58/63 |"),
+    ("| inflight | median | 150 | 568 | 33% | 61/61/58 | 0 |", "| inflight | median | 150 | 568 | 33% | 61/61/58 |"),
+    (
+        "| load | 3 | 150 | 609 | 52% | 63/61/56 | 0 |",
+        "| 475 / 438 / 609 | 61% / 51% / 52% | 56/58/66, 61/56/63, 63/61/56 |",
+    ),
+    (
+        "| load | 1 | 1057 | 15951 | 45% | 309/129/91/48/23 | 4 (at 20, 30, 40, 50 s) |",
+        "| load | 1057 / 832 / 347 | 15951 / 14816 / 12496 | 45% / 48% / 49% | 309/129/91/48/23 |",
+    ),
+    (
+        "| inflight | 3 | 618 | 12496 | 36% | 313/117/76/54/40 | 4 (at 20, 30, 40, 50 s) |",
+        "| inflight | 1358 / 1478 / 618 | 15951 / 14816 / 12496 | 33% / 34% / 36% | 307/130/82/46/35 |",
+    ),
+)
+
+
+def test_the_simulator_page_runs_as_written_and_its_figures_are_printed(tmp_path: Path) -> None:
+    text = PAGE.read_text()
+    blocks = shell_blocks(text)
+    (ran,) = run_blocks(blocks, REPO, reader_env(tmp_path / "home", Path(sys.executable).parent), LIMIT_S)
+    # The runs' rows (printed) as the page quotes them.
+    for printed, quoted in PRINTED_AND_QUOTED:
+        assert printed in ran.output, printed
+        assert quoted in text, quoted
