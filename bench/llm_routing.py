@@ -1,7 +1,7 @@
 """Copies of one language model routed by their engines' load and prompt prefixes, against
 the fewest calls in flight (issue 43).
 
-    python bench/llm_routing.py [--runs 3] [--requests 180] [--rate 6] [--smoke]
+    python bench/llm_routing.py [--engine fake|vllm] [--runs 3] [--requests N] [--rate R] [--smoke]
 
 Starts etcd, three meshd instances each beside `meshd llm-runtime` holding one copy of the
 model, and two front instances that hold none (their runtimes have no room for it), routing
@@ -14,27 +14,38 @@ from run to run), with fresh prompts each run so no run finds another's prefixes
     60 % of the calls begin with one of 8 long system prompts (--system-words words), then a
     short question of their own; 40 % are a prompt of their own (--own-words words).
 
-The engine is our own (`meshd.testing.fake_llm`), standing in for a GPU engine with prefix
-caching: llama-cpp-python serves one request at a time, has no /metrics, and its prompt cache
-keeps one slot, so on these 2 cores it cannot show a prefix cache under load. Ours runs
+--engine fake (the default, and the test suite's --smoke): our own engine
+(`meshd.testing.fake_llm`), standing in for a GPU engine with prefix caching. It runs
 --max-running calls at a time and queues the rest; it spends --prefill-ms-per-token on each
 prompt token (a word) not in its prefix cache, one prefill at a time, then streams --tokens
 tokens --token-ms apart; its prefix cache keeps --cache-tokens tokens in blocks of 16 (LRU),
-and it publishes vLLM's metrics, prefix-cache hits included. Figures per front (medians over
-runs): time to first token p50/p99 as the client sees it, the share of prompt tokens found in
-the engines' prefix caches, the calls each copy served. Every child is stopped by PID on exit.
+and it publishes vLLM's metrics, prefix-cache hits included.
+
+--engine vllm: vLLM's CPU build (its venv built on first use, ~3 GiB of memory an engine), a
+random-weight Llama made on the spot (VLLM_SHAPE; its tokenizer makes a token of each byte),
+vLLM's automatic prefix caching in 128-token blocks, one OpenMP thread an engine. The three
+engines share the machine's cores, so "faster than one copy serves" is what the cores serve.
+llama-cpp-python is not offered: it serves one request at a time, has no /metrics, and its
+prompt cache keeps one slot.
+
+Figures per front (medians over runs): time to first token p50/p99 as the client sees it,
+the share of prompt tokens found in the engines' prefix caches (their own
+`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`), the calls each copy
+served. Every child is stopped by PID on exit (each engine with its process group).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import random
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +62,14 @@ from meshd._proto.meshd import peer_pb2, peer_pb2_grpc  # noqa: E402
 from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc  # noqa: E402
 from meshd.testing.cluster import LocalMesh, Node  # noqa: E402
-from meshd.testing.llm import LlmRuntimeArgs, add_llm_node  # noqa: E402
+from meshd.testing.llm import (  # noqa: E402
+    VLLM_ENGINE_BYTES,
+    VLLM_ENV,
+    LlmRuntimeArgs,
+    add_llm_node,
+    make_hf_llama,
+    vllm_python,
+)
 
 SCRIPT = "bench/llm_routing.py"
 MODEL = "chat"
@@ -60,6 +78,22 @@ FRONTS = {"load": "front-load", "inflight": "front-inflight"}
 SYSTEM_PROMPTS = 8
 SHARED = 0.6
 LOADING_TIMEOUT_MS = 9_000  # copies count as loaded 3 s after their load began
+# vLLM's CPU build: a random-weight Llama (hidden 256, 2 layers, 4 heads, 4,096 positions; a
+# token a byte) large enough that a long prompt's prefill costs what a cached prefix saves: on
+# one core ~450 ms for 1,230 prompt tokens, ~80 ms with 1,024 of them cached; ~4 ms a token.
+VLLM_SHAPE = (256, 2, 4, 4096)
+VLLM_BLOCK_TOKENS = 128  # vLLM's KV block on CPU: prefixes are cached in whole blocks
+VLLM_START_TIMEOUT_MS = 300_000  # three engines starting at once on 2 cores: ~1 min
+# One OpenMP thread per engine and no pinning: vLLM's default pins every engine's thread to
+# core 0 (it keeps the other for itself), so three engines would share one core.
+VLLM_THREADS_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+# Per engine: what the options default to (calls per front and run, calls/s, prompt words).
+DEFAULTS: dict[str, dict[str, int | float]] = {
+    "fake": {"requests": 180, "rate": 6.0, "system_words": 300, "own_words": 150},
+    # A system prompt of 150 words is ~1,180 bytes, so tokens: more than the 1,024 characters
+    # meshd hashes as a prefix, and 9 of vLLM's 128-token blocks.
+    "vllm": {"requests": 90, "rate": 3.0, "system_words": 150, "own_words": 60},
+}
 
 
 @dataclass
@@ -93,19 +127,36 @@ def workload(a: argparse.Namespace, seed: int) -> list[tuple[float, str]]:
     return calls
 
 
-def engine_ports() -> list[int]:
-    """The ports of the copies' engines (ours, --name MODEL)."""
+def engine_ports(runtimes: list[int]) -> list[int]:
+    """The ports of the engines the copies' runtimes (their PIDs) started: each runtime's child
+    with a --port (other benches' engines of the same name are not ours)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
+        except (OSError, IndexError, ValueError):
             continue
-        if b"meshd.testing.fake_llm" in argv and argv[argv.index(b"--name") + 1] == MODEL.encode():
+        if parent in runtimes and b"--port" in argv:
             found.append(int(argv[argv.index(b"--port") + 1]))
     return sorted(found)
+
+
+def metric_sums(text: str) -> dict[str, float]:
+    """Prometheus text: each metric's value summed over its label sets (vLLM counts finished
+    requests once per reason, our engine once)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        try:
+            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+    return values
 
 
 async def counters(session: aiohttp.ClientSession, ports: list[int]) -> tuple[float, float, list[int]]:
@@ -114,8 +165,7 @@ async def counters(session: aiohttp.ClientSession, ports: list[int]) -> tuple[fl
     ran = []
     for port in ports:
         async with session.get(f"http://127.0.0.1:{port}/metrics") as r:
-            text = await r.text()
-        values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
+            values = metric_sums(await r.text())
         hits += values.get("vllm:prefix_cache_hits_total", 0.0)
         queries += values.get("vllm:prefix_cache_queries_total", 0.0)
         ran.append(int(values.get("vllm:request_success_total", 0.0)))
@@ -135,7 +185,9 @@ async def drive(a: argparse.Namespace, front: Node, calls: list[tuple[float, str
             nonlocal errors
             await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
             sent = time.perf_counter()
-            body = {"model": MODEL, "prompt": prompt, "max_tokens": a.tokens, "stream": True}
+            body: dict[str, object] = {"model": MODEL, "prompt": prompt, "max_tokens": a.tokens, "stream": True}
+            if a.engine == "vllm":
+                body["ignore_eos"] = True  # random weights may end an answer at once: each is --tokens long
             try:
                 async with session.post(url, json=body) as r:
                     if r.status != 200:
@@ -156,42 +208,63 @@ async def drive(a: argparse.Namespace, front: Node, calls: list[tuple[float, str
     return Shot(ttft, errors, share, [b - c for b, c in zip(counts1, counts0, strict=True)])
 
 
-def start(a: argparse.Namespace, mesh: LocalMesh, work: Path) -> tuple[dict[str, Node], list[int]]:
-    mesh.start_etcd()
+def runtime_args(a: argparse.Namespace, work: Path) -> tuple[LlmRuntimeArgs, str, Path]:
+    """The copies' runtime, and the model's type and path to register."""
+    if a.engine == "vllm":
+        python = vllm_python()
+        base, _ = make_hf_llama(python, work / "hf", 0, seed=1, shape=VLLM_SHAPE)
+        engine_args: tuple[str, ...] = ("--dtype", "bfloat16", "--max-model-len", str(VLLM_SHAPE[3]))
+        if a.cache_tokens:  # else vLLM's own: VLLM_CPU_KVCACHE_SPACE, 1 GiB (524,288 tokens here)
+            engine_args += ("--num-gpu-blocks-override", str(a.cache_tokens // VLLM_BLOCK_TOKENS))
+        holder = LlmRuntimeArgs(
+            python,
+            memory_bytes=VLLM_ENGINE_BYTES + (512 << 20),
+            default_model_size=VLLM_ENGINE_BYTES,
+            engine="vllm",
+            engine_args=engine_args,
+            env={**VLLM_ENV, **VLLM_THREADS_ENV},
+            loading_timeout_ms=VLLM_START_TIMEOUT_MS,
+        )
+        return holder, "vllm", base
     engine = f"{sys.executable} -m meshd.testing.fake_llm --port {{port}} --name {{name}}"
     engine += f" --token-interval-ms {a.token_ms:g} --max-running {a.max_running}"
     engine += f" --prefill-ms-per-token {a.prefill_ms_per_token:g} --cache-tokens {a.cache_tokens}"
-    # No copy scaling: the three copies stay where they are for the whole run.
-    settings: dict[str, str | int] = {"rate_check_ms": 600_000, "request_timeout_ms": 120_000}
     holder = LlmRuntimeArgs(
         Path(sys.executable), engine_command=engine, engine_args=(), loading_timeout_ms=LOADING_TIMEOUT_MS
     )
-    for name in COPIES:
-        add_llm_node(mesh, name, holder, settings)
-    # The fronts' runtimes have no room for the model: they route, never hold it.
-    no_room = LlmRuntimeArgs(
-        Path(sys.executable),
-        engine_command=engine,
-        engine_args=(),
-        memory_bytes=1 << 20,
-        loading_timeout_ms=LOADING_TIMEOUT_MS,  # theirs sets when they take peers' copies as loaded
-    )
+    return holder, "llm", work
+
+
+def load_copy(node: Node) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{node.peer_port}") as ch:
+        req = peer_pb2.InternalOpRequest(modelId=MODEL, load=True, sync=True)
+        state = peer_pb2_grpc.MeshPeerStub(ch).InternalOperation(req, timeout=VLLM_START_TIMEOUT_MS / 1000).state
+    if state != peer_pb2.InternalOpResponse.LOADED:
+        raise RuntimeError(f"{node.instance_id} did not load {MODEL}: state {state}")
+
+
+def start(a: argparse.Namespace, mesh: LocalMesh, work: Path) -> tuple[dict[str, Node], list[int]]:
+    mesh.start_etcd()
+    holder, model_type, path = runtime_args(a, work)
+    # No copy scaling: the three copies stay where they are for the whole run.
+    settings: dict[str, str | int] = {"rate_check_ms": 600_000, "request_timeout_ms": 120_000}
+    copies = [add_llm_node(mesh, name, holder, settings) for name in COPIES]
+    # The fronts' runtimes have no room for the model: they route, never hold it. Theirs sets
+    # when they take peers' copies as loaded (a third of it after the load began).
+    no_room = dataclasses.replace(holder, memory_bytes=1 << 20, loading_timeout_ms=LOADING_TIMEOUT_MS)
     fronts = {
         policy: add_llm_node(mesh, name, no_room, {**settings, "llm_routing": policy})
         for policy, name in FRONTS.items()
     }
-    first = mesh.nodes[0]
-    with grpc.insecure_channel(first.target) as ch:
-        info = mm.ModelInfo(type="llm", path=str(work))
+    with grpc.insecure_channel(copies[0].target) as ch:
+        info = mm.ModelInfo(type=model_type, path=str(path))
         mm_grpc.ModelMeshStub(ch).registerModel(mm.RegisterModelRequest(modelId=MODEL, modelInfo=info), timeout=30)
-    for node in mesh.nodes[: len(COPIES)]:
-        with grpc.insecure_channel(f"127.0.0.1:{node.peer_port}") as ch:
-            req = peer_pb2.InternalOpRequest(modelId=MODEL, load=True, sync=True)
-            state = peer_pb2_grpc.MeshPeerStub(ch).InternalOperation(req, timeout=60).state
-            if state != peer_pb2.InternalOpResponse.LOADED:
-                raise RuntimeError(f"{node.instance_id} did not load {MODEL}: state {state}")
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(copies)) as pool:  # vLLM's engines start in ~30 s each: at once
+        list(pool.map(load_copy, copies))
+    log(f"{len(copies)} copies loaded in {time.perf_counter() - started:.0f} s")
     time.sleep(max(3.0, LOADING_TIMEOUT_MS / 3000) + 1)  # until the fronts take the copies as loaded
-    ports = engine_ports()
+    ports = engine_ports([node.runtime.pid for node in copies])
     if len(ports) != len(COPIES):
         raise RuntimeError(f"expected {len(COPIES)} engines, found {len(ports)}")
     return fronts, ports
@@ -218,28 +291,47 @@ async def measure(a: argparse.Namespace, fronts: dict[str, Node], ports: list[in
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", choices=sorted(DEFAULTS), default="fake", help="ours, or vLLM's CPU build")
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--requests", type=int, default=180, help="calls per front and run")
-    p.add_argument("--rate", type=float, default=6.0, help="calls per second (Poisson)")
-    p.add_argument("--system-words", type=int, default=300, help="length of each shared system prompt")
-    p.add_argument("--own-words", type=int, default=150, help="length of a prompt of its own")
+    p.add_argument("--requests", type=int, help="calls per front and run (fake 180, vllm 90)")
+    p.add_argument("--rate", type=float, help="calls per second, Poisson (fake 6, vllm 3)")
+    p.add_argument("--system-words", type=int, help="length of each shared system prompt (fake 300, vllm 150)")
+    p.add_argument("--own-words", type=int, help="length of a prompt of its own (fake 150, vllm 60)")
     p.add_argument("--tokens", type=int, default=32, help="tokens per answer")
-    p.add_argument("--token-ms", type=float, default=20.0)
-    p.add_argument("--max-running", type=int, default=4)
-    p.add_argument("--prefill-ms-per-token", type=float, default=1.0)
-    p.add_argument("--cache-tokens", type=int, default=2048)
+    p.add_argument("--token-ms", type=float, default=20.0, help="fake: ms between tokens")
+    p.add_argument("--max-running", type=int, default=4, help="fake: calls served at a time")
+    p.add_argument("--prefill-ms-per-token", type=float, default=1.0, help="fake: ms a prompt token not cached")
+    p.add_argument(
+        "--cache-tokens", type=int, help="prefix cache size in tokens (fake 2048; vllm: its own, 1 GiB of KV)"
+    )
     p.add_argument("--smoke", action="store_true", help="one short run (the test suite's)")
     a = p.parse_args(argv)
+    for key, value in DEFAULTS[a.engine].items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    if a.cache_tokens is None and a.engine == "fake":
+        a.cache_tokens = 2048
     if a.smoke:
-        a.runs, a.requests, a.rate = 1, 16, 8.0
+        a.runs, a.requests, a.rate = 1, 16, (8.0 if a.engine == "fake" else 4.0)
     if a.runs < 1 or a.requests < 1 or a.rate <= 0:
         p.error("--runs and --requests must be >= 1, --rate > 0")
+    if a.engine == "vllm" and a.cache_tokens is not None and a.cache_tokens < VLLM_SHAPE[3]:
+        p.error(f"--cache-tokens must hold one whole call with vllm: at least {VLLM_SHAPE[3]}")
     sigterm_as_interrupt()
+    if a.engine == "vllm":
+        cache = f"{a.cache_tokens} tokens" if a.cache_tokens else "vLLM's own, 1 GiB"
+        engine = (
+            f"3 copies of a random-weight Llama {VLLM_SHAPE[0]} wide, {VLLM_SHAPE[1]} layers on vLLM's CPU build "
+            f"(one thread each, prefix cache {cache})"
+        )
+    else:
+        engine = (
+            f"3 copies of our engine ({a.max_running} at a time, {a.prefill_ms_per_token:g} ms a prompt token "
+            f"not cached, {a.tokens} tokens {a.token_ms:g} ms apart, prefix cache {a.cache_tokens} tokens)"
+        )
     lines = [
         f"# {command_line(SCRIPT, argv)}",
-        f"# {os.cpu_count()} cores; 3 copies of our engine ({a.max_running} at a time, "
-        f"{a.prefill_ms_per_token:g} ms a prompt token not cached, {a.tokens} tokens {a.token_ms:g} ms apart, "
-        f"prefix cache {a.cache_tokens} tokens); {a.requests} calls at {a.rate:g}/s, "
+        f"# {os.cpu_count()} cores; {engine}; {a.requests} calls at {a.rate:g}/s, {a.tokens} tokens each, "
         f"{SHARED:.0%} behind one of {SYSTEM_PROMPTS} system prompts of {a.system_words} words; medians of {a.runs}",
         f"{'routing':9} {'ttft p50':>9} {'ttft p99':>9} {'prefix hits':>11} {'calls per copy':>16} {'errors':>6}",
     ]

@@ -1,10 +1,10 @@
 """Write a tiny random-weight Llama (transformers format) and PEFT LoRA adapters for it, for
-vLLM (run by the vLLM venv's python): `python _make_hf_llama.py OUT_DIR ADAPTERS SEED`
-writes OUT_DIR/base and OUT_DIR/lora-<i>.
+vLLM (run by the vLLM venv's python): `python _make_hf_llama.py OUT_DIR ADAPTERS SEED
+[HIDDEN LAYERS HEADS CONTEXT]` writes OUT_DIR/base and OUT_DIR/lora-<i>.
 
-hidden 128, 2 layers, 2 heads (head_dim 64), bf16, a byte-level BPE vocabulary of 256 bytes
-and 3 specials, a chat template; adapters of rank 8 on q_proj and v_proj, each seeded apart
-so each changes the answers differently.
+By default hidden 128, 2 layers, 2 heads (head_dim 64), 512 positions; bf16, a byte-level BPE
+vocabulary of 256 bytes and 3 specials (a token a byte), a chat template; adapters of rank 8
+on q_proj and v_proj, each seeded apart so each changes the answers differently.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-HIDDEN, LAYERS, HEADS, RANK = 128, 2, 2, 8
+HIDDEN, LAYERS, HEADS, CONTEXT, RANK = 128, 2, 2, 512, 8
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -40,16 +40,18 @@ def tokenizer() -> PreTrainedTokenizerFast:
 
 def main(argv: list[str]) -> None:
     out, adapters, seed = Path(argv[0]), int(argv[1]), int(argv[2])
+    shape = (HIDDEN, LAYERS, HEADS, CONTEXT) if len(argv) < 7 else tuple(int(x) for x in argv[3:7])
+    hidden, layers, heads, context = shape
     torch.manual_seed(seed)
     tok = tokenizer()
     config = LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=HIDDEN,
-        intermediate_size=2 * HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=HEADS,
-        max_position_embeddings=512,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=context,
         bos_token_id=1,
         eos_token_id=2,
         torch_dtype="bfloat16",
@@ -62,11 +64,11 @@ def main(argv: list[str]) -> None:
     for i in range(adapters):
         g = torch.Generator().manual_seed(seed * 1000 + i + 1)
         tensors = {}
-        for layer in range(LAYERS):
+        for layer in range(layers):
             for proj in ("q_proj", "v_proj"):
                 prefix = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
-                tensors[f"{prefix}.lora_A.weight"] = torch.randn(RANK, HIDDEN, generator=g).to(torch.bfloat16)
-                tensors[f"{prefix}.lora_B.weight"] = torch.randn(HIDDEN, RANK, generator=g).to(torch.bfloat16)
+                tensors[f"{prefix}.lora_A.weight"] = torch.randn(RANK, hidden, generator=g).to(torch.bfloat16)
+                tensors[f"{prefix}.lora_B.weight"] = torch.randn(hidden, RANK, generator=g).to(torch.bfloat16)
         path = out / f"lora-{i}"
         path.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(path / "adapter_model.safetensors"))

@@ -85,9 +85,12 @@ def vllm_python() -> Path:
     return python
 
 
-def make_hf_llama(python: Path, out_dir: Path, adapters: int, seed: int = 0) -> tuple[Path, list[Path]]:
-    """A tiny random-weight Llama for vLLM and `adapters` LoRA adapters for it."""
-    argv = [str(python), str(MAKE_HF_SCRIPT), str(out_dir), str(adapters), str(seed)]
+def make_hf_llama(
+    python: Path, out_dir: Path, adapters: int, seed: int = 0, shape: tuple[int, int, int, int] | None = None
+) -> tuple[Path, list[Path]]:
+    """A random-weight Llama for vLLM and `adapters` LoRA adapters for it: tiny by default,
+    else `shape` (hidden size, layers, heads, context)."""
+    argv = [str(python), str(MAKE_HF_SCRIPT), str(out_dir), str(adapters), str(seed), *map(str, shape or ())]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"making the Llama model failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
