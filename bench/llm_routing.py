@@ -31,7 +31,10 @@ prompt cache keeps one slot.
 Figures per front (medians over runs): time to first token p50/p99 as the client sees it,
 the share of prompt tokens found in the engines' prefix caches (their own
 `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`), the calls each copy
-served. Every child is stopped by PID on exit (each engine with its process group).
+served. With --engine fake, then the simulator's for the same calls (`sim:load`,
+`sim:inflight`: `python -m sim llm`'s rules and engine on this run's seeds, calls per copy
+largest first; no hops). Every child is stopped by PID on exit (each engine with its process
+group).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from meshd.testing.llm import (  # noqa: E402
     make_hf_llama,
     vllm_python,
 )
+from sim import llm as sim_llm  # noqa: E402
 
 SCRIPT = "bench/llm_routing.py"
 MODEL = "chat"
@@ -125,6 +129,25 @@ def workload(a: argparse.Namespace, seed: int) -> list[tuple[float, str]]:
             prompt = words(rng, a.own_words)
         calls.append((at, prompt))
     return calls
+
+
+def seed_of(policy: str, run: int) -> int:
+    """The seed of a front's calls in a run (fresh prompts each run, other ones per front)."""
+    return 1001 * run + (0 if policy == "load" else 500)
+
+
+def simulated(a: argparse.Namespace, policy: str) -> list[sim_llm.Outcome]:
+    """The simulator's runs of the same calls (`python -m sim llm`: the same rules, engine and seeds)."""
+    mix = sim_llm.Mix(a.requests, a.rate, a.system_words, a.own_words, a.tokens)
+    setup = sim_llm.Setup(
+        copies=len(COPIES),
+        instances=len(COPIES),
+        max_running=a.max_running,
+        prefill_ms_per_token=a.prefill_ms_per_token,
+        token_ms=a.token_ms,
+        cache_tokens=a.cache_tokens,
+    )
+    return [sim_llm.simulate(mix, setup, policy, seed_of(policy, run)) for run in range(a.runs)]
 
 
 def engine_ports(runtimes: list[int]) -> list[int]:
@@ -278,7 +301,7 @@ async def measure(a: argparse.Namespace, fronts: dict[str, Node], ports: list[in
     for run in range(a.runs):
         order = list(fronts) if run % 2 == 0 else list(reversed(fronts))
         for policy in order:
-            calls = workload(a, seed=1000 * run + len(shots[policy]) + (0 if policy == "load" else 500))
+            calls = workload(a, seed_of(policy, run))
             shot = await drive(a, fronts[policy], calls, ports)
             shots[policy].append(shot)
             log(
@@ -333,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# {command_line(SCRIPT, argv)}",
         f"# {os.cpu_count()} cores; {engine}; {a.requests} calls at {a.rate:g}/s, {a.tokens} tokens each, "
         f"{SHARED:.0%} behind one of {SYSTEM_PROMPTS} system prompts of {a.system_words} words; medians of {a.runs}",
-        f"{'routing':9} {'ttft p50':>9} {'ttft p99':>9} {'prefix hits':>11} {'calls per copy':>16} {'errors':>6}",
+        f"{'routing':12} {'ttft p50':>9} {'ttft p99':>9} {'prefix hits':>11} {'calls per copy':>16} {'errors':>6}",
     ]
     with tempfile.TemporaryDirectory(prefix="meshd-bench-routing-") as tmp:
         mesh = LocalMesh(Path(tmp) / "mesh", service="bench-llm-routing")
@@ -346,7 +369,17 @@ def main(argv: list[str] | None = None) -> int:
         hits = statistics.median(s.hits for s in runs)
         per_copy = "/".join(str(round(statistics.median(s.served[i] for s in runs))) for i in range(len(ports)))
         errors = sum(s.errors for s in runs)
-        lines.append(f"{policy:9} {p50:9.0f} {p99:9.0f} {hits:11.0%} {per_copy:>16} {errors:6d}")
+        lines.append(f"{policy:12} {p50:9.0f} {p99:9.0f} {hits:11.0%} {per_copy:>16} {errors:6d}")
+    # The simulator on the same calls (it models our engine): its figures beside these
+    # (docs/simulator.md, "Against the bench").
+    for policy in shots if a.engine == "fake" else ():
+        sims = simulated(a, policy)
+        p50 = statistics.median(o.pct(0.5) for o in sims)
+        p99 = statistics.median(o.pct(0.99) for o in sims)
+        hits = statistics.median(o.hits for o in sims)
+        ranked = [sorted(o.served, reverse=True) for o in sims]  # copies by calls: the bench's order is its ports'
+        per_copy = "/".join(str(round(statistics.median(r[i] for r in ranked))) for i in range(len(COPIES)))
+        lines.append(f"{'sim:' + policy:12} {p50:9.0f} {p99:9.0f} {hits:11.0%} {per_copy:>16} {'-':>6}")
     print("\n".join(lines))
     return 0
 

@@ -13,7 +13,8 @@ are meshd's, called as the daemon calls them:
   (`placement.llm.fresh`), and the prefix's last copy (`placement.llm.PrefixOwners`, keyed by
   `placement.llm.prefix_key` of the call's body);
 - `inflight` (MESHD_LLM_ROUTING=inflight, meshd before): `placement.serving.choose_copy`, the
-  fewest calls in flight, ties to the oldest published last use;
+  fewest calls in flight, ties to the oldest last use in the instances' records (published by
+  `publishing.publish_due`: a last use alone at most every 40 s);
 - with `--add-copies`, at each rate check every loaded copy runs the scaler's rule: its rate
   (`scaling.copy_rpm`) counts as at the threshold when `placement.llm.queue_stays_deep` says
   its engine's queue stayed deep, then `scaling.decide_copies`; an added copy goes to an
@@ -29,7 +30,8 @@ that reading of its engine's queue, at each first answer, for copy scaling.
 Simplified: one front (calls entering at several would each keep their own counts, readings
 and prefix memory); no time for hops, the runtime and the HTTP relay (the bench's figures
 include them: a few ms); a copy counts as loaded at the front exactly when its load ends (the
-daemon guesses, a third of the loading timeout after it began); records publish on a fixed grid.
+daemon guesses, a third of the loading timeout after it began); records are checked for
+publication on a 2 s grid (the daemon checks every 0.5 s, at least 2 s apart).
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from meshd.core.records import InstanceRecord
 from meshd.decisions.placement import llm as rules
 from meshd.decisions.placement import scaling, serving
 from meshd.decisions.placement.view import ClusterView, InstanceView
-from meshd.decisions.publishing import PUBLISH_MIN_INTERVAL_MS
+from meshd.decisions.publishing import PUBLISH_MIN_INTERVAL_MS, publish_due
 from sim.args import positive_float, positive_int
 from sim.llm_engine import BLOCK_TOKENS, Call, Engine, PrefixCache, Reading
 
@@ -142,7 +145,8 @@ class _Copy:
     depth: tuple[int, int] = (0, 0)  # queue readings at its holder since the last check, fewest waiting
     served_at_check: int = 0
     last_used_ms: int = 0
-    published_lru_ms: int = 0
+    record: InstanceRecord | None = None  # its instance's record as last published, and when
+    record_ms: int = 0
     dropped: bool = False
 
 
@@ -200,7 +204,7 @@ class LlmMesh:
             iid = f"llm-{i}"
             c = self.copies.get(iid)
             holds = c is not None and not c.dropped
-            lru = c.published_lru_ms if c is not None else 0
+            lru = c.record.lru_time if c is not None and c.record is not None else 0
             instances[iid] = InstanceView(iid, capacity=1, used=int(holds), count=int(holds), lru_time=lru)
         return ClusterView(self_id, int(now), instances)
 
@@ -267,8 +271,12 @@ class LlmMesh:
                 c.sampled = c.engine.reading()
             self._at(now + READ_EVERY_MS, _READ, None)
         elif kind == _PUBLISH:
-            for c in self.copies.values():
-                c.published_lru_ms = c.last_used_ms
+            for c in self.copies.values():  # a last use alone publishes at most every 40 s
+                loading = int(now < c.ready_ms)
+                held = int(not c.dropped)
+                new = InstanceRecord(c.last_used_ms, held, 1, held, 1, loading)
+                if publish_due(c.record, new, c.record_ms, int(now), False):
+                    c.record, c.record_ms = new, int(now)
             self._at(now + PUBLISH_MIN_INTERVAL_MS, _PUBLISH, None)
         elif kind == _CHECK:
             self._rate_check(now)

@@ -194,7 +194,7 @@ def test_llm_relay_bench_refuses_bad_arguments_with_usage(argv: list[str]) -> No
 @pytest.mark.slow
 def test_llm_routing_bench_smoke() -> None:
     """bench/llm_routing.py routes through both fronts to the three copies, each row printed,
-    every copy used and no call failed."""
+    every copy used and no call failed; the simulator's rows for the same calls follow."""
     proc = subprocess.run(
         [sys.executable, str(BENCH.parent / "llm_routing.py"), "--smoke"], capture_output=True, text=True, timeout=300
     )
@@ -204,3 +204,6 @@ def test_llm_routing_bench_smoke() -> None:
     for policy, row in rows.items():
         assert float(row[1]) > 0 and row[-1] == "0", f"{policy}:\n{proc.stdout}\n{proc.stderr[-4000:]}"
         assert all(int(n) > 0 for n in row[4].split("/")), f"a copy unused ({policy}):\n{proc.stdout}"
+    # The simulator's figures for the same calls, beside the real ones.
+    simulated = {r[0] for r in (line.split() for line in proc.stdout.splitlines()) if r and r[0].startswith("sim:")}
+    assert simulated == {"sim:load", "sim:inflight"}, proc.stdout
