@@ -31,10 +31,11 @@ prompt cache keeps one slot.
 Figures per front (medians over runs): time to first token p50/p99 as the client sees it,
 the share of prompt tokens found in the engines' prefix caches (their own
 `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`), the calls each copy
-served. With --engine fake, then the simulator's for the same calls (`sim:load`,
-`sim:inflight`: `python -m sim llm`'s rules and engine on this run's seeds, calls per copy
-largest first; no hops). Every child is stopped by PID on exit (each engine with its process
-group).
+served, and the CPU time the engines' processes spent on the shot (the work prefix hits save;
+the log adds, per run, the time to first token of the calls behind a system prompt). With
+--engine fake, then the simulator's for the same calls (`sim:load`, `sim:inflight`: `python -m
+sim llm`'s rules and engine on this run's seeds, calls per copy largest first; no hops). Every
+child is stopped by PID on exit (each engine with its process group).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
-from _shared import asyncio_run, command_line, log, mesh_of_run, sigterm_as_interrupt  # noqa: E402
+from _shared import CLK_TCK, asyncio_run, command_line, log, mesh_of_run, sigterm_as_interrupt  # noqa: E402
 
 from meshd._proto.meshd import peer_pb2, peer_pb2_grpc  # noqa: E402
 from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
@@ -103,12 +104,14 @@ DEFAULTS: dict[str, dict[str, int | float]] = {
 @dataclass
 class Shot:
     ttft_ms: list[float]
+    shared_ms: list[float]  # the time to first token of the calls behind a system prompt
     errors: int
     hits: float  # prompt tokens found in the engines' prefix caches / prompt tokens looked up
     served: list[int]  # calls each copy served
+    engine_cpu_s: float  # CPU time the engines spent on the shot, all three together
 
-    def pct(self, q: float) -> float:
-        values = sorted(self.ttft_ms)
+    def pct(self, q: float, shared_only: bool = False) -> float:
+        values = sorted(self.shared_ms if shared_only else self.ttft_ms)
         return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
@@ -116,18 +119,24 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(f"w{rng.randrange(1_000_000)}" for _ in range(n))
 
 
-def workload(a: argparse.Namespace, seed: int) -> list[tuple[float, str]]:
-    """(arrival s, prompt) of each call: Poisson arrivals, fresh prompts per seed."""
+@dataclass(frozen=True)
+class Call:
+    at: float  # s after the shot's start
+    prompt: str
+    shared: bool  # behind one of the system prompts
+
+
+def workload(a: argparse.Namespace, seed: int) -> list[Call]:
+    """Each call: Poisson arrivals, fresh prompts per seed (sim.llm draws the same)."""
     rng = random.Random(seed)
     systems = [words(rng, a.system_words) for _ in range(SYSTEM_PROMPTS)]
     at, calls = 0.0, []
     for _ in range(a.requests):
         at += rng.expovariate(a.rate)
         if rng.random() < SHARED:
-            prompt = rng.choice(systems) + " " + words(rng, 16)
+            calls.append(Call(at, rng.choice(systems) + " " + words(rng, 16), True))
         else:
-            prompt = words(rng, a.own_words)
-        calls.append((at, prompt))
+            calls.append(Call(at, words(rng, a.own_words), False))
     return calls
 
 
@@ -150,9 +159,15 @@ def simulated(a: argparse.Namespace, policy: str) -> list[sim_llm.Outcome]:
     return [sim_llm.simulate(mix, setup, policy, seed_of(policy, run)) for run in range(a.runs)]
 
 
-def engine_ports(runtimes: list[int]) -> list[int]:
-    """The ports of the engines the copies' runtimes (their PIDs) started: each runtime's child
-    with a --port (other benches' engines of the same name are not ours)."""
+@dataclass(frozen=True, order=True)
+class Engine:
+    port: int
+    pid: int  # its process group's too (the runtime starts each engine in its own)
+
+
+def engines(runtimes: list[int]) -> list[Engine]:
+    """The engines the copies' runtimes (their PIDs) started: each runtime's child with a
+    --port (other benches' engines of the same name are not ours)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -163,8 +178,24 @@ def engine_ports(runtimes: list[int]) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
         if parent in runtimes and b"--port" in argv:
-            found.append(int(argv[argv.index(b"--port") + 1]))
+            found.append(Engine(int(argv[argv.index(b"--port") + 1]), int(entry)))
     return sorted(found)
+
+
+def group_cpu_seconds(groups: set[int]) -> float:
+    """CPU time (user + system) of every live process in these process groups: an engine and
+    its workers (vLLM's EngineCore and worker)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) in groups:
+            total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
 
 
 def metric_sums(text: str) -> dict[str, float]:
@@ -182,12 +213,12 @@ def metric_sums(text: str) -> dict[str, float]:
     return values
 
 
-async def counters(session: aiohttp.ClientSession, ports: list[int]) -> tuple[float, float, list[int]]:
+async def counters(session: aiohttp.ClientSession, ports: list[Engine]) -> tuple[float, float, list[int]]:
     """(prefix-cache hits, queries) in tokens summed over the engines, and the calls each ran."""
     hits = queries = 0.0
     ran = []
-    for port in ports:
-        async with session.get(f"http://127.0.0.1:{port}/metrics") as r:
+    for engine in ports:
+        async with session.get(f"http://127.0.0.1:{engine.port}/metrics") as r:
             values = metric_sums(await r.text())
         hits += values.get("vllm:prefix_cache_hits_total", 0.0)
         queries += values.get("vllm:prefix_cache_queries_total", 0.0)
@@ -195,20 +226,23 @@ async def counters(session: aiohttp.ClientSession, ports: list[int]) -> tuple[fl
     return hits, queries, ran
 
 
-async def drive(a: argparse.Namespace, front: Node, calls: list[tuple[float, str]], ports: list[int]) -> Shot:
+async def drive(a: argparse.Namespace, front: Node, calls: list[Call], ports: list[Engine]) -> Shot:
     ttft: list[float] = []
+    shared: list[float] = []
     errors = 0
     url = f"{front.http_url}/v1/completions"
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
         hits0, queries0, counts0 = await counters(session, ports)
+        groups = {engine.pid for engine in ports}
+        cpu0 = group_cpu_seconds(groups)
         start = time.perf_counter()
 
-        async def one(at: float, prompt: str) -> None:
+        async def one(call: Call) -> None:
             nonlocal errors
-            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+            await asyncio.sleep(max(0.0, start + call.at - time.perf_counter()))
             sent = time.perf_counter()
-            body: dict[str, object] = {"model": MODEL, "prompt": prompt, "max_tokens": a.tokens, "stream": True}
+            body: dict[str, object] = {"model": MODEL, "prompt": call.prompt, "max_tokens": a.tokens, "stream": True}
             if a.engine == "vllm":
                 body["ignore_eos"] = True  # random weights may end an answer at once: each is --tokens long
             try:
@@ -221,14 +255,17 @@ async def drive(a: argparse.Namespace, front: Node, calls: list[tuple[float, str
                     async for line in r.content:
                         if first and line.startswith(b"data: {"):
                             ttft.append((time.perf_counter() - sent) * 1000)
+                            if call.shared:
+                                shared.append(ttft[-1])
                             first = False
             except aiohttp.ClientError:
                 errors += 1
 
-        await asyncio.gather(*(one(at, prompt) for at, prompt in calls))
+        await asyncio.gather(*(one(call) for call in calls))
         hits1, queries1, counts1 = await counters(session, ports)
+        cpu = group_cpu_seconds(groups) - cpu0
     share = (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0
-    return Shot(ttft, errors, share, [b - c for b, c in zip(counts1, counts0, strict=True)])
+    return Shot(ttft, shared, errors, share, [b - c for b, c in zip(counts1, counts0, strict=True)], cpu)
 
 
 def runtime_args(a: argparse.Namespace, work: Path) -> tuple[LlmRuntimeArgs, str, Path]:
@@ -266,7 +303,7 @@ def load_copy(node: Node) -> None:
         raise RuntimeError(f"{node.instance_id} did not load {MODEL}: state {state}")
 
 
-def start(a: argparse.Namespace, mesh: LocalMesh, work: Path) -> tuple[dict[str, Node], list[int]]:
+def start(a: argparse.Namespace, mesh: LocalMesh, work: Path) -> tuple[dict[str, Node], list[Engine]]:
     mesh.start_etcd()
     holder, model_type, path = runtime_args(a, work)
     # No copy scaling: the three copies stay where they are for the whole run.
@@ -287,13 +324,13 @@ def start(a: argparse.Namespace, mesh: LocalMesh, work: Path) -> tuple[dict[str,
         list(pool.map(load_copy, copies))
     log(f"{len(copies)} copies loaded in {time.perf_counter() - started:.0f} s")
     time.sleep(max(3.0, LOADING_TIMEOUT_MS / 3000) + 1)  # until the fronts take the copies as loaded
-    ports = engine_ports([node.runtime.pid for node in copies])
+    ports = engines([node.runtime.pid for node in copies])
     if len(ports) != len(COPIES):
         raise RuntimeError(f"expected {len(COPIES)} engines, found {len(ports)}")
     return fronts, ports
 
 
-async def measure(a: argparse.Namespace, fronts: dict[str, Node], ports: list[int]) -> dict[str, list[Shot]]:
+async def measure(a: argparse.Namespace, fronts: dict[str, Node], ports: list[Engine]) -> dict[str, list[Shot]]:
     shots: dict[str, list[Shot]] = {policy: [] for policy in fronts}
     warm = workload(argparse.Namespace(**{**vars(a), "requests": 12, "rate": 4.0}), seed=-1)
     for front in fronts.values():
@@ -305,8 +342,10 @@ async def measure(a: argparse.Namespace, fronts: dict[str, Node], ports: list[in
             shot = await drive(a, fronts[policy], calls, ports)
             shots[policy].append(shot)
             log(
-                f"run {run + 1} {policy:8}: ttft p50 {shot.pct(0.5):.0f} ms, p99 {shot.pct(0.99):.0f} ms, "
-                f"prefix hits {shot.hits:.0%}, per copy {shot.served}, errors {shot.errors}"
+                f"run {run + 1} {policy:8}: ttft p50 {shot.pct(0.5):.0f} ms, p99 {shot.pct(0.99):.0f} ms "
+                f"(behind a system prompt: p50 {shot.pct(0.5, True):.0f} ms, p99 {shot.pct(0.99, True):.0f} ms), "
+                f"prefix hits {shot.hits:.0%}, per copy {shot.served}, engines' CPU {shot.engine_cpu_s:.1f} s, "
+                f"errors {shot.errors}"
             )
             await asyncio.sleep(1.0)  # the engines' queues drain before the next front
     return shots
@@ -356,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         f"# {command_line(SCRIPT, argv)}",
         f"# {os.cpu_count()} cores; {engine}; {a.requests} calls at {a.rate:g}/s, {a.tokens} tokens each, "
         f"{SHARED:.0%} behind one of {SYSTEM_PROMPTS} system prompts of {a.system_words} words; medians of {a.runs}",
-        f"{'routing':12} {'ttft p50':>9} {'ttft p99':>9} {'prefix hits':>11} {'calls per copy':>16} {'errors':>6}",
+        f"{'routing':12} {'ttft p50':>9} {'ttft p99':>9} {'prefix hits':>11} {'calls per copy':>16} "
+        f"{'engines CPU s':>13} {'errors':>6}",
     ]
     with tempfile.TemporaryDirectory(prefix="meshd-bench-routing-") as tmp:
         mesh = LocalMesh(Path(tmp) / "mesh", service="bench-llm-routing")
@@ -368,8 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         p99 = statistics.median(s.pct(0.99) for s in runs)
         hits = statistics.median(s.hits for s in runs)
         per_copy = "/".join(str(round(statistics.median(s.served[i] for s in runs))) for i in range(len(ports)))
+        cpu = statistics.median(s.engine_cpu_s for s in runs)
         errors = sum(s.errors for s in runs)
-        lines.append(f"{policy:12} {p50:9.0f} {p99:9.0f} {hits:11.0%} {per_copy:>16} {errors:6d}")
+        lines.append(f"{policy:12} {p50:9.0f} {p99:9.0f} {hits:11.0%} {per_copy:>16} {cpu:13.1f} {errors:6d}")
     # The simulator on the same calls (it models our engine): its figures beside these
     # (docs/simulator.md, "Against the bench").
     for policy in shots if a.engine == "fake" else ():
@@ -379,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         hits = statistics.median(o.hits for o in sims)
         ranked = [sorted(o.served, reverse=True) for o in sims]  # copies by calls: the bench's order is its ports'
         per_copy = "/".join(str(round(statistics.median(r[i] for r in ranked))) for i in range(len(COPIES)))
-        lines.append(f"{'sim:' + policy:12} {p50:9.0f} {p99:9.0f} {hits:11.0%} {per_copy:>16} {'-':>6}")
+        lines.append(f"{'sim:' + policy:12} {p50:9.0f} {p99:9.0f} {hits:11.0%} {per_copy:>16} {'-':>13} {'-':>6}")
     print("\n".join(lines))
     return 0
 
