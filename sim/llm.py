@@ -84,6 +84,7 @@ class Setup:
     token_ms: float = 20.0
     cache_tokens: int = 2048
     rate_check_ms: int = scaling.RATE_CHECK_INTERVAL_MS
+    readings: bool = True  # False: the front routes by its own counts only (an experiment, not a setting)
 
 
 @dataclass
@@ -215,7 +216,7 @@ class LlmMesh:
         none: frozenset[str] = frozenset()
         if self.routing == "load":
             inflight = {**self.inflight, FRONT: 0}
-            loads = rules.fresh(self.readings, int(now))
+            loads = rules.fresh(self.readings, int(now)) if self.setup.readings else {}
             owner = self.owners.get(MODEL, call.prefix) if call.prefix is not None else None
             target = rules.choose_llm_copy(view, held, inflight, loads, none, assume, False, owner)
             if target is not None and call.prefix is not None:
@@ -423,6 +424,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running", type=positive_int, default=4, help="calls an engine runs at once")
     p.add_argument("--prefill-ms-per-token", type=positive_float, default=1.0)
     p.add_argument("--cache-tokens", type=positive_int, default=2048, help="each engine's prefix cache")
+    p.add_argument(
+        "--no-readings",
+        action="store_true",
+        help="load: the front ignores the engines' readings (its own counts only; an experiment)",
+    )
     return p
 
 
@@ -441,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         a.prefill_ms_per_token,
         a.token_ms,
         a.cache_tokens,
+        readings=not a.no_readings,
     )
     outcomes = [simulate(mix, setup, routing, seed) for routing in a.routing for seed in a.seeds]
     print(table(mix, setup, outcomes))

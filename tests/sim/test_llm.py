@@ -87,6 +87,9 @@ def test_the_routing_is_the_daemon_s_decision(monkeypatch: pytest.MonkeyPatch) -
     assert len(seen) == mix.requests
     assert any(loads and all(x.waiting >= 0 and x.running >= 0 for x in loads.values()) for _, loads, _ in seen)
     assert sum(owner is not None for *_, owner in seen) > mix.requests // 3  # shared prompts find their copy
+    seen.clear()  # the experiment without readings: none reaches the decision
+    llm.simulate(mix, llm.Setup(readings=False), "load", 2)
+    assert len(seen) == mix.requests and not any(loads for _, loads, _ in seen)
 
     def least_inflight(view: Any, copies: Any, inflight: Any, loads: Any, exclude: Any, *rest: Any) -> str | None:
         assume, local, _owner = rest
@@ -118,6 +121,8 @@ def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert [r.split("|")[2].strip() for r in rows] == ["1", "2", "median"] * 2
     assert main(["llm", "--seeds", "1", "--requests", "300", "--copies", "1", "--add-copies", "--load-s", "5"]) == 0
     assert "s) |" in capsys.readouterr().out  # when copies were added
+    assert main(["llm", "--seeds", "1", "--requests", "40", "--routing", "load", "--no-readings"]) == 0
+    assert "| load | 1 |" in capsys.readouterr().out
     for argv in (["--copies", "7"], ["--routing", "nope"], ["--seeds", "x"], ["--rate", "0"]):
         with pytest.raises(SystemExit) as e:
             main(["llm", *argv])
