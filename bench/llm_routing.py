@@ -9,7 +9,9 @@ the model's calls to those copies: one with `MESHD_LLM_ROUTING=load` (the engine
 KV use, and prefix affinity: decisions.placement.llm), one with `inflight` (what meshd did
 before: the copy with the fewest calls in flight from this instance). Each run sends the same
 Poisson stream of streamed `/v1/completions` through each front in turn (the order alternating
-from run to run), with fresh prompts each run so no run finds another's prefixes cached:
+from run to run), with fresh prompts each run so no run finds another's prefixes cached
+(--paired: the same arrivals and the same calls sharing the same system prompt through both
+fronts in a run, in new words for each front):
 
     60 % of the calls begin with one of 8 long system prompts (--system-words words), then a
     short question of their own; 40 % are a prompt of their own (--own-words words).
@@ -137,6 +139,22 @@ def workload(a: argparse.Namespace, seed: int) -> list[Call]:
             calls.append(Call(at, rng.choice(systems) + " " + words(rng, 16), True))
         else:
             calls.append(Call(at, words(rng, a.own_words), False))
+    return calls
+
+
+def paired_workload(a: argparse.Namespace, seed: int, fresh: int) -> list[Call]:
+    """--paired: the arrivals, which calls share which system prompt and the prompts' lengths
+    from `seed` (the same for both fronts in a run); the words from `fresh` (new for each front
+    and run, so none finds another's prefixes cached)."""
+    rng, text = random.Random(seed), random.Random(fresh)
+    systems = [words(text, a.system_words) for _ in range(SYSTEM_PROMPTS)]
+    at, calls = 0.0, []
+    for _ in range(a.requests):
+        at += rng.expovariate(a.rate)
+        if rng.random() < SHARED:
+            calls.append(Call(at, systems[rng.randrange(SYSTEM_PROMPTS)] + " " + words(text, 16), True))
+        else:
+            calls.append(Call(at, words(text, a.own_words), False))
     return calls
 
 
@@ -338,7 +356,10 @@ async def measure(a: argparse.Namespace, fronts: dict[str, Node], ports: list[En
     for run in range(a.runs):
         order = list(fronts) if run % 2 == 0 else list(reversed(fronts))
         for policy in order:
-            calls = workload(a, seed_of(policy, run))
+            if a.paired:
+                calls = paired_workload(a, run, fresh=1000 * run + (0 if policy == "load" else 500))
+            else:
+                calls = workload(a, seed_of(policy, run))
             shot = await drive(a, fronts[policy], calls, ports)
             shots[policy].append(shot)
             log(
@@ -365,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-ms-per-token", type=float, default=1.0, help="fake: ms a prompt token not cached")
     p.add_argument(
         "--cache-tokens", type=int, help="prefix cache size in tokens (fake 2048; vllm: its own, 1 GiB of KV)"
+    )
+    p.add_argument(
+        "--paired",
+        action="store_true",
+        help="the same arrivals and prompt sharing through both fronts in a run, in other words "
+        "(else each front its own seed's calls, which the simulator's rows mirror)",
     )
     p.add_argument("--smoke", action="store_true", help="one short run (the test suite's)")
     a = p.parse_args(argv)
@@ -413,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"{policy:12} {p50:9.0f} {p99:9.0f} {hits:11.0%} {per_copy:>16} {cpu:13.1f} {errors:6d}")
     # The simulator on the same calls (it models our engine): its figures beside these
     # (docs/simulator.md, "Against the bench").
-    for policy in shots if a.engine == "fake" else ():
+    for policy in shots if a.engine == "fake" and not a.paired else ():
         sims = simulated(a, policy)
         p50 = statistics.median(o.pct(0.5) for o in sims)
         p99 = statistics.median(o.pct(0.99) for o in sims)
