@@ -7,6 +7,7 @@ from the disk tier (a restarted helper finding the model on disk).
     python bench/pull.py                      # 1 GiB object, 1,000 x 64 KiB files, 3 runs
     python bench/pull.py --stream-mib-s 100   # each GET capped at 100 MiB/s by the server
     python bench/pull.py --smoke              # small and quick, for the test suite
+    python bench/pull.py --only small         # the 1,000 files only
 
 Goals (printed as ratios, judged here, never in tests): meshd at least as fast as the faster of
 boto3 and s5cmd, >= 3x one GET stream, a reload from disk >= 10x faster than the pull.
@@ -174,9 +175,12 @@ def main() -> None:
     ap.add_argument("--stream-mib-s", type=float, default=0.0, help="cap each GET at this rate (0: no cap)")
     ap.add_argument("--no-settle", action="store_true", help="do not free memory before each tool (see settle_memory)")
     ap.add_argument("--smoke", action="store_true", help="64 MiB, 50 files, 1 run")
+    ap.add_argument("--only", choices=("big", "small"), default=None, help="one case only")
     args = ap.parse_args()
     if args.smoke:
         args.big_mib, args.small_count, args.runs = 64, 50, 1
+    if args.only == "small":
+        args.big_mib = 1  # not pulled: the data folder needs no large object
     if args.runs < 1 or args.big_mib < 1 or args.small_count < 1 or args.small_kib < 1 or args.stream_mib_s < 0:
         ap.error("sizes and runs must be positive")
     base = args.dir or Path(tempfile.mkdtemp(prefix="meshd-pull-bench-"))
@@ -184,6 +188,7 @@ def main() -> None:
     need = args.big_mib * MIB * 3 + args.small_count * args.small_kib * 1024 * 2
     if shutil.disk_usage(base).free < need + (1 << 30):
         raise SystemExit(f"not enough free disk under {base} for {need >> 20} MiB")
+    cases = [c for c in (("big", "big.bin", False), ("small", "small", True)) if args.only in (None, c[0])]
     make_data(data, args.big_mib * MIB, args.small_count, args.small_kib * 1024)
     sizes = {"big": args.big_mib * MIB, "small": args.small_count * args.small_kib * 1024}
     server, url = start_server(data, args.stream_mib_s * MIB)
@@ -191,7 +196,7 @@ def main() -> None:
     cores: dict[tuple[str, str], list[float]] = {}
     try:
         for run in range(args.runs):
-            for case, key, folder in (("big", "big.bin", False), ("small", "small", True)):
+            for case, key, folder in cases:
                 tools: list[tuple[str, Callable[[Path], float | None]]] = [
                     ("meshd", functools.partial(meshd_pull, url, model_path=key, parallel=16, threshold=32 * MIB)),
                     (
@@ -242,7 +247,7 @@ def main() -> None:
         runs = " ".join(f"{t:.3f}" for t in times)
         print(f"{case:6} {name:12} {med[(case, name)]:9.3f} {rate:8.0f} {busy:5.2f}  {runs}")
     print("summary:")
-    for case in ("big", "small"):
+    for case, _key, _folder in cases:
         m = med[(case, "meshd")]
         rivals = [med[(case, t)] for t in ("boto3", "s5cmd") if (case, t) in med]
         n = med[(case, "meshd-fsync")]
