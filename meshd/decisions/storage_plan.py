@@ -26,6 +26,8 @@ BACKOFF_BASE_MS = 200
 BACKOFF_CAP_MS = 10_000
 STALL_TIMEOUT_MS = 60_000  # a pull fails after this long without a byte arriving (MESHD_PULL_STALL_MS)
 DISK_BUDGET_SHARE = 0.8  # MESHD_DISK_CACHE_BYTES' default: this share of the model volume
+# Room a pull leaves over before it may create its files as it goes (`allocate_first`).
+ALLOCATE_HEADROOM_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,22 @@ def stalled(last_progress_ms: int, now_ms: int, stall_ms: int = STALL_TIMEOUT_MS
 
 def default_budget(volume_bytes: int, share: float = DISK_BUDGET_SHARE) -> int:
     return max(UNIT_BYTES, int(volume_bytes * share))
+
+
+def allocate_first(
+    free_bytes: int, need_bytes: int, pulling_bytes: int = 0, headroom_bytes: int = ALLOCATE_HEADROOM_BYTES
+) -> bool:
+    """Whether a pull creates and preallocates every file before its first GET (True), or
+    lets each download worker create its own file as it starts on it (False).
+
+    Allocating first makes a disk that fills under the pull refuse it before a byte moves,
+    but costs ~0.5 ms a file one after another (0.4-0.55 s for 1,000 small files,
+    docs/storage.md); created by the workers, that time overlaps the GETs. A disk that
+    fills anyway fails either way cleanly (nothing left behind); the difference is only the
+    bytes moved for nothing. So: as the workers go only where the volume's free space covers
+    the other pulls in progress (`pulling_bytes`, not yet written), this pull twice over (as
+    much again from any other writer during it) and a headroom; else first."""
+    return free_bytes < pulling_bytes + 2 * need_bytes + headroom_bytes
 
 
 # ---- the disk tier -------------------------------------------------------------------

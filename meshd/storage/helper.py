@@ -51,6 +51,7 @@ from meshd.decisions.storage_plan import (
     DiskTier,
     Failure,
     Part,
+    allocate_first,
     backoff_ms,
     default_budget,
     plan_parts,
@@ -386,10 +387,13 @@ class StorageHelper:
             raise self._error(
                 model_id, source, source.path, Failure.DISK, f"needs {total} bytes, the volume has {free} free"
             )
+        with self._lock:
+            pulling = sum(e.size_bytes for e in self.tier.entries() if not e.complete and e.model_id != model_id)
+        first = allocate_first(free, total, pulling)
         started = time.monotonic()
         try:
             mdir.mkdir(parents=True, exist_ok=True)
-            self._download(model_id, source, mdir, files)
+            self._download(model_id, source, mdir, files, first)
         except BaseException:
             shutil.rmtree(mdir, ignore_errors=True)
             with self._lock:
@@ -479,27 +483,32 @@ class StorageHelper:
         return self._pulled(model_id, key, marker, from_disk=True)
 
     # ---- the download ------------------------------------------------------------------
-    def _download(self, model_id: str, source: Source, mdir: Path, files: list[FilePlan]) -> None:
+    def _download(self, model_id: str, source: Source, mdir: Path, files: list[FilePlan], first: bool) -> None:
+        """Every file's bytes, each checked and renamed into place. `first` (`allocate_first`):
+        every file is created and preallocated before the first GET; else each file fetched in
+        one GET is created by the worker that fetches it (one of many parts: still here)."""
         progress = _Progress(sum(f.size for f in files))
-        tasks: list[tuple[FilePlan, Path, Part | None]] = []
+        tasks: list[_Task] = []
+        parted: list[tuple[FilePlan, Path]] = []  # files of many parts: checked after them all
+        parents: set[Path] = set()
         for f in files:
             path = mdir / f.local
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.parent not in parents:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                parents.add(path.parent)
             partial = path.with_name(path.name + PARTIAL_SUFFIX)
-            try:
-                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                try:
-                    if f.size:
-                        os.posix_fallocate(fd, 0, f.size)  # a full disk shows now, not mid-object
-                finally:
-                    os.close(fd)
-            except OSError as e:
-                raise self._disk_error(model_id, source, f.key, e) from None
             parts = plan_parts(f.size, self.settings.part_bytes, self.settings.part_threshold)
-            if not parts:
-                tasks.append((f, partial, None))
-            for part in parts:
-                tasks.append((f, partial, part if len(parts) > 1 else None))
+            whole = len(parts) <= 1
+            if first or not whole:
+                try:
+                    _create(partial, f.size)
+                except OSError as e:
+                    raise self._disk_error(model_id, source, f.key, e) from None
+            if whole:
+                tasks.append(_Task(f, partial, None, create=not first))
+            else:
+                tasks.extend(_Task(f, partial, part, create=False) for part in parts)
+                parted.append((f, partial))
         store = self._store(model_id, source)
         stop = threading.Event()
         with self._lock:
@@ -512,17 +521,17 @@ class StorageHelper:
         try:
             with ThreadPoolExecutor(workers, thread_name_prefix=f"pull-{model_id[:16]}") as pool:
                 futures = [pool.submit(self._fetch, model_id, source, store, t, progress, stop) for t in tasks]
-                first: BaseException | None = None
+                failed: BaseException | None = None
                 for fut in futures:
                     try:
                         fut.result()
                     except BaseException as e:  # the first failure is the one reported
                         stop.set()
-                        first = first or e
+                        failed = failed or e
             if self._closing.is_set():
                 raise self._stopped(model_id, source)
-            if first is not None:
-                raise first
+            if failed is not None:
+                raise failed
         finally:
             stop.set()
             with self._lock:
@@ -532,23 +541,16 @@ class StorageHelper:
             raise self._error(
                 model_id, source, source.path, Failure.TRANSIENT, f"got {progress.done} bytes of {progress.total}"
             )
-        partials = [(mdir / f.local).with_name(Path(f.local).name + PARTIAL_SUFFIX) for f in files]
-        if self.settings.fsync:
-            with ThreadPoolExecutor(max(1, min(self.settings.parts_in_flight, len(files)))) as pool:
-                # Renamed only once their bytes are on the disk; many small files sync side by side.
-                list(pool.map(_fsync_file, partials))
-        for f in files:
-            path = mdir / f.local
-            partial = path.with_name(path.name + PARTIAL_SUFFIX)
+        # Files of one GET were checked and renamed by their worker; those of many parts now.
+        if self.settings.fsync and parted:
+            with ThreadPoolExecutor(max(1, min(self.settings.parts_in_flight, len(parted)))) as pool:
+                # Renamed only once their bytes are on the disk.
+                list(pool.map(_fsync_file, [partial for _f, partial in parted]))
+        for f, partial in parted:
             got = partial.stat().st_size
             if got != f.size:
                 raise self._error(model_id, source, f.key, Failure.TRANSIENT, f"got {got} bytes of {f.size}")
-            if _plain_md5(f.etag) and f.size < min(self.settings.part_threshold, MD5_LIMIT):
-                # Small single objects: their ETag (S3) or md5 (GCS, Azure) is the body's MD5.
-                digest = hashlib.md5(partial.read_bytes(), usedforsecurity=False).hexdigest()
-                if digest != f.etag.lower():
-                    raise self._error(model_id, source, f.key, Failure.TRANSIENT, "the body does not match its MD5")
-            os.replace(partial, path)
+            os.replace(partial, mdir / f.local)
         _fsync_dir(mdir)
 
     def _stopped(self, model_id: str, source: Source) -> StorageError:
@@ -565,16 +567,48 @@ class StorageHelper:
         model_id: str,
         source: Source,
         store: Store,
-        task: tuple[FilePlan, Path, Part | None],
+        task: _Task,
         progress: _Progress,
         stop: threading.Event,
     ) -> None:
-        f, partial, part = task
-        if f.size == 0:
+        f, partial, part = task.file, task.partial, task.part
+        if stop.is_set():
             return
+        try:
+            fd = _create(partial, f.size, keep_open=True) if task.create else os.open(partial, os.O_WRONLY)
+        except OSError as e:
+            raise self._disk_error(model_id, source, f.key, e) from None
+        try:
+            if f.size:
+                self._fetch_all(model_id, source, store, f, fd, part, progress, stop)
+            if part is None and not stop.is_set():
+                self._finish(model_id, source, f, fd, partial)
+        except OSError as e:
+            raise self._disk_error(model_id, source, f.key, e) from None
+        finally:
+            os.close(fd)
+
+    def _fetch_all(
+        self,
+        model_id: str,
+        source: Source,
+        store: Store,
+        f: FilePlan,
+        fd: int,
+        part: Part | None,
+        progress: _Progress,
+        stop: threading.Event,
+    ) -> None:
         start = part.start if part else 0
         end = part.end if part else f.size - 1
         done = [0]  # bytes of this part written so far: a retry resumes after them
+        # Small single objects: their ETag (S3) or md5 (GCS, Azure) is the body's MD5, summed
+        # as the bytes arrive (an MD5 costs ~2 ms/MiB of CPU: not for large objects).
+        digest = (
+            hashlib.md5(usedforsecurity=False)
+            if part is None and _plain_md5(f.etag) and f.size < min(self.settings.part_threshold, MD5_LIMIT)
+            else None
+        )
         attempt = 0
         while True:
             if stop.is_set():
@@ -584,28 +618,38 @@ class StorageHelper:
                 ranged = part is not None or done[0] > 0
                 rest = Part(start + done[0], end) if ranged else None
                 left = end - start + 1 - done[0]
-                self._fetch_once(store, f, partial, rest, start + done[0], left, progress, stop, done)
-                return
+                self._fetch_once(store, f, fd, rest, start + done[0], left, progress, stop, done, digest)
+                break
             except TransferError as e:
                 if not retryable(e.kind) or attempt > RETRIES_PER_PART or stop.is_set():
                     raise self._error(model_id, source, f.key, e.kind, e.detail) from None
                 wait = backoff_ms(attempt, random.random()) / 1000
                 log.info("storage: %s object %r: %s; retry %d in %.1f s", model_id, f.key, e.detail, attempt, wait)
                 stop.wait(wait)
-            except OSError as e:
-                raise self._disk_error(model_id, source, f.key, e) from None
+        if digest is not None and done[0] == f.size and digest.hexdigest() != f.etag.lower():
+            raise self._error(model_id, source, f.key, Failure.TRANSIENT, "the body does not match its MD5")
+
+    def _finish(self, model_id: str, source: Source, f: FilePlan, fd: int, partial: Path) -> None:
+        """A file of one GET, all its bytes in: its size checked, synced when asked, renamed."""
+        got = os.fstat(fd).st_size
+        if got != f.size:
+            raise self._error(model_id, source, f.key, Failure.TRANSIENT, f"got {got} bytes of {f.size}")
+        if self.settings.fsync:
+            os.fdatasync(fd)  # renamed only once its bytes are on the disk
+        os.replace(partial, partial.with_name(partial.name[: -len(PARTIAL_SUFFIX)]))
 
     def _fetch_once(
         self,
         store: Store,
         f: FilePlan,
-        partial: Path,
+        fd: int,
         part: Part | None,
         start: int,
         size: int,
         progress: _Progress,
         stop: threading.Event,
         done: list[int],
+        digest: hashlib._Hash | None,
     ) -> None:
         resp = store.get(f.key, part, f.etag if "-" in f.etag or len(f.etag) == 32 else "")
         check_status(resp, f"{f.key!r}" + (f" bytes {part.start}-{part.end}" if part else ""))
@@ -619,29 +663,25 @@ class StorageHelper:
         buf = bytearray(min(BUFFER_BYTES, max(1, size)))
         view = memoryview(buf)
         written = 0
-        fd = os.open(partial, os.O_WRONLY)
-        try:
-            while written < size:
-                if stop.is_set():
-                    store.transport.abandon(resp)
-                    return
-                want = min(len(buf), size - written)
-                try:
-                    n = store.transport.read_into(resp, view[:want])
-                except TransferError:
-                    store.transport.abandon(resp)
-                    raise
-                if n == 0:
-                    store.transport.abandon(resp)
-                    raise TransferError(
-                        Failure.TRANSIENT, f"connection dropped mid-object after {written} of {size} bytes"
-                    )
-                _pwrite_all(fd, view[:n], start + written)
-                written += n
-                done[0] += n
-                progress.add(n)
-        finally:
-            os.close(fd)
+        while written < size:
+            if stop.is_set():
+                store.transport.abandon(resp)
+                return
+            want = min(len(buf), size - written)
+            try:
+                n = store.transport.read_into(resp, view[:want])
+            except TransferError:
+                store.transport.abandon(resp)
+                raise
+            if n == 0:
+                store.transport.abandon(resp)
+                raise TransferError(Failure.TRANSIENT, f"connection dropped mid-object after {written} of {size} bytes")
+            _pwrite_all(fd, view[:n], start + written)
+            if digest is not None:
+                digest.update(view[:n])
+            written += n
+            done[0] += n
+            progress.add(n)
 
     def _report(self, model_id: str, progress: _Progress, stop: threading.Event) -> None:
         started = time.monotonic()
@@ -654,6 +694,32 @@ class StorageHelper:
                 progress.total / (1 << 20),
                 progress.done / (1 << 20) / max(elapsed, 1e-3),
             )
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One GET of a pull: a whole file (`part` None) or one part of a large one."""
+
+    file: FilePlan
+    partial: Path
+    part: Part | None
+    create: bool  # the worker creates the file (else it was created before the first GET)
+
+
+def _create(partial: Path, size: int, keep_open: bool = False) -> int:
+    """Create `partial` with its whole size preallocated, so a full disk shows now and not
+    mid-object; the open descriptor with `keep_open`, else -1."""
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        if size:
+            os.posix_fallocate(fd, 0, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    if keep_open:
+        return fd
+    os.close(fd)
+    return -1
 
 
 def _int(marker: Mapping[str, object], name: str) -> int:

@@ -25,9 +25,11 @@ from meshd.decisions.storage import (
     within,
 )
 from meshd.decisions.storage_plan import (
+    ALLOCATE_HEADROOM_BYTES,
     DiskTier,
     Failure,
     Part,
+    allocate_first,
     backoff_ms,
     classify_status,
     plan_parts,
@@ -225,6 +227,22 @@ def test_failures_and_retries() -> None:
     assert classify_status(400) == Failure.BAD
     waits = [backoff_ms(a, 0.0) for a in range(1, 10)]
     assert waits == sorted(waits) and waits[-1] == 5_000 and backoff_ms(1, 0.999) < 200
+
+
+def test_files_are_allocated_first_unless_the_volume_has_room_to_spare() -> None:
+    gib = 1 << 30
+    room = ALLOCATE_HEADROOM_BYTES
+    # Ample: this pull twice over plus the headroom: workers create their own files.
+    assert not allocate_first(free_bytes=2 * gib + room, need_bytes=gib)
+    assert allocate_first(free_bytes=2 * gib + room - 1, need_bytes=gib)
+    # Just enough for the pull (the free-space check passes): allocate everything first.
+    assert allocate_first(free_bytes=gib, need_bytes=gib)
+    # Other pulls in progress may still write what they were admitted for.
+    assert allocate_first(free_bytes=4 * gib + room, need_bytes=gib, pulling_bytes=3 * gib)
+    assert not allocate_first(free_bytes=5 * gib + room, need_bytes=gib, pulling_bytes=3 * gib)
+    # An empty pull is decided by the headroom alone.
+    assert not allocate_first(free_bytes=room, need_bytes=0)
+    assert allocate_first(free_bytes=room - 1, need_bytes=0, headroom_bytes=room)
 
 
 def test_stall_counts_only_time_without_progress() -> None:

@@ -409,33 +409,106 @@ def _can_mount_tmpfs(path: Path) -> bool:
     return got.returncode == 0
 
 
-@pytest.mark.parametrize("stale_check", [False, True], ids=["seen-before", "filled-during"])
-async def test_a_full_disk_fails_the_pull_cleanly(tmp_path: Path, monkeypatch, stale_check: bool) -> None:  # type: ignore[no-untyped-def]
+def fake_free(monkeypatch, free: int) -> None:  # type: ignore[no-untyped-def]
+    """The free-space check sees `free` bytes (another writer fills the volume after it)."""
+    real = shutil.disk_usage
+    monkeypatch.setattr(
+        "meshd.storage.helper.shutil.disk_usage", lambda p: real(p)._replace(free=free, total=max(free, 1 << 41))
+    )
+
+
+@pytest.mark.parametrize(
+    "seen_free", [None, 2 * MIB, 1 << 40], ids=["seen-before", "filled-during-tight", "filled-during-ample"]
+)
+async def test_a_full_disk_fails_the_pull_cleanly(tmp_path: Path, monkeypatch, seen_free: int | None) -> None:  # type: ignore[no-untyped-def]
     models = tmp_path / "models"
     if not _can_mount_tmpfs(models):
         pytest.skip("a small tmpfs needs root here (mount)")
     try:
         root = tmp_path / "srv"
         (root / "bkt" / "m").mkdir(parents=True)
-        for i in range(3):
+        for i in range(3):  # 1,200 KiB on a 1 MiB volume: the third file does not fit
             (root / "bkt" / "m" / f"w{i}").write_bytes(blob(400 * KIB, i))
-        if stale_check:
-            # Another writer fills the volume after the free-space check: the check sees room.
-            real = shutil.disk_usage
-            monkeypatch.setattr(
-                "meshd.storage.helper.shutil.disk_usage", lambda p: real(p)._replace(free=1 << 40, total=1 << 41)
-            )
+        if seen_free is not None:
+            fake_free(monkeypatch, seen_free)
         with ObjectServer(root) as srv:
             write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
-            # The budget believes in room the volume does not have.
-            helper = await started(settings(tmp_path, budget_bytes=64 * MIB))
+            # The budget believes in room the volume does not have; one worker: files in order.
+            helper = await started(settings(tmp_path, budget_bytes=64 * MIB, parts_in_flight=1))
             with pytest.raises(StorageError, match=r"disk is full|free") as e:
                 await helper.pull("m", "m", json.dumps({"storage_key": "k"}))
-            assert e.value.kind == "disk" and ("disk is full" in str(e.value)) == stale_check
-            assert not (models / "m").exists() and "m" not in helper.tier
-            assert srv.gets() == []  # refused before a byte moved: the files are allocated first
+            assert e.value.kind == "disk" and ("disk is full" in str(e.value)) == (seen_free is not None)
+            assert e.value.model_id == "m" and e.value.object == ("m/w2" if seen_free else "m")
+            assert list(models.iterdir()) == [] and "m" not in helper.tier  # no file, partial or not
+            if seen_free == 1 << 40:
+                # Room to spare as far as the check knows: each file is created by its worker,
+                # so two files moved before the third found the disk full.
+                assert [g[1] for g in srv.gets()] == ["/bkt/m/w0", "/bkt/m/w1"]
+            else:
+                assert srv.gets() == []  # refused before a byte moved: the files are allocated first
+            # The disk freed, the same pull succeeds (nothing stale in the way).
+            for i in range(2):
+                (root / "bkt" / "m" / f"w{i}").write_bytes(blob(100 * KIB, i))
+            (root / "bkt" / "m" / "w2").unlink()
+            helper = await started(settings(tmp_path, budget_bytes=64 * MIB, parts_in_flight=1))
+            pulled = await helper.pull("m", "m", json.dumps({"storage_key": "k"}))
+            assert pulled is not None and sorted(os.listdir(pulled.local_path)) == ["w0", "w1"]
     finally:
         unmount(models)
+
+
+@pytest.mark.parametrize("ample", [True, False], ids=["files-made-by-workers", "files-allocated-first"])
+async def test_both_ways_of_creating_the_files_pull_the_same_bytes(tmp_path: Path, monkeypatch, ample: bool) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "srv"
+    files = {
+        "m/big": blob(1200 * KIB, 1),  # five parts of 256 KiB: always allocated before the first GET
+        "m/a/small": blob(100 * KIB, 2),
+        "m/a/b/tiny": blob(10, 3),
+        "m/empty": b"",
+    }
+    for name, data in files.items():
+        (root / "bkt" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "bkt" / name).write_bytes(data)
+    fake_free(monkeypatch, 1 << 40 if ample else sum(len(d) for d in files.values()))  # just enough: first
+    with ObjectServer(root) as srv:
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        helper = await started(settings(tmp_path))
+        pulled = await helper.pull("m", "m", json.dumps({"storage_key": "k"}))
+        assert pulled is not None
+        got = {
+            str(p.relative_to(tmp_path / "models" / "m")): p.read_bytes()
+            for p in (tmp_path / "models" / "m").rglob("*")
+            if p.is_file()
+        }
+        assert got.pop(DONE_MARKER) and got == files
+        assert len(srv.gets()) == 5 + 2  # the empty file needs no GET
+
+
+@pytest.mark.parametrize("dropped", [False, True], ids=["whole", "resumed"])
+async def test_a_small_object_is_checked_against_its_md5(tmp_path: Path, dropped: bool) -> None:
+    root = tmp_path / "srv"
+    (root / "bkt").mkdir(parents=True)
+    target = root / "bkt" / "w"
+    target.write_bytes(blob(300 * KIB, 1))  # one GET, its ETag the MD5
+    with ObjectServer(root) as srv:
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        key = json.dumps({"storage_key": "k"})
+        helper = await started(settings(tmp_path))
+        if dropped:  # the sum carries over a retry that resumes after the bytes written
+            srv.faults.drop_after, srv.faults.drops = 100 * KIB, 1
+            pulled = await helper.pull("m", "w", key)
+            assert pulled is not None and content(pulled.local_path) == blob(300 * KIB, 1)
+            assert [g[2] for g in srv.gets()] == ["", f"bytes={100 * KIB}-{300 * KIB - 1}"]
+            return
+        assert await helper.predict_size("m", "w", key) == 300 * KIB  # listed: ETag = MD5 of seed 1
+        # The bytes change under the same ETag (the server's MD5 is cached by mtime): a body
+        # corrupted on its way must not land.
+        st = target.stat()
+        target.write_bytes(blob(300 * KIB, 2))
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+        with pytest.raises(StorageError, match="does not match its MD5") as e:
+            await helper.pull("m", "w", key)
+        assert e.value.model_id == "m" and not (tmp_path / "models" / "m").exists() and "m" not in helper.tier
 
 
 @pytest.mark.slow  # five tries that each wait out the stall limit
