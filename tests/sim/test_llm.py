@@ -40,7 +40,7 @@ def test_the_calls_are_the_routing_bench_s() -> None:
         sys.path.remove(str(BENCH_DIR))
     mix = llm.Mix(requests=50)
     bench_args = argparse.Namespace(requests=50, rate=mix.rate, system_words=mix.system_words, own_words=mix.own_words)
-    assert llm.workload(mix, 1001) == llm_routing.workload(bench_args, 1001)
+    assert llm.workload(mix, 1001) == [(c.at, c.prompt) for c in llm_routing.workload(bench_args, 1001)]
 
 
 def test_an_engine_queues_past_max_running_and_prefills_one_at_a_time() -> None:
