@@ -26,6 +26,9 @@ BACKOFF_BASE_MS = 200
 BACKOFF_CAP_MS = 10_000
 STALL_TIMEOUT_MS = 60_000  # a pull fails after this long without a byte arriving (MESHD_PULL_STALL_MS)
 DISK_BUDGET_SHARE = 0.8  # MESHD_DISK_CACHE_BYTES' default: this share of the model volume
+# A cached GCS/Azure token is fetched anew this long before it expires (azure-identity
+# refreshes 5 minutes before; google-auth 3 min 45 s), so no request carries one that lapses.
+TOKEN_REFRESH_MARGIN_S = 300.0
 # Room a pull leaves over before it may create its files as it goes (`allocate_first`).
 ALLOCATE_HEADROOM_BYTES = 1 << 30
 
@@ -95,6 +98,14 @@ def stalled(last_progress_ms: int, now_ms: int, stall_ms: int = STALL_TIMEOUT_MS
 
 def default_budget(volume_bytes: int, share: float = DISK_BUDGET_SHARE) -> int:
     return max(UNIT_BYTES, int(volume_bytes * share))
+
+
+def token_fresh(fetched_s: float, expires_s: float, now_s: float, margin_s: float = TOKEN_REFRESH_MARGIN_S) -> bool:
+    """Whether a token fetched at `fetched_s`, lapsing at `expires_s`, may still be used at
+    `now_s`: until the margin before it lapses, or half its life for one shorter than twice the
+    margin (so a short-lived token is still used more than once)."""
+    margin = min(margin_s, (expires_s - fetched_s) / 2)
+    return fetched_s <= now_s < expires_s - margin
 
 
 def allocate_first(

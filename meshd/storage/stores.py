@@ -18,12 +18,12 @@ import ssl
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 from urllib.parse import quote, urlencode, urlsplit
 
 from meshd.decisions.storage import Listed, Source
-from meshd.decisions.storage_plan import Failure, Part
+from meshd.decisions.storage_plan import Failure, Part, token_fresh
 from meshd.storage.errors import TransferError
 from meshd.storage.transport import Response, Transport, check_status, tls_context
 
@@ -43,6 +43,35 @@ def _flag(value: object) -> bool:
 def _str(config: Mapping[str, object], name: str, default: str = "") -> str:
     value = config.get(name)
     return value if isinstance(value, str) else default
+
+
+class _Tokens:
+    """Bearer tokens (GCS service accounts, Azure service principals) kept per credential for
+    the process, so the stores a pull opens (its listing's, its download's) and the next pulls
+    share one until it is near its expiry (`token_fresh`). Keyed by a hash of the secret,
+    never the secret itself."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[tuple[str, ...], tuple[str, float, float]] = {}  # token, fetched, expires
+        self._lock = threading.Lock()  # one fetch at a time: they are rare
+
+    def get(self, key: tuple[str, ...], fetch: Callable[[], tuple[str, float]]) -> str:
+        """The cached token for `key`, or a new one from `fetch` (the token, its life in s)."""
+        with self._lock:
+            now = time.time()
+            hit = self._tokens.get(key)
+            if hit is not None and token_fresh(hit[1], hit[2], now):
+                return hit[0]
+            token, life = fetch()
+            self._tokens[key] = (token, now, now + life)
+            return token
+
+
+TOKENS = _Tokens()
+
+
+def _secret_id(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def open_store(source: Source, timeout_s: float) -> Store:
@@ -333,17 +362,14 @@ class GCSStore:
         self.email = _str(config, "client_email")
         self.token_uri = _str(config, "token_uri") or "https://oauth2.googleapis.com/token"
         self.transport = Transport(tls_context(_str(config, "certificate") or None), timeout_s)
-        self._token = ("", 0.0)
-        self._lock = threading.Lock()
 
     def _auth(self) -> dict[str, str]:
         if not self.key:
             return {}
-        with self._lock:
-            token, until = self._token
-            if time.time() > until - 60:
-                token, life = _gcs_token(self.transport, self.email, self.key, self.token_uri)
-                self._token = (token, time.time() + life)
+        token = TOKENS.get(
+            ("gcs", self.token_uri, self.email, _secret_id(self.key)),
+            lambda: _gcs_token(self.transport, self.email, self.key, self.token_uri),
+        )
         return {"Authorization": f"Bearer {token}"}
 
     def list_objects(self, path: str) -> list[Listed]:
@@ -425,29 +451,26 @@ class AzureStore:
         # Upstream's service principal (an Entra ID app): a bearer token by client credentials.
         self.app = (_str(config, "tenant_id"), _str(config, "client_id"), _str(config, "client_secret"))
         self.authority = _str(config, "authority_host") or "https://login.microsoftonline.com"
-        self._token = ("", 0.0)
-        self._lock = threading.Lock()
 
     def _bearer(self) -> str:
-        with self._lock:
-            token, until = self._token
-            if time.time() > until - 60:
-                tenant, client_id, secret = self.app
-                body = urlencode(
-                    {
-                        "grant_type": "client_credentials",
-                        "client_id": client_id,
-                        "client_secret": secret,
-                        "scope": "https://storage.azure.com/.default",
-                    }
-                ).encode()
-                url = f"{self.authority.rstrip('/')}/{quote(tenant, safe='')}/oauth2/v2.0/token"
-                resp = self.transport.request("POST", url, {"Content-Type": "application/x-www-form-urlencoded"}, body)
-                check_status(resp, "the service principal's token", ok=(200,))
-                answer = json.loads(resp.read_all())
-                token = str(answer["access_token"])
-                self._token = (token, time.time() + float(answer.get("expires_in", 3600)))
-        return token
+        tenant, client_id, secret = self.app
+        url = f"{self.authority.rstrip('/')}/{quote(tenant, safe='')}/oauth2/v2.0/token"
+
+        def fetch() -> tuple[str, float]:
+            body = urlencode(
+                {
+                    "grant_type": "client_credentials",
+                    "client_id": client_id,
+                    "client_secret": secret,
+                    "scope": "https://storage.azure.com/.default",
+                }
+            ).encode()
+            resp = self.transport.request("POST", url, {"Content-Type": "application/x-www-form-urlencoded"}, body)
+            check_status(resp, "the service principal's token", ok=(200,))
+            answer = json.loads(resp.read_all())
+            return str(answer["access_token"]), float(answer.get("expires_in", 3600))
+
+        return TOKENS.get(("azure", url, client_id, _secret_id(secret)), fetch)
 
     def _request(self, path: str, query: Mapping[str, str], headers: dict[str, str]) -> Response:
         url = f"{self.endpoint}{path}"

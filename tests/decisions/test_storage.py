@@ -35,6 +35,7 @@ from meshd.decisions.storage_plan import (
     plan_parts,
     retryable,
     stalled,
+    token_fresh,
 )
 
 MINIO = {
@@ -243,6 +244,18 @@ def test_files_are_allocated_first_unless_the_volume_has_room_to_spare() -> None
     # An empty pull is decided by the headroom alone.
     assert not allocate_first(free_bytes=room, need_bytes=0)
     assert allocate_first(free_bytes=room - 1, need_bytes=0, headroom_bytes=room)
+
+
+def test_a_token_is_fresh_until_the_margin_before_it_lapses() -> None:
+    # An hour's token, 300 s margin: used until 3,300 s after it was fetched.
+    assert token_fresh(fetched_s=1000, expires_s=4600, now_s=1000, margin_s=300)
+    assert token_fresh(fetched_s=1000, expires_s=4600, now_s=4299, margin_s=300)
+    assert not token_fresh(fetched_s=1000, expires_s=4600, now_s=4300, margin_s=300)
+    # A 60 s token: half its life, not never.
+    assert token_fresh(fetched_s=0, expires_s=60, now_s=29, margin_s=300)
+    assert not token_fresh(fetched_s=0, expires_s=60, now_s=30, margin_s=300)
+    # A clock that went back before the fetch: fetch anew.
+    assert not token_fresh(fetched_s=1000, expires_s=4600, now_s=999, margin_s=300)
 
 
 def test_stall_counts_only_time_without_progress() -> None:
