@@ -1,4 +1,4 @@
-"""README.md as a front door, and its second instance serving the first one's models and its
+"""README.md's second instance serving the first one's models and its
 own (the quickstart and second-instance blocks, with a check of both ways). Every shell block
 of the README, run in order as written: test_docs_run.py."""
 
@@ -26,18 +26,6 @@ def quickstart() -> str:
     found = BLOCK.search(README.read_text())
     assert found, "README.md has no <!-- quickstart --> block"
     return found.group(1)
-
-
-def test_the_readme_is_a_front_door() -> None:
-    text = README.read_text()
-    assert len(text.encode()) <= 15 * 1024
-    first = text.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
-    assert [line.split("#")[0].strip() for line in first] == [
-        "python3 scripts/dev.py demo",
-        "python3 scripts/dev.py test",
-    ]
-    for doc in re.findall(r"\]\((docs/[a-z]+\.md|CHANGELOG\.md)\)", text):
-        assert (README.parent / doc).is_file(), doc
 
 
 SECOND = re.compile(r"<!-- second-instance -->\s*```bash\n(.*?)```\s*<!-- /second-instance -->", re.S)
