@@ -142,7 +142,7 @@ class _Copy:
     started_ms: int  # its load began (the model record's date)
     ready_ms: float
     sampled: Reading = field(default_factory=lambda: Reading(0, 0, 0.0))  # its engine's metrics, last read
-    noted: tuple[Reading, float] | None = None  # at its holder: the runtime's last reading, and when
+    noted: rules.Reading | None = None  # at its holder: the runtime's last reading
     depth: tuple[int, int] = (0, 0)  # queue readings at its holder since the last check, fewest waiting
     served_at_check: int = 0
     last_used_ms: int = 0
@@ -157,7 +157,7 @@ class LlmMesh:
     routing: str
     copies: dict[str, _Copy] = field(default_factory=dict)
     inflight: dict[str, int] = field(default_factory=dict)  # the front's calls in flight per copy
-    readings: dict[str, tuple[rules.EngineLoad, int]] = field(default_factory=dict)  # at the front
+    readings: dict[str, rules.Reading] = field(default_factory=dict)  # at the front
     owners: rules.PrefixOwners = field(default_factory=rules.PrefixOwners)
     added_ms: list[float] = field(default_factory=list)
     dropped: int = 0
@@ -216,7 +216,7 @@ class LlmMesh:
         none: frozenset[str] = frozenset()
         if self.routing == "load":
             inflight = {**self.inflight, FRONT: 0}
-            loads = rules.fresh(self.readings, int(now)) if self.setup.readings else {}
+            loads = rules.fresh(self.readings, int(now), inflight) if self.setup.readings else {}
             owner = self.owners.get(MODEL, call.prefix) if call.prefix is not None else None
             target = rules.choose_llm_copy(view, held, inflight, loads, none, assume, False, owner)
             if target is not None and call.prefix is not None:
@@ -233,12 +233,13 @@ class LlmMesh:
         else:
             self._engine_in(call, now)
         # The peer's answer on accepting the call (Router.engine_load_here): its calls in flight
-        # to the copy, with the engine's reading its runtime last sent while that is fresh.
-        load = rules.EngineLoad(self.inflight[target])
-        if c.noted is not None and now - c.noted[1] <= rules.FRESH_MS:
-            r = c.noted[0]
-            load = rules.EngineLoad(load.inflight, r.waiting, r.running, r.kv_use)
-        self.readings[target] = (load, int(now))
+        # to the copy, with the engine's reading its runtime last sent while that is fresh, as
+        # of now; the front keeps it with its own calls to the copy (all of them, here).
+        own = self.inflight[target]
+        load = rules.EngineLoad(own)
+        if c.noted is not None and now - c.noted.at_ms <= rules.FRESH_MS:
+            load = rules.load_now(c.noted, own)
+        self.readings[target] = rules.Reading(load, int(now), own)
 
     # ---- the engines --------------------------------------------------------------------
     def _engine_in(self, call: Call, now: float) -> None:
@@ -253,7 +254,8 @@ class LlmMesh:
             self._at(ends, _PREFILLED, c.iid)
         # The runtime's load with the first answer (its engine's last read): the holder keeps it,
         # and counts it as a reading of the engine's queue for copy scaling.
-        c.noted = (c.sampled, now)
+        r, own = c.sampled, self.inflight[c.iid]
+        c.noted = rules.Reading(rules.EngineLoad(own, r.waiting, r.running, r.kv_use), int(now), own)
         readings, least = c.depth
         c.depth = (readings + 1, min(least, c.sampled.waiting) if readings else c.sampled.waiting)
 

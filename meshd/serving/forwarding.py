@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from meshd.decisions.placement.llm import LOAD_HEADER, EngineLoad, parse_load
+from meshd.decisions.placement.llm import LOAD_HEADER, Reading, parse_load
 from meshd.observability.tracing import Tracing
 from meshd.serving.cluster import Cluster
 from meshd.serving.invocations import SERVED
@@ -41,24 +41,27 @@ class Forwarder:
         self.tracing = tracing
         self.note_served = note_served  # see Router.note_served
         self.inflight: dict[str, int] = {}  # requests this instance has in flight per peer
+        self.model_inflight: dict[tuple[str, str], int] = {}  # the same per (model, peer)
         # Each peer's loads in progress as its last unary answer said (`meshd-loads`), and when
         # (monotonic ms): placement reads them where they are fresher than the peer's record.
         self.peer_loads: dict[str, tuple[int, int]] = {}
         # Language models: each copy's engine load as its runtime or its instance last said
-        # (`meshd-engine-load`), and when (monotonic ms): model -> instance -> (load, ms).
-        self.engine_loads: dict[str, dict[str, tuple[EngineLoad, int]]] = {}
+        # (`meshd-engine-load`), when (monotonic ms), and this instance's calls to the copy
+        # then (placement.llm.load_now): model -> instance -> reading.
+        self.engine_loads: dict[str, dict[str, Reading]] = {}
         # This instance's copies: readings of their engines' queue since the scaler last looked,
         # and the fewest requests waiting in any (model -> (readings, least waiting)).
         self.queue_depths: dict[str, tuple[int, int]] = {}
 
-    def note_engine_load(self, model_id: str, instance_id: str, metadata: Any) -> None:
-        """Remember a copy's engine load from a call's initial metadata, if it carries one."""
+    def note_engine_load(self, model_id: str, instance_id: str, metadata: Any, own: int) -> None:
+        """Remember a copy's engine load from a call's initial metadata, if it carries one;
+        `own`: this instance's calls in flight to that copy now (the load counts them)."""
         for key, value in metadata or ():
             if key == LOAD_HEADER:
                 load = parse_load(value)
                 if load is not None:
                     now = int(time.monotonic() * 1000)
-                    self.engine_loads.setdefault(model_id, {})[instance_id] = (load, now)
+                    self.engine_loads.setdefault(model_id, {})[instance_id] = Reading(load, now, own)
                     if instance_id == self.self_id and load.waiting >= 0:
                         readings, least = self.queue_depths.get(model_id, (0, load.waiting))
                         self.queue_depths[model_id] = (readings + 1, min(least, load.waiting))
@@ -79,7 +82,7 @@ class Forwarder:
         md = _peer_metadata(metadata, self.self_id, mode, price_limit)
         if self.note_served:
             SERVED.set((model_id, target))
-        self.inflight[target] = self.inflight.get(target, 0) + 1
+        self._count(model_id, target, 1)
         raw = peer.unary(spec.path)
         try:
             # Kept to its end even if the peer leaves the mesh (it may still be running it);
@@ -95,7 +98,7 @@ class Forwarder:
             self._note_loads(target, e.trailing_metadata())
             raise peer_failure(e.code(), e.details(), e.trailing_metadata(), model_id) from None
         finally:
-            self.inflight[target] -= 1
+            self._count(model_id, target, -1)
 
     async def _traced(
         self,
@@ -149,30 +152,40 @@ class Forwarder:
         relay = Relay(first, requests, None, hold=True)
         call = peer.track(peer.stream(spec.path)(relay, metadata=md, timeout=remaining_s))
         relay.call = call
-        self.inflight[target] = self.inflight.get(target, 0) + 1
+        self._count(model_id, target, 1)
         try:
             initial = await call.initial_metadata()
             accepted = any(k == ACCEPTED for k, _ in initial or ())
             if accepted:
-                self.note_engine_load(model_id, target, initial)
+                self.note_engine_load(model_id, target, initial, self.model_inflight[model_id, target])
             else:  # the call ended without the peer taking it
                 code = await call.code()
                 raise peer_failure(code, await call.details(), await call.trailing_metadata(), model_id)
         except grpc.aio.AioRpcError as e:
-            self.inflight[target] -= 1
+            self._count(model_id, target, -1)
             relay.close()
             raise peer_failure(e.code(), e.details(), e.trailing_metadata(), model_id) from None
         except BaseException:
-            self.inflight[target] -= 1
+            self._count(model_id, target, -1)
             call.cancel()
             relay.close()
             raise
         relay.release()
 
         def closed() -> None:
-            self.inflight[target] -= 1
+            self._count(model_id, target, -1)
 
         return ResponseStream(call, relay, closed)
+
+    def _count(self, model_id: str, target: str, change: int) -> None:
+        """A call to a peer sent (1) or ended (-1)."""
+        self.inflight[target] = self.inflight.get(target, 0) + change
+        key = (model_id, target)
+        left = self.model_inflight.get(key, 0) + change
+        if left:
+            self.model_inflight[key] = left
+        else:
+            self.model_inflight.pop(key, None)  # not kept for every model ever forwarded
 
     def channel(self, target: str) -> PeerChannel:
         view = self.cluster.view()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import time
@@ -57,6 +56,7 @@ from meshd.decisions.placement.llm import (
     choose_llm_copy,
     format_load,
     fresh,
+    load_now,
 )
 from meshd.decisions.placement.loading import EXHAUSTED_PREFIX, fresh_loads
 from meshd.decisions.placement.rank import (
@@ -503,9 +503,9 @@ class Router:
         attempt: _Answered,
     ) -> str | None:
         """A language model's copy (decisions.placement.llm), remembered for its prefix."""
-        inflight = dict(self.inflight)
+        inflight = {peer: n for (model, peer), n in self.forwarder.model_inflight.items() if model == model_id}
         inflight[self.self_id] = entry.inflight if entry is not None else 0
-        loads = fresh(self.forwarder.engine_loads.get(model_id, {}), int(time.monotonic() * 1000))
+        loads = fresh(self.forwarder.engine_loads.get(model_id, {}), int(time.monotonic() * 1000), inflight)
         prefix = attempt.prefix
         owner = self.prefixes.get(model_id, prefix) if prefix is not None else None
         assume = self.cluster.assume_loaded_ms
@@ -516,20 +516,24 @@ class Router:
 
     def engine_load_here(self, model_id: str) -> Metadata:
         """This copy's load, for a peer that forwarded a language model's call: the calls in
-        flight to it now, with its engine's reading when fresh (`meshd-engine-load`)."""
-        entry = self.local.cache.get(model_id)
-        inflight = entry.inflight if entry is not None else 0
+        flight to it now, with its engine's reading when fresh, as of now (`meshd-engine-load`)."""
+        inflight = self._local_inflight(model_id)
         reading = self.forwarder.engine_loads.get(model_id, {}).get(self.self_id)
-        if reading is not None and int(time.monotonic() * 1000) - reading[1] <= FRESH_MS:
-            load = dataclasses.replace(reading[0], inflight=inflight)
+        if reading is not None and int(time.monotonic() * 1000) - reading.at_ms <= FRESH_MS:
+            load = load_now(reading, inflight)
         else:
             load = EngineLoad(inflight)
         return ((LOAD_HEADER, format_load(load)),)
 
+    def _local_inflight(self, model_id: str) -> int:
+        entry = self.local.cache.get(model_id)
+        return entry.inflight if entry is not None else 0
+
     async def note_runtime_load(self, model_id: str, stream: ResponseStream) -> None:
         """The engine load the runtime sent with a call's first answer."""
         with contextlib.suppress(Exception):  # a call that ended: no reading
-            self.forwarder.note_engine_load(model_id, self.self_id, await stream.call.initial_metadata())
+            metadata = await stream.call.initial_metadata()
+            self.forwarder.note_engine_load(model_id, self.self_id, metadata, self._local_inflight(model_id))
 
     async def _after_release(self, model_id: str) -> None:
         """Wait while this runtime gives up a capped copy still in the model's record: until
@@ -795,7 +799,8 @@ class Router:
             try:
                 async for answer in call:
                     # The engine's load, as a relayed call's first answer brings it (note_runtime_load).
-                    self.forwarder.note_engine_load(model_id, self.self_id, await call.initial_metadata())
+                    said = await call.initial_metadata()
+                    self.forwarder.note_engine_load(model_id, self.self_id, said, entry.inflight)
                     return bytes(answer)
             except grpc.aio.AioRpcError:
                 return None  # the relayed call meets the same refusal and handles it

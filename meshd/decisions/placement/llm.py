@@ -6,8 +6,11 @@ Each engine's load is read by its runtime from the engine's own metrics (vLLM's
 `num_requests_waiting`, `num_requests_running`, `kv_cache_usage_perc`) or, for an engine that
 has none (llama-cpp-python), counted by the runtime as its calls in flight. It reaches meshd as
 `meshd-engine-load` metadata (`format_load` / `parse_load`): the runtime's on each answer, a
-peer's on each stream it accepts. A reading older than `FRESH_MS` is not used: the deciding
-instance's own count of calls in flight to each copy stands in for it.
+peer's on each stream it accepts. A reading counts the deciding instance's own calls to that
+copy as they were when it came; it is kept (a `Reading`) with that count, and used (`fresh`)
+with those calls replaced by the instance's calls in flight now, which it always knows: calls
+it sent or ended since are not counted twice or forgotten. A reading older than `FRESH_MS` is
+not used: the instance's own count stands in for it.
 
 A prefix is the first `PREFIX_CHARS` characters of the conversation (chat: each message's role
 and text; completions: the prompt), hashed; shorter prompts have none. Engines cache the KV of
@@ -94,9 +97,36 @@ def parse_load(text: str | bytes) -> EngineLoad | None:
     return EngineLoad(inflight, waiting, running, min(kv, 1.0))
 
 
-def fresh(readings: Mapping[str, tuple[EngineLoad, int]], now_ms: int) -> dict[str, EngineLoad]:
-    """The readings (instance -> (load, read at ms)) no older than FRESH_MS."""
-    return {iid: load for iid, (load, at) in readings.items() if now_ms - at <= FRESH_MS}
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """A copy's engine load as this instance last heard it, when (ms), and this instance's own
+    calls in flight to that copy then (the load counts them)."""
+
+    load: EngineLoad
+    at_ms: int
+    own: int
+
+
+def load_now(reading: Reading, own_now: int) -> EngineLoad:
+    """The reading's load with this instance's calls then replaced by its calls now.
+
+    Calls in flight at the copy beyond this instance's then are other instances', taken as
+    unchanged. The engine's own counts were read before that (up to a read interval, and kept
+    up to FRESH_MS by the runtime): they are not added to the calls counted, only used to split
+    them, as many running as ran then when some were waiting (its batch was full), else all.
+    """
+    load = reading.load
+    inflight = own_now + max(0, load.inflight - reading.own)
+    if load.waiting < 0 or load.running < 0:
+        return EngineLoad(inflight, load.waiting, load.running, load.kv_use)
+    waiting = max(0, inflight - load.running) if load.waiting > 0 else 0
+    return EngineLoad(inflight, waiting, inflight - waiting, load.kv_use)
+
+
+def fresh(readings: Mapping[str, Reading], now_ms: int, own: Mapping[str, int]) -> dict[str, EngineLoad]:
+    """The readings (per instance) no older than FRESH_MS, each as `load_now` with `own`, this
+    instance's calls in flight to each copy now."""
+    return {iid: load_now(r, own.get(iid, 0)) for iid, r in readings.items() if now_ms - r.at_ms <= FRESH_MS}
 
 
 def prefix_key(body: Mapping[str, Any]) -> str | None:
@@ -173,13 +203,13 @@ def choose_llm_copy(
     """The copy a language model's call goes to, or None when there is no usable copy.
 
     `inflight`: calls this instance has in flight to each copy (its own included under its
-    id); `loads`: fresh engine readings per instance; `prefix_owner`: the copy that served
-    the call's prefix last (None: no prefix, or none remembered).
+    id); `loads`: the copies' fresh readings as of now (`fresh`); `prefix_owner`: the copy that
+    served the call's prefix last (None: no prefix, or none remembered).
 
     Among the loaded copies (this instance's when `local_loaded`, the others' once their load
     started `assume_loaded_ms` ago): the prefix's copy while it is not `overloaded`; else the
     one where the call starts soonest: fewest waiting in the engine, then the shortest queue
-    (the engine's count, or this instance's calls in flight when it has none), then the least
+    (the reading's count, or this instance's calls in flight when it has none), then the least
     KV-cache use, this instance first (no hop), then the smallest id. Copies still loading, or
     none loaded: `choose_copy`'s rules (the first to start loading).
     """

@@ -11,9 +11,11 @@ from meshd.decisions.placement.llm import (
     PREFIX_CHARS,
     EngineLoad,
     PrefixOwners,
+    Reading,
     choose_llm_copy,
     format_load,
     fresh,
+    load_now,
     parse_load,
     prefix_key,
     queue_stays_deep,
@@ -51,8 +53,46 @@ def test_load_text_round_trips_and_bad_text_is_none() -> None:
 
 
 def test_only_fresh_readings_count() -> None:
-    readings = {"a": (EngineLoad(1), NOW - FRESH_MS), "b": (EngineLoad(2), NOW - FRESH_MS - 1)}
-    assert fresh(readings, NOW) == {"a": EngineLoad(1)}
+    readings = {"a": Reading(EngineLoad(1), NOW - FRESH_MS, 0), "b": Reading(EngineLoad(2), NOW - FRESH_MS - 1, 0)}
+    assert fresh(readings, NOW, {}) == {"a": EngineLoad(1)}
+
+
+def test_a_reading_counts_this_instances_calls_as_they_are_now() -> None:
+    # Read when this instance had 3 calls at the copy and another instance 2.
+    read = Reading(EngineLoad(5), NOW, own=3)
+    assert load_now(read, 3) == EngineLoad(5)
+    assert load_now(read, 0) == EngineLoad(2), "this instance's calls ended since: the others' remain"
+    assert load_now(read, 6) == EngineLoad(8), "calls sent since count once"
+    # Never fewer than this instance's own calls (a reading that counted fewer than it had).
+    assert load_now(Reading(EngineLoad(1), NOW, own=4), 2) == EngineLoad(2)
+    # The engine's counts, read earlier, only split the calls counted: a batch that was full
+    # (some waiting) runs as many now, the rest wait; one that was not runs them all.
+    assert load_now(Reading(EngineLoad(6, 2, 4, 0.5), NOW, own=6), 3) == EngineLoad(3, 0, 3, 0.5)
+    assert load_now(Reading(EngineLoad(6, 2, 4, 0.5), NOW, own=6), 7) == EngineLoad(7, 3, 4, 0.5)
+    assert load_now(Reading(EngineLoad(2, 0, 5, 0.5), NOW, own=2), 4) == EngineLoad(4, 0, 4, 0.5)
+    assert load_now(Reading(EngineLoad(2), NOW, own=2), 1) == EngineLoad(1)
+
+
+def test_a_copy_whose_calls_ended_since_its_reading_is_not_held_busy() -> None:
+    copies = {"a": LOADED, "b": LOADED, "c": LOADED}
+    # Read 100 ms ago: a with this instance's 4 calls running (all ended since), b with its 1
+    # (still running), c idle.
+    readings = {
+        "a": Reading(EngineLoad(4, 0, 4), NOW - 100, own=4),
+        "b": Reading(EngineLoad(1, 0, 1), NOW - 100, own=1),
+        "c": Reading(EngineLoad(1, 0, 1), NOW - 100, own=0),
+    }
+    inflight = {"a": 0, "b": 1, "c": 0}
+    assert pick(copies, inflight, fresh(readings, NOW, inflight)) == "a"
+    # a keeps its prefix with one call now: its queue is not the 4 it was read with.
+    inflight = {"a": 1, "b": 1, "c": 0}
+    assert pick(copies, inflight, fresh(readings, NOW, inflight), owner="a") == "a"
+    # Another instance's calls in a reading still count: c's one, and b's when it has more than
+    # AFFINITY_SLACK beyond the least loaded copy's.
+    inflight = {"a": 2, "b": 0, "c": 0}
+    assert pick(copies, inflight, fresh(readings, NOW, inflight)) == "b"
+    readings["b"] = Reading(EngineLoad(AFFINITY_SLACK + 2, 0, AFFINITY_SLACK + 2), NOW - 100, own=0)
+    assert pick(copies, inflight, fresh(readings, NOW, inflight), owner="b") == "c"
 
 
 def test_prefix_key_is_the_first_chars_of_the_conversation() -> None:
