@@ -8,6 +8,7 @@ from the disk tier (a restarted helper finding the model on disk).
     python bench/pull.py --stream-mib-s 100   # each GET capped at 100 MiB/s by the server
     python bench/pull.py --smoke              # small and quick, for the test suite
     python bench/pull.py --only small         # the 1,000 files only
+    python bench/pull.py --only small --workers 4,8,32   # also meshd with these worker counts
 
 Goals (printed as ratios, judged here, never in tests): meshd at least as fast as the faster of
 boto3 and s5cmd, >= 3x one GET stream, a reload from disk >= 10x faster than the pull.
@@ -18,6 +19,9 @@ machine busy, so parallel GETs have little left to win there. They pay off where
 connection is slower than the machine (a remote store): the server's per-GET cap
 (`--stream-mib-s`) models that. Before each tool, memory is freed just then (`settle_memory`;
 `--no-settle` to skip), so the tools' order does not decide which one pays for idle memory.
+The `cpu_s` columns are the CPU seconds each tool's client used (its own process, or the
+bench's for the in-process ones) and the object server's, so a tool that wins by burning more
+of the shared cores shows it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import asyncio
 import functools
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -112,6 +117,23 @@ def busy_ticks() -> tuple[int, int] | None:
     return sum(ticks) - idle, sum(ticks)
 
 
+def server_cpu_s(pid: int) -> float:
+    """The object server's CPU seconds so far (user + system), 0.0 where /proc is absent."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def client_cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children (s5cmd)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -176,12 +198,28 @@ def main() -> None:
     ap.add_argument("--no-settle", action="store_true", help="do not free memory before each tool (see settle_memory)")
     ap.add_argument("--smoke", action="store_true", help="64 MiB, 50 files, 1 run")
     ap.add_argument("--only", choices=("big", "small"), default=None, help="one case only")
+    ap.add_argument(
+        "--workers", default="", help="also run meshd with these worker counts (comma-separated), as meshd-wN"
+    )
+    ap.add_argument("--skip", default="", help="tools not to run (comma-separated, e.g. meshd-fsync,boto3)")
     args = ap.parse_args()
+    skip = {t.strip() for t in args.skip.split(",") if t.strip()}
     if args.smoke:
         args.big_mib, args.small_count, args.runs = 64, 50, 1
     if args.only == "small":
         args.big_mib = 1  # not pulled: the data folder needs no large object
-    if args.runs < 1 or args.big_mib < 1 or args.small_count < 1 or args.small_kib < 1 or args.stream_mib_s < 0:
+    try:
+        extra_workers = [int(w) for w in args.workers.split(",") if w.strip()]
+    except ValueError:
+        ap.error("--workers takes comma-separated numbers")
+    if (
+        args.runs < 1
+        or any(w < 1 for w in extra_workers)
+        or args.big_mib < 1
+        or args.small_count < 1
+        or args.small_kib < 1
+        or args.stream_mib_s < 0
+    ):
         ap.error("sizes and runs must be positive")
     base = args.dir or Path(tempfile.mkdtemp(prefix="meshd-pull-bench-"))
     data = base / "data"
@@ -194,6 +232,7 @@ def main() -> None:
     server, url = start_server(data, args.stream_mib_s * MIB)
     results: dict[tuple[str, str], list[float]] = {}
     cores: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[tuple[float, float]]] = {}  # (client, server) CPU seconds
     try:
         for run in range(args.runs):
             for case, key, folder in cases:
@@ -206,11 +245,15 @@ def main() -> None:
                     ("boto3", functools.partial(boto3_get, url, key=key, folder=folder)),
                     ("s5cmd", functools.partial(s5cmd_get, url, key=key, folder=folder)),
                 ]
+                tools += [
+                    (f"meshd-w{w}", functools.partial(meshd_pull, url, model_path=key, parallel=w, threshold=32 * MIB))
+                    for w in extra_workers
+                ]
                 if not folder:
                     tools.append(
                         ("one-GET", functools.partial(meshd_pull, url, model_path=key, parallel=1, threshold=1 << 62))
                     )
-                for name, fn in tools:
+                for name, fn in [(n, f) for n, f in tools if n not in skip]:
                     dest = base / f"out-{name}"
                     shutil.rmtree(dest, ignore_errors=True)
                     os.sync()  # each tool starts with no one else's dirty pages to write back
@@ -218,10 +261,14 @@ def main() -> None:
                     if not args.no_settle:  # ... and writes into memory freed just now, as every other
                         settle_memory(base, sizes[case] + sizes[case] // 8)
                     before = busy_ticks()
+                    cpu_before = (client_cpu_s(), server_cpu_s(server.pid))
                     took = fn(dest)
                     after = busy_ticks()
                     if took is not None:
                         results.setdefault((case, name), []).append(took)
+                        cpu.setdefault((case, name), []).append(
+                            (client_cpu_s() - cpu_before[0], server_cpu_s(server.pid) - cpu_before[1])
+                        )
                         if before and after and after[1] > before[1]:
                             share = (after[0] - before[0]) / (after[1] - before[1])
                             cores.setdefault((case, name), []).append(share * (os.cpu_count() or 1))
@@ -238,20 +285,24 @@ def main() -> None:
     cap = f", each GET capped at {args.stream_mib_s:g} MiB/s" if args.stream_mib_s else ""
     cap += ", memory not settled" if args.no_settle else ""
     print(f"{os.cpu_count()} cores{cap}")
-    print(f"{'case':6} {'tool':12} {'median_s':>9} {'MiB/s':>8} {'cores':>5}  runs")
+    print(f"{'case':6} {'tool':12} {'median_s':>9} {'MiB/s':>8} {'cores':>5} {'cpu_s':>6} {'srv_s':>6}  runs")
     med: dict[tuple[str, str], float] = {}
     for (case, name), times in sorted(results.items()):
         med[(case, name)] = statistics.median(times)
         rate = sizes[case] / MIB / med[(case, name)]
         busy = statistics.median(cores[(case, name)]) if cores.get((case, name)) else float("nan")
         runs = " ".join(f"{t:.3f}" for t in times)
-        print(f"{case:6} {name:12} {med[(case, name)]:9.3f} {rate:8.0f} {busy:5.2f}  {runs}")
+        spent = cpu.get((case, name))
+        own = statistics.median(c for c, _s in spent) if spent else float("nan")
+        srv = statistics.median(s for _c, s in spent) if spent else float("nan")
+        print(f"{case:6} {name:12} {med[(case, name)]:9.3f} {rate:8.0f} {busy:5.2f} {own:6.2f} {srv:6.2f}  {runs}")
     print("summary:")
     for case, _key, _folder in cases:
         m = med[(case, "meshd")]
         rivals = [med[(case, t)] for t in ("boto3", "s5cmd") if (case, t) in med]
-        n = med[(case, "meshd-fsync")]
-        line = f"  {case}: meshd / faster of boto3,s5cmd = {min(rivals) / m:.2f}x ({min(rivals) / n:.2f}x with fsync)"
+        line = f"  {case}: meshd / faster of boto3,s5cmd = {min(rivals) / m:.2f}x" if rivals else f"  {case}:"
+        if (case, "meshd-fsync") in med and rivals:
+            line += f" ({min(rivals) / med[(case, 'meshd-fsync')]:.2f}x with fsync)"
         if (case, "one-GET") in med:
             line += f"; meshd / one GET stream = {med[(case, 'one-GET')] / m:.2f}x"
             one = cores.get((case, "one-GET"))

@@ -14,7 +14,6 @@ import hashlib
 import hmac
 import json
 import os
-import ssl
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -25,7 +24,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from meshd.decisions.storage import Listed, Source
 from meshd.decisions.storage_plan import Failure, Part, token_fresh
 from meshd.storage.errors import TransferError
-from meshd.storage.transport import Response, Transport, check_status, tls_context
+from meshd.storage.transport import Response, Transport, check_status, tls_context, unverified_tls
 
 
 class Store(Protocol):
@@ -120,7 +119,7 @@ class S3Store:
         self._chain_lock = threading.Lock()
         ca = _str(config, "certificate") or _str(config, "ca_bundle") or os.environ.get("AWS_CA_BUNDLE", "")
         verify = str(config.get("verify_ssl", "true")).lower() not in ("0", "false", "no")
-        tls = tls_context(ca or None) if verify else _unverified()
+        tls = tls_context(ca or None) if verify else unverified_tls()
         self.transport = Transport(tls, timeout_s)
 
     def _credentials(self) -> tuple[str, str, str] | None:
@@ -178,13 +177,6 @@ class S3Store:
         if etag:
             headers["If-Match"] = f'"{etag}"'  # the object must not change under a pull
         return self._request(key, None, headers)
-
-
-def _unverified() -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
 
 
 def _default_chain() -> tuple[str, str, str] | None:
