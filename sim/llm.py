@@ -17,8 +17,9 @@ are meshd's, called as the daemon calls them:
   `publishing.publish_due`: a last use alone at most every 40 s);
 - with `--add-copies`, at each rate check every loaded copy runs the scaler's rule: its rate
   (`scaling.copy_rpm`) counts as at the threshold when `placement.llm.queue_stays_deep` says
-  its engine's queue stayed deep, then `scaling.decide_copies`; an added copy goes to an
-  instance holding none and serves after `--load-s`.
+  its engine's queue stayed deep and no copy is loading (`placement.llm.copies_loading`, with
+  the daemon's guess of a load's end: here exactly `--load-s`), then `scaling.decide_copies`;
+  an added copy goes to an instance holding none and serves after `--load-s`.
 
 Readings are as fresh as the daemon's: each engine's metrics are read every `READ_EVERY_MS`
 (the runtime's `READ_EVERY_S`); a reading reaches the front only with a call it sends to that
@@ -294,9 +295,10 @@ class LlmMesh:
             depth, c.depth = c.depth, (0, 0)
             rpm = scaling.copy_rpm(c.engine.done, c.served_at_check, self.setup.rate_check_ms)
             c.served_at_check = c.engine.done
-            if rules.queue_stays_deep(*depth):
-                rpm = max(rpm, threshold)
             holders = {iid: h.started_ms for iid, h in self.copies.items() if not h.dropped}
+            loading = rules.copies_loading(holders, c.iid, int(now), int(self.setup.load_ms))
+            if rules.queue_stays_deep(*depth, loading):
+                rpm = max(rpm, threshold)
             decision = scaling.decide_copies(
                 self._view(c.iid, now),
                 holders=holders,

@@ -1,11 +1,11 @@
 """Copy scaling, applied by each instance to the copies it holds (SPEC §6 cadence).
 
 Every rate-check interval: a copy serving more than the per-copy threshold asks for more
-copies, as does a language model's copy whose engine kept requests waiting
-(decisions.placement.llm.queue_stays_deep); a model used regularly (again 7-40 min after an
-earlier spell) gets a second copy; a model below its `min_copies` gets copies placed; an idle
-extra copy is dropped when the cluster is nearly full and this instance is the worst holder; a
-model above its `max_copies` loses the worst holder's copy. The rules are
+copies, as does a language model's copy whose engine kept requests waiting while no other copy
+of it was loading (decisions.placement.llm.queue_stays_deep); a model used regularly (again
+7-40 min after an earlier spell) gets a second copy; a model below its `min_copies` gets
+copies placed; an idle extra copy is dropped when the cluster is nearly full and this instance
+is the worst holder; a model above its `max_copies` loses the worst holder's copy. The rules are
 `meshd.decisions.placement.scaling` (pure); this module samples rates, asks them and carries
 out the answers.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from meshd.decisions.cache import State
 from meshd.decisions.placement import scaling
-from meshd.decisions.placement.llm import queue_stays_deep
+from meshd.decisions.placement.llm import copies_loading, queue_stays_deep
 from meshd.decisions.placement.modelkey import policy_from_key
 from meshd.decisions.placement.scaling import ModelPolicy, QueueSample
 from meshd.decisions.placement.view import ClusterView
@@ -90,8 +90,10 @@ class Scaler:
             )
             rpm, threshold = scaling.gated_rate(rpm, self.config.threshold_rpm, sample, self.config.bandwidth_pct)
             depth = depths.get(entry.model_id)
-            if depth is not None and queue_stays_deep(*depth):  # a language model's engine kept a queue
-                rpm = max(rpm, threshold)
+            if depth is not None:  # a language model's engine: a queue kept, no copy on its way
+                loading = copies_loading(holders, view.self_id, view.now_ms, self.cluster.assume_loaded_ms)
+                if queue_stays_deep(*depth, loading):
+                    rpm = max(rpm, threshold)
             try:  # one model's failure must neither stop the others nor skew the next rates
                 await self._apply(
                     view, entry.model_id, policy, holders, rpm, threshold, entry.last_used_ms, entry.prior_use_ms

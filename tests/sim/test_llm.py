@@ -4,6 +4,7 @@ own rules (sim/llm.py), with fake_llm's engine (sim/llm_engine.py)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -110,8 +111,18 @@ def test_copies_are_added_when_queues_stay_deep(monkeypatch: pytest.MonkeyPatch)
     assert grown.added_s and len(grown.served) == 1 + len(grown.added_s) and min(grown.served) > 0
     assert all(t * 1000 % setup.rate_check_ms == 0 for t in grown.added_s)  # at rate checks
     assert not llm.simulate(llm.Mix(requests=100, rate=1.0), setup, "load", 1).added_s
-    monkeypatch.setattr(rules, "queue_stays_deep", lambda readings, least: False)
+    monkeypatch.setattr(rules, "queue_stays_deep", lambda readings, least, loading: False)
     assert not llm.simulate(mix, setup, "load", 1).added_s
+
+
+def test_no_copy_is_added_for_a_queue_while_one_added_still_loads() -> None:
+    """Loads longer than two rate checks: the queue stays deep until the added copy serves, and
+    the next copy is asked for only after that (the daemon's rule, loops.scaler)."""
+    setup = llm.Setup(copies=1, add_copies=True, load_ms=25_000)
+    for seed in (1, 2):
+        added = llm.simulate(llm.Mix(requests=600), setup, "load", seed).added_s
+        assert len(added) >= 2, "the queue stayed deep after the first added copy served"
+        assert all(later - earlier > setup.load_ms / 1000 for earlier, later in itertools.pairwise(added)), added
 
 
 def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,8 +41,9 @@ KV_FULL = 0.9  # KV-cache use at which an engine starts queueing and preempting:
 PREFIX_MEMORY = 4_096  # prefixes remembered per instance (least recently used forgotten)
 # Copy scaling (loops.scaler, each rate check): a copy whose engine had at least DEEP_QUEUE
 # requests waiting at every one of at least MIN_READINGS readings since the last check counts as
-# at the load threshold, whatever its requests per minute: long LLM calls queue at rates far
-# below the 2,000 a minute that add copies of other models.
+# at the load threshold, whatever its requests per minute, unless a copy of the model is still
+# loading: long LLM calls queue at rates far below the 2,000 a minute that add copies of other
+# models.
 DEEP_QUEUE = 2
 MIN_READINGS = 3
 
@@ -176,10 +177,20 @@ class PrefixOwners:
             self._owners.popitem(last=False)
 
 
-def queue_stays_deep(readings: int, least_waiting: int) -> bool:
-    """Whether a copy's engine queue stayed deep over a rate check: `readings` of its load
-    since the last check, the fewest requests waiting in any of them."""
-    return readings >= MIN_READINGS and least_waiting >= DEEP_QUEUE
+def copies_loading(holders: Mapping[str, int], self_id: str, now_ms: int, assume_loaded_ms: int) -> int:
+    """The copies in `holders` (instance -> its load's start, ms) not yet taken as loaded, this
+    instance's aside: their load began `assume_loaded_ms` ago or less, so calls do not go there
+    yet (`choose_llm_copy`)."""
+    cutoff = now_ms - assume_loaded_ms
+    return sum(1 for iid, started in holders.items() if iid != self_id and started >= cutoff)
+
+
+def queue_stays_deep(readings: int, least_waiting: int, loading: int) -> bool:
+    """Whether a copy's engine queue stayed deep over a rate check, asking for another copy:
+    `readings` of its load since the last check, the fewest requests waiting in any of them.
+    Not while a copy of the model is `loading` (`copies_loading`): the queue waits for that one,
+    and asking at each check until it serves would add a copy every check."""
+    return loading == 0 and readings >= MIN_READINGS and least_waiting >= DEEP_QUEUE
 
 
 def overloaded(load: EngineLoad | None, queue: int, least: int) -> bool:

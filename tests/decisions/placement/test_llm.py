@@ -13,6 +13,7 @@ from meshd.decisions.placement.llm import (
     PrefixOwners,
     Reading,
     choose_llm_copy,
+    copies_loading,
     format_load,
     fresh,
     load_now,
@@ -161,7 +162,18 @@ def test_copies_still_loading_follow_the_usual_rule() -> None:
     assert pick({"a": LOADED}, exclude={"a"}) is None
 
 
-def test_a_queue_that_stays_deep_asks_for_copies() -> None:
-    assert queue_stays_deep(MIN_READINGS, DEEP_QUEUE)
-    assert not queue_stays_deep(MIN_READINGS, DEEP_QUEUE - 1), "one reading with a short queue: it drained"
-    assert not queue_stays_deep(MIN_READINGS - 1, DEEP_QUEUE + 5), "too few readings to say it stayed"
+def test_a_queue_that_stays_deep_asks_for_copies_unless_one_is_loading() -> None:
+    assert queue_stays_deep(MIN_READINGS, DEEP_QUEUE, 0)
+    assert not queue_stays_deep(MIN_READINGS, DEEP_QUEUE - 1, 0), "one reading with a short queue: it drained"
+    assert not queue_stays_deep(MIN_READINGS - 1, DEEP_QUEUE + 5, 0), "too few readings to say it stayed"
+    assert not queue_stays_deep(MIN_READINGS, DEEP_QUEUE + 5, 1), "a copy on its way: the queue waits for it"
+
+
+def test_copies_loading_are_those_calls_do_not_go_to_yet() -> None:
+    holders = {"me": NOW - 1_000, "a": LOADED, "b": NOW - WAIT, "c": NOW - WAIT - 1}
+    # b began exactly WAIT ago: not yet taken as loaded (choose_llm_copy's cutoff); this
+    # instance's own copy is loaded (the scaler only checks loaded ones).
+    assert copies_loading(holders, "me", NOW, WAIT) == 1
+    assert pick({"b": NOW - WAIT, "c": NOW - WAIT - 1}) == "c"
+    assert copies_loading({"me": LOADED, "a": LOADING, "b": LOADING}, "me", NOW, WAIT) == 2
+    assert copies_loading({"me": LOADED}, "me", NOW, WAIT) == 0
