@@ -10,14 +10,20 @@ import hashlib
 import hmac
 import http.client
 import json
+import ssl
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from meshd.storage import StorageError, StorageHelper
 from meshd.testing import azurite as azurite_install
+from meshd.testing.certs import TestCA
 from meshd.testing.procs import free_port, port_open, wait_until
 from tests.storage.test_helper import KIB, blob, content, settings, write_config
 
@@ -27,9 +33,15 @@ AZURITE_FLAGS = ("--silent", "--skipApiVersionCheck", "--loose")
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-def put(url: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> int:
+def put(
+    url: str, path: str, body: bytes, headers: dict[str, str] | None = None, tls: ssl.SSLContext | None = None
+) -> int:
     host = url.split("://", 1)[1]
-    conn = http.client.HTTPConnection(host, timeout=30)
+    conn = (
+        http.client.HTTPSConnection(host, timeout=30, context=tls)
+        if url.startswith("https:")
+        else http.client.HTTPConnection(host, timeout=30)
+    )
     conn.request("PUT", path, body=body, headers=headers or {})
     resp = conn.getresponse()
     resp.read()
@@ -173,7 +185,9 @@ def azurite(tmp_path: Path) -> Iterator[str]:
         proc.wait()
 
 
-def _azure_put(endpoint: str, path: str, body: bytes, query: str = "", blob_type: bool = True) -> int:
+def _azure_put(
+    endpoint: str, path: str, body: bytes, query: str = "", blob_type: bool = True, tls: ssl.SSLContext | None = None
+) -> int:
     """Create a container or a block blob with Shared Key (the test's own, independent of meshd's)."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%a, %d %b %Y %H:%M:%S GMT")
     headers = {"x-ms-date": stamp, "x-ms-version": "2021-08-06", "Content-Length": str(len(body))}
@@ -187,7 +201,9 @@ def _azure_put(endpoint: str, path: str, body: bytes, query: str = "", blob_type
     to_sign = f"PUT\n\n\n{length}\n\n\n\n\n\n\n\n\n{ms}{resource}"
     sig = base64.b64encode(hmac.new(base64.b64decode(AZURITE_KEY), to_sign.encode(), hashlib.sha256).digest())
     headers["Authorization"] = f"SharedKey {AZURITE_ACCOUNT}:{sig.decode()}"
-    return put(endpoint.rsplit("/", 1)[0], f"/{AZURITE_ACCOUNT}{path}" + (f"?{query}" if query else ""), body, headers)
+    return put(
+        endpoint.rsplit("/", 1)[0], f"/{AZURITE_ACCOUNT}{path}" + (f"?{query}" if query else ""), body, headers, tls
+    )
 
 
 @pytest.mark.slow  # Azurite's first use installs it with npm (about a minute)
@@ -222,3 +238,156 @@ async def test_azure_blob_with_a_connection_string(azurite: str, tmp_path: Path)
     with pytest.raises(StorageError) as e:
         await helper.pull("az2", "a/m", json.dumps({"storage_key": "wrong"}))
     assert e.value.kind == "auth" and AZURITE_KEY not in str(e.value)
+
+
+# ---- Azure Blob with a service principal (Azurite over HTTPS, OAuth on) ---------------
+
+# What Azurite's "basic" OAuth accepts (its BlobTokenAuthenticator): a JWT, signature not
+# checked, with an Entra ID issuer, a storage audience, and nbf <= now <= exp; over HTTPS only.
+ENTRA_ISSUER = "https://sts.windows.net/{tenant}/"
+STORAGE_AUDIENCE = "https://storage.azure.com"
+TENANT = "11111111-2222-3333-4444-555555555555"
+
+
+@dataclass
+class EntraAzurite:
+    endpoint: str  # https://127.0.0.1:<port>/devstoreaccount1
+    ca_pem: str
+    tls: ssl.SSLContext  # trusts Azurite's certificate, for the test's own uploads
+
+
+@pytest.fixture
+def azurite_oauth(tmp_path: Path) -> Iterator[EntraAzurite]:
+    binary = azurite_install.find_or_install()
+    if binary is None:
+        pytest.skip("no node and npm here to install Azurite with (docs/storage.md)")
+    ca = TestCA(tmp_path / "ca")
+    issued = ca.issue("azurite")
+    port = free_port()
+    where = ("--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(tmp_path / "azurite"))
+    tls = ("--cert", str(issued.cert), "--key", str(issued.key), "--oauth", "basic")
+    proc = subprocess.Popen(
+        [str(binary), *where, *tls, *AZURITE_FLAGS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_until(lambda: port_open(port), 60, "azurite listening")
+        yield EntraAzurite(
+            f"https://127.0.0.1:{port}/{AZURITE_ACCOUNT}",
+            ca.cert.read_text(),
+            ssl.create_default_context(cafile=str(ca.cert)),
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+class EntraTokens:
+    """Entra ID's token endpoint for the client-credentials grant, our own: `/<tenant>/oauth2/
+    v2.0/token` answers a JWT Azurite accepts when the form names the app and its secret, else
+    401 `invalid_client` (Entra's answer to a wrong secret). Records each form."""
+
+    def __init__(self, client_id: str, secret: str) -> None:
+        self.forms: list[dict[str, list[str]]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+            def do_POST(self) -> None:
+                from urllib.parse import parse_qs
+
+                form = parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+                owner.forms.append(form)
+                ok = (
+                    self.path == f"/{TENANT}/oauth2/v2.0/token"
+                    and form.get("grant_type") == ["client_credentials"]
+                    and form.get("client_id") == [client_id]
+                    and form.get("client_secret") == [secret]
+                )
+                answer: dict[str, object] = (
+                    {"token_type": "Bearer", "expires_in": 3599, "access_token": _jwt(client_id)}
+                    if ok
+                    else {"error": "invalid_client", "error_description": "AADSTS7000215: Invalid client secret"}
+                )
+                data = json.dumps(answer).encode()
+                self.send_response(200 if ok else 401)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.authority = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _jwt(client_id: str) -> str:
+    def b64(value: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    now = int(time.time())
+    claims: dict[str, object] = {
+        "aud": STORAGE_AUDIENCE,
+        "iss": ENTRA_ISSUER.format(tenant=TENANT),
+        "tid": TENANT,
+        "appid": client_id,
+        "nbf": now - 60,
+        "iat": now - 60,
+        "exp": now + 3600,
+    }
+    return f"{b64({'alg': 'RS256', 'typ': 'JWT'})}.{b64(claims)}.c2lnbmF0dXJlLW5vdC1jaGVja2Vk"
+
+
+@pytest.mark.slow  # Azurite's first use installs it with npm (about a minute)
+@pytest.mark.parametrize("secret_ok", [True, False], ids=["right-secret", "wrong-secret"])
+async def test_azure_blob_with_a_service_principal(
+    azurite_oauth: EntraAzurite, tmp_path: Path, secret_ok: bool
+) -> None:
+    """Upstream's service-principal fields: a bearer token from the tenant's token endpoint
+    (client credentials, storage scope) on every request, over HTTPS with the entry's CA. The
+    container is private: without the token Azurite refuses the listing, so the pull fails."""
+    az = azurite_oauth
+    assert _azure_put(az.endpoint, "/models", b"", "restype=container", blob_type=False, tls=az.tls) == 201
+    data = blob(700 * KIB)
+    assert _azure_put(az.endpoint, "/models/sp/w.bin", data, tls=az.tls) == 201
+    client_id, secret = "0b5e3f1c-meshd-puller", "s3cr3t-value-from-the-secret"
+    tokens = EntraTokens(client_id, secret)
+    try:
+        entry = {
+            "type": "azure",
+            "account_name": AZURITE_ACCOUNT,
+            "container": "models",
+            "endpoint_url": az.endpoint,
+            "certificate": az.ca_pem,
+            "tenant_id": TENANT,
+            "client_id": client_id,
+            "client_secret": secret if secret_ok else "not-the-secret",
+            "authority_host": tokens.authority,
+        }
+        write_config(tmp_path, "sp", entry)
+        write_config(tmp_path, "anon", {k: v for k, v in entry.items() if k not in ("client_id", "client_secret")})
+        helper = StorageHelper(settings(tmp_path))
+        await helper.start()
+        with pytest.raises(StorageError) as anon:  # the same container without the app: refused
+            await helper.pull("az-anon", "sp", json.dumps({"storage_key": "anon"}))
+        assert anon.value.kind == "auth" and tokens.forms == []
+        if not secret_ok:
+            with pytest.raises(StorageError, match=r"invalid_client|401") as e:
+                await helper.pull("az-sp", "sp", json.dumps({"storage_key": "sp"}))
+            assert e.value.kind == "auth" and "not-the-secret" not in str(e.value)
+            assert not (tmp_path / "models" / "az-sp").exists() and len(tokens.forms) == 1
+            return
+        pulled = await helper.pull("az-sp", "sp", json.dumps({"storage_key": "sp"}))
+        assert pulled is not None and content(Path(pulled.local_path) / "w.bin") == data
+        # One token for the listing and the three 256 KiB parts; the grant upstream's adapter asks.
+        assert len(tokens.forms) == 1
+        form = tokens.forms[0]
+        assert form["grant_type"] == ["client_credentials"] and form["client_id"] == [client_id]
+        assert form["scope"] == ["https://storage.azure.com/.default"]
+    finally:
+        tokens.stop()
