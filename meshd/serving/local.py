@@ -149,7 +149,7 @@ class LocalModels:
         self._removals = asyncio.Semaphore(RECORD_REMOVALS_AT_ONCE)
         self.load_queue = load_queue
         self.load_wait_limit_ms = load_wait_limit_ms
-        self.popularity = Popularity()  # requests per model (counted by the router on arrival)
+        self.popularity = Popularity()  # requests arriving here per model, hits included (the router counts them)
         self._demand: dict[str, tuple[int, int]] = {}  # loads waiting for a thread -> (requests, units)
         # LoRA adapters loaded or loading here -> their base model (core.model_types): the base
         # is loaded first, used whenever they are, and evicted only with them.

@@ -339,6 +339,9 @@ class Router:
         llm = self.llm_routing and isinstance(attempt, _Answered) and not balanced  # chosen by load
         if entry is not None and entry.state is State.LOADED and not llm:  # the common case, kept short
             self.local.counters.hits += 1
+            # A hit arrived here too: the load queue's popularity counts every arrival, as
+            # the simulator does (a refused hit rerouted is not counted again in _route).
+            self.local.popularity.count(model_id)
             self.local.cache.touch(model_id, self.local.clock())
             if self.local.bases:
                 self._touch_base(model_id)
@@ -358,7 +361,7 @@ class Router:
         `tried`: what was tried already (the local copy), for the final message."""
         record = await self.record(model_id)
         await self._after_release(model_id)
-        if not tried:  # on arrival, not on a retry: what the load queue reads as popularity
+        if not tried:  # on arrival (a local hit was counted in _serve), not on a retry
             self.local.popularity.count(model_id)
             if self.noticed is not None:
                 self.noticed(model_id)
