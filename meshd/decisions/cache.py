@@ -666,11 +666,12 @@ class Popularity:
         self._counts: dict[str, float] = {}
         self._since_reset = 0
 
-    def count(self, model_id: str) -> None:
-        self._counts[model_id] = self._counts.get(model_id, 0.0) + 1.0
-        self._since_reset += 1
-        if self._since_reset >= self.window:
-            self._since_reset = 0
+    def count(self, model_id: str, uses: int = 1) -> None:
+        """`uses` requests for `model_id` (more than one: counted elsewhere, told in a batch)."""
+        self._counts[model_id] = self._counts.get(model_id, 0.0) + uses
+        self._since_reset += uses
+        while self._since_reset >= self.window:  # a batch may span windows: one halving each
+            self._since_reset -= self.window
             self._counts = {k: v / 2 for k, v in self._counts.items() if v >= 1.0}
 
     def of(self, model_id: str) -> float:

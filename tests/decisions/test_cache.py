@@ -143,6 +143,19 @@ def test_popularity_counts_uses_and_halves_them_every_window() -> None:
     assert pop.of("a") == 1.5 and pop.of("b") == 0.5
 
 
+def test_popularity_counts_a_batch_of_uses_and_halves_once_per_window_it_spans() -> None:
+    """The native data plane tells its arrivals in batches (a poll of HAProxy's table)."""
+    from meshd.decisions.cache import Popularity
+
+    pop = Popularity(window=4)
+    pop.count("a", 3)
+    assert pop.of("a") == 3.0
+    pop.count("b", 6)  # 9 uses: two windows end (at the 4th and the 8th), one use past them
+    assert pop.of("a") == 0.75 and pop.of("b") == 1.5
+    pop.count("b", 3)  # the 12th use: a third halving
+    assert pop.of("b") == 2.25 and pop.of("a") == 0.0
+
+
 def test_lrfu_keeps_a_frequent_model_until_its_uses_decay() -> None:
     """Four uses outweigh one newcomer's use until the cache's clock has run two half-lives."""
     from meshd.decisions.cache import LRFU_HALF_LIFE_TURNOVERS, Eviction

@@ -23,6 +23,9 @@ LOCAL_BACKEND = "be_local"
 PYTHON_BACKEND = "be_python"
 PEER_BACKEND = "be_peer_"  # + slot number
 COUNTERS_TABLE = "st_local"
+# Requests that arrived from a client (not a native hop) and were carried natively, here or to
+# a peer: the load queue's popularity, which the Python path counts for the others (Router).
+ARRIVALS_TABLE = "st_arrived"
 PLAIN = "plain"  # methods map values: the body is the runtime's as it is
 ID_IN_FIELD_1 = "id1"  # the runtime wants the model id in field 1: carried when the body has it there
 HOP_HEADER = "meshd-native-hop"  # set on a native hop to a peer; meshd- headers never reach a runtime
@@ -175,6 +178,7 @@ def render(layout: Layout) -> str:
         f"  default_backend {PYTHON_BACKEND}",
         f"backend {LOCAL_BACKEND}",
         f"  http-request track-sc0 var(txn.mid) table {COUNTERS_TABLE}",
+        f"  http-request track-sc1 var(txn.mid) table {ARRIVALS_TABLE} unless {{ req.hdr_cnt({HOP_HEADER}) gt 0 }}",
         f"  http-request del-header {HOP_HEADER}",
         *VMODEL_AS_MODEL,
         "  timeout connect 200ms",
@@ -187,10 +191,13 @@ def render(layout: Layout) -> str:
         f"  {python} backup",
         f"backend {COUNTERS_TABLE}",
         f"  stick-table type string len {TABLE_KEY_LEN} size 1m expire 1d store http_req_cnt,conn_cur",
+        f"backend {ARRIVALS_TABLE}",
+        f"  stick-table type string len {TABLE_KEY_LEN} size 1m expire 1d store http_req_cnt,conn_cur",
     ]
     for slot in range(layout.peer_slots):
         lines += [
             f"backend {PEER_BACKEND}{slot}",
+            f"  http-request track-sc1 var(txn.mid) table {ARRIVALS_TABLE}",  # never a hop: one at most
             f"  http-request set-header {HOP_HEADER} 1",
             *VMODEL_AS_MODEL,
             "  timeout connect 500ms",
@@ -269,5 +276,5 @@ _ROW = re.compile(r"^0x[0-9a-f]+: key=(\S+) .*?conn_cur=(\d+) http_req_cnt=(\d+)
 
 
 def parse_table(dump: str) -> dict[str, Counters]:
-    """`show table st_local` output -> model id -> counters."""
+    """`show table st_local` (or st_arrived) output -> model id -> counters."""
     return {m[1]: Counters(int(m[3]), int(m[2])) for m in _ROW.finditer(dump)}

@@ -2,9 +2,11 @@
 
 Every `interval_s` (and soon after a change of local copies) the plane computes the routes
 (`routes`) and sends HAProxy only the differences; each poll of the counters table feeds
-the requests HAProxy carried to the local runtime back to the cache (last use, and uses for the counting orders)
-and to the rates copy scaling reads. An eviction calls `withdraw` before it unloads: the
-route goes first, then the copy's native requests in flight finish (bounded), then the
+the requests HAProxy carried to the local runtime back to the cache (last use, and uses for
+the counting orders) and to the rates copy scaling reads; a poll of the arrivals table feeds
+those that came from clients (carried here or to a peer) to the load queue's popularity, as
+the Python path counts its own. An eviction calls `withdraw` before it unloads: the route
+goes first, then the copy's native requests in flight finish (bounded), then the
 runtime unloads. If HAProxy exits, the plane starts it again and re-sends every map.
 """
 
@@ -26,7 +28,14 @@ from meshd.kv.table import Table
 from meshd.serving.invocations import LOCAL
 from meshd.serving.local import LocalModels
 from meshd.serving.native.haproxy import HAProxy, HAProxyError
-from meshd.serving.native.haproxy_config import COUNTERS_TABLE, PEER_BACKEND, Layout, map_key_ok, parse_table
+from meshd.serving.native.haproxy_config import (
+    ARRIVALS_TABLE,
+    COUNTERS_TABLE,
+    PEER_BACKEND,
+    Layout,
+    map_key_ok,
+    parse_table,
+)
 from meshd.serving.native.routes import (
     LocalCopy,
     assign_slots,
@@ -103,6 +112,7 @@ class NativePlane:
         self._slot_addr: dict[str, str] = {}  # peer slot -> address set on its server
         self._vmodels_revision = -1
         self._requests: dict[str, int] = {}  # model -> http_req_cnt at the last poll
+        self._arrived: dict[str, int] = {}  # the same, of the arrivals table
         self._wanted: OrderedDict[str, None] = OrderedDict()
         self._wanted_changes = 0  # bumped when a model joins `_wanted`
         self._peer_key: object = None  # what the peer routes were last made from
@@ -135,6 +145,7 @@ class NativePlane:
         self._slot_addr = {}
         self._vmodels_revision = -1
         self._requests = {}
+        self._arrived = {}
         self._peer_key = None
 
     async def _run(self) -> None:
@@ -279,8 +290,10 @@ class NativePlane:
 
     # ---- counters ---------------------------------------------------------------------
     async def poll_counters(self) -> None:
-        """Requests carried natively since the last poll: uses for the cache, load for the rates."""
+        """Requests carried natively since the last poll: uses for the cache, load for the rates,
+        arrivals for the load queue's popularity."""
         rows = parse_table(await self.haproxy.command(f"show table {COUNTERS_TABLE}"))
+        arrivals = parse_table(await self.haproxy.command(f"show table {ARRIVALS_TABLE}"))
         now = self.clock()
         local = self.local
         counted = {m: r.requests for m, r in rows.items()}
@@ -294,6 +307,10 @@ class NativePlane:
                 entry.served += delta
                 local.cache.touch(model_id, now, uses=delta)
         self._requests = counted
+        arrived = {m: r.requests for m, r in arrivals.items()}
+        for model_id, delta in carried_since(self._arrived, arrived).items():
+            local.popularity.count(model_id, delta)
+        self._arrived = arrived
 
 
 class _Records(Mapping[str, ModelRecord]):
