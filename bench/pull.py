@@ -9,6 +9,7 @@ from the disk tier (a restarted helper finding the model on disk).
     python bench/pull.py --smoke              # small and quick, for the test suite
     python bench/pull.py --only small         # the 1,000 files only
     python bench/pull.py --only small --workers 4,8,32   # also meshd with these worker counts
+    python bench/pull.py --only small --latency-ms 20    # each answer 20 ms late (a remote store)
 
 Goals (printed as ratios, judged here, never in tests): meshd at least as fast as the faster of
 boto3 and s5cmd, >= 3x one GET stream, a reload from disk >= 10x faster than the pull.
@@ -92,9 +93,18 @@ def settle_memory(where: Path, nbytes: int) -> None:
         scratch.unlink()
 
 
-def start_server(root: Path, stream_bytes_s: float = 0.0) -> tuple[subprocess.Popen[str], str]:
+def start_server(root: Path, stream_bytes_s: float = 0.0, latency_ms: float = 0.0) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "meshd.testing.objserver", str(root), "--rate", str(stream_bytes_s)],
+        [
+            sys.executable,
+            "-m",
+            "meshd.testing.objserver",
+            str(root),
+            "--rate",
+            str(stream_bytes_s),
+            "--latency-ms",
+            str(latency_ms),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -140,12 +150,22 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def meshd_pull(url: str, dest: Path, model_path: str, parallel: int, threshold: int, fsync: bool = False) -> float:
+def meshd_pull(
+    url: str, dest: Path, model_path: str, parallel: int, threshold: int, fsync: bool = False, objects: int = 0
+) -> float:
+    """meshd's pull: `parallel` ranged GETs in flight; `objects` workers for a folder of small
+    files (0: adapted to the store, the default)."""
     config = dest / "config"
     config.mkdir(parents=True, exist_ok=True)
     (config / "k").write_text(json.dumps({"type": "s3", "endpoint_url": url, "bucket": BUCKET, "anonymous": "true"}))
     settings = StorageSettings(
-        dest / "models", config, budget_bytes=1 << 42, parts_in_flight=parallel, part_threshold=threshold, fsync=fsync
+        dest / "models",
+        config,
+        budget_bytes=1 << 42,
+        parts_in_flight=parallel,
+        objects_in_flight=objects,
+        part_threshold=threshold,
+        fsync=fsync,
     )
 
     async def run() -> None:
@@ -195,6 +215,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="where data and copies go (default: a temp dir)")
     ap.add_argument("--stream-mib-s", type=float, default=0.0, help="cap each GET at this rate (0: no cap)")
+    ap.add_argument("--latency-ms", type=float, default=0.0, help="the server waits this long before each answer")
     ap.add_argument("--no-settle", action="store_true", help="do not free memory before each tool (see settle_memory)")
     ap.add_argument("--smoke", action="store_true", help="64 MiB, 50 files, 1 run")
     ap.add_argument("--only", choices=("big", "small"), default=None, help="one case only")
@@ -219,6 +240,7 @@ def main() -> None:
         or args.small_count < 1
         or args.small_kib < 1
         or args.stream_mib_s < 0
+        or args.latency_ms < 0
     ):
         ap.error("sizes and runs must be positive")
     base = args.dir or Path(tempfile.mkdtemp(prefix="meshd-pull-bench-"))
@@ -229,7 +251,7 @@ def main() -> None:
     cases = [c for c in (("big", "big.bin", False), ("small", "small", True)) if args.only in (None, c[0])]
     make_data(data, args.big_mib * MIB, args.small_count, args.small_kib * 1024)
     sizes = {"big": args.big_mib * MIB, "small": args.small_count * args.small_kib * 1024}
-    server, url = start_server(data, args.stream_mib_s * MIB)
+    server, url = start_server(data, args.stream_mib_s * MIB, args.latency_ms)
     results: dict[tuple[str, str], list[float]] = {}
     cores: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[tuple[float, float]]] = {}  # (client, server) CPU seconds
@@ -246,7 +268,10 @@ def main() -> None:
                     ("s5cmd", functools.partial(s5cmd_get, url, key=key, folder=folder)),
                 ]
                 tools += [
-                    (f"meshd-w{w}", functools.partial(meshd_pull, url, model_path=key, parallel=w, threshold=32 * MIB))
+                    (
+                        f"meshd-w{w}",
+                        functools.partial(meshd_pull, url, model_path=key, parallel=w, threshold=32 * MIB, objects=w),
+                    )
                     for w in extra_workers
                 ]
                 if not folder:
@@ -283,6 +308,7 @@ def main() -> None:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
     cap = f", each GET capped at {args.stream_mib_s:g} MiB/s" if args.stream_mib_s else ""
+    cap += f", each answer {args.latency_ms:g} ms late" if args.latency_ms else ""
     cap += ", memory not settled" if args.no_settle else ""
     print(f"{os.cpu_count()} cores{cap}")
     print(f"{'case':6} {'tool':12} {'median_s':>9} {'MiB/s':>8} {'cores':>5} {'cpu_s':>6} {'srv_s':>6}  runs")

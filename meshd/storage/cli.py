@@ -13,7 +13,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
-from meshd.decisions.storage_plan import DISK_BUDGET_SHARE, MAX_PARTS_IN_FLIGHT, STALL_TIMEOUT_MS
+from meshd.decisions.storage_plan import (
+    DISK_BUDGET_SHARE,
+    MAX_PARTS_IN_FLIGHT,
+    OBJECTS_CAP,
+    OBJECTS_START,
+    STALL_TIMEOUT_MS,
+)
 from meshd.storage.errors import StorageError
 from meshd.storage.helper import (
     DEFAULT_PVC_MOUNTS_DIR,
@@ -53,6 +59,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"ranged GETs in flight per model (env MESHD_PULL_PARALLEL; default {MAX_PARTS_IN_FLIGHT})",
     )
     g.add_argument(
+        "--pull-objects",
+        type=int,
+        help="workers fetching a folder's objects of one GET each, per model (env MESHD_PULL_OBJECTS; "
+        f"default 0: adapted to the store, from {OBJECTS_START} up to {OBJECTS_CAP})",
+    )
+    g.add_argument(
         "--pull-fsync",
         choices=["on", "off"],
         help="sync each file before its rename, for a cache that must outlive a node crash "
@@ -70,6 +82,7 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str] | None =
         ("disk_cache_bytes", "MESHD_DISK_CACHE_BYTES"),
         ("pull_stall_ms", "MESHD_PULL_STALL_MS"),
         ("pull_parallel", "MESHD_PULL_PARALLEL"),
+        ("pull_objects", "MESHD_PULL_OBJECTS"),
     ):
         value = getattr(args, flag, None)
         if value is not None:
@@ -84,6 +97,8 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str] | None =
         raise SystemExit("meshd: MESHD_DISK_CACHE_BYTES must be at least 8192")
     if s.stall_ms < 1 or s.parts_in_flight < 1:
         raise SystemExit("meshd: MESHD_PULL_STALL_MS and MESHD_PULL_PARALLEL must be positive")
+    if s.objects_in_flight < 0:
+        raise SystemExit("meshd: MESHD_PULL_OBJECTS must be 0 (adapted to the store) or positive")
     return s
 
 

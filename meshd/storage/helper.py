@@ -50,6 +50,7 @@ from meshd.decisions.storage_plan import (
     STALL_TIMEOUT_MS,
     DiskTier,
     Failure,
+    ObjectWorkers,
     Part,
     allocate_first,
     backoff_ms,
@@ -86,6 +87,9 @@ class StorageSettings:
     budget_bytes: int | None = None  # None: DISK_BUDGET_SHARE of the volume holding root_dir
     stall_ms: int = STALL_TIMEOUT_MS
     parts_in_flight: int = MAX_PARTS_IN_FLIGHT
+    # Workers for a pull whose every file comes in one GET (many small files): 0 adapts them to
+    # the store (`ObjectWorkers`); a number fixes them (MESHD_PULL_OBJECTS).
+    objects_in_flight: int = 0
     part_bytes: int = PART_BYTES
     part_threshold: int = PART_THRESHOLD
     # fdatasync each file before its rename, so a marker never outlives its bytes after a power
@@ -97,7 +101,7 @@ class StorageSettings:
     @classmethod
     def from_env(cls, root_dir: str | Path | None = None, env: Mapping[str, str] | None = None) -> StorageSettings:
         """ROOT_MODEL_DIR, STORAGE_CONFIG_DIR, PVC_MOUNTS_DIR (upstream's), MESHD_DISK_CACHE_BYTES,
-        MESHD_PULL_STALL_MS, MESHD_PULL_PARALLEL, MESHD_PULL_FSYNC."""
+        MESHD_PULL_STALL_MS, MESHD_PULL_PARALLEL, MESHD_PULL_OBJECTS, MESHD_PULL_FSYNC."""
         e = os.environ if env is None else env
         budget = e.get("MESHD_DISK_CACHE_BYTES", "")
         return cls(
@@ -107,6 +111,7 @@ class StorageSettings:
             int(budget) if budget else None,
             int(e.get("MESHD_PULL_STALL_MS", STALL_TIMEOUT_MS)),
             int(e.get("MESHD_PULL_PARALLEL", MAX_PARTS_IN_FLIGHT)),
+            objects_in_flight=int(e.get("MESHD_PULL_OBJECTS", "0") or 0),
             fsync=e.get("MESHD_PULL_FSYNC", "0") in ("1", "true", "yes", "on"),
         )
 
@@ -515,19 +520,15 @@ class StorageHelper:
             self._running.add((stop, store))
             if self._closing.is_set():  # close() ran after the check at the start of the pull
                 stop.set()
-        workers = max(1, min(self.settings.parts_in_flight, len(tasks)))
         watcher = threading.Thread(target=self._report, args=(model_id, progress, stop), daemon=True)
         watcher.start()
         try:
-            with ThreadPoolExecutor(workers, thread_name_prefix=f"pull-{model_id[:16]}") as pool:
-                futures = [pool.submit(self._fetch, model_id, source, store, t, progress, stop) for t in tasks]
-                failed: BaseException | None = None
-                for fut in futures:
-                    try:
-                        fut.result()
-                    except BaseException as e:  # the first failure is the one reported
-                        stop.set()
-                        failed = failed or e
+            if parted:
+                failed = self._run_pool(model_id, source, store, tasks, progress, stop, self.settings.parts_in_flight)
+            else:
+                fixed = self.settings.objects_in_flight
+                pace = ObjectWorkers(len(tasks), fixed, fixed) if fixed > 0 else ObjectWorkers(len(tasks))
+                failed = self._run_lanes(model_id, source, store, tasks, progress, stop, pace)
             if self._closing.is_set():
                 raise self._stopped(model_id, source)
             if failed is not None:
@@ -552,6 +553,85 @@ class StorageHelper:
                 raise self._error(model_id, source, f.key, Failure.TRANSIENT, f"got {got} bytes of {f.size}")
             os.replace(partial, mdir / f.local)
         _fsync_dir(mdir)
+
+    def _run_pool(
+        self,
+        model_id: str,
+        source: Source,
+        store: Store,
+        tasks: list[_Task],
+        progress: _Progress,
+        stop: threading.Event,
+        workers: int,
+    ) -> BaseException | None:
+        """A fixed number of workers over all the GETs of a pull with large files: their parts
+        (and any small files beside them) share them."""
+        with ThreadPoolExecutor(max(1, min(workers, len(tasks))), thread_name_prefix=f"pull-{model_id[:16]}") as pool:
+            futures = [pool.submit(self._fetch, model_id, source, store, t, progress, stop) for t in tasks]
+            failed: BaseException | None = None
+            for fut in futures:
+                try:
+                    fut.result()
+                except BaseException as e:  # the first failure is the one reported
+                    stop.set()
+                    failed = failed or e
+        return failed
+
+    def _run_lanes(
+        self,
+        model_id: str,
+        source: Source,
+        store: Store,
+        tasks: list[_Task],
+        progress: _Progress,
+        stop: threading.Event,
+        pace: ObjectWorkers,
+    ) -> BaseException | None:
+        """Objects of one GET each, by as many workers as `pace` says: each takes the next
+        object, measures its wall and CPU time, and starts the workers `pace` says to add."""
+        lock = threading.Lock()
+        taken = [0]
+        failed: list[BaseException] = []
+        lanes: list[threading.Thread] = []
+
+        def lane() -> None:
+            while not stop.is_set():
+                with lock:
+                    if taken[0] >= len(tasks):
+                        return
+                    task = tasks[taken[0]]
+                    taken[0] += 1
+                wall, cpu = time.perf_counter(), time.thread_time()
+                try:
+                    self._fetch(model_id, source, store, task, progress, stop)
+                except BaseException as e:  # the first failure is the one reported
+                    with lock:
+                        failed.append(e)
+                    stop.set()
+                    return
+                wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+                with lock:
+                    for _ in range(pace.done(wall, cpu, len(tasks) - taken[0])):
+                        start()
+
+        def start() -> None:  # under `lock`
+            t = threading.Thread(target=lane, name=f"pull-{model_id[:16]}_{len(lanes)}", daemon=True)
+            lanes.append(t)
+            t.start()
+
+        with lock:
+            for _ in range(pace.workers):
+                start()
+        joined = 0
+        while True:  # a lane starts others only while it runs: all joined means none left
+            with lock:
+                if joined >= len(lanes):
+                    break
+                lane_ = lanes[joined]
+            lane_.join()
+            joined += 1
+        log.debug("storage: %s: %d objects by %d workers", model_id, len(tasks), len(lanes))
+        return failed[0] if failed else None
 
     def _stopped(self, model_id: str, source: Source) -> StorageError:
         # Retryable: the model's store is fine, this instance is going away.

@@ -11,7 +11,8 @@ It speaks just enough of three protocols, with the URL path as the file's path:
 
 Faults on demand: `drop_after` (close the connection after that many body bytes, for the next
 `drops` GETs; with `hang_s`, go silent that long first), `fail_status` (answer the next `fails`
-GETs with that status), `rate` (bytes/s).
+GETs with that status), `rate` (bytes/s), `latency_s` (a wait before each answer: a remote
+store's time to the first byte).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Faults:
     fails: int = 0
     rate: float = 0.0  # bytes per second per GET (0: no limit)
     hang_s: float = 0.0  # at drop_after: go silent this long instead of closing (a stalled store)
+    latency_s: float = 0.0  # before each answer (a remote store's time to the first byte)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take_drop(self) -> int:
@@ -162,6 +164,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
         path = unquote(parts.path)
+        if o.faults.latency_s:
+            time.sleep(o.faults.latency_s)
         if not self._authorised():
             self._error(403, "InvalidAccessKeyId")
             return
@@ -318,17 +322,20 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m meshd.testing.objserver ROOT [--rate BYTES_PER_S]`: serve ROOT on a free port
-    until killed; prints the URL. `--rate` caps each GET (a store whose per-connection
-    throughput is the limit)."""
+    """`python -m meshd.testing.objserver ROOT [--rate BYTES_PER_S] [--latency-ms MS]`: serve
+    ROOT on a free port until killed; prints the URL. `--rate` caps each GET (a store whose
+    per-connection throughput is the limit); `--latency-ms` delays each answer (a remote
+    store's time to the first byte)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m meshd.testing.objserver")
     ap.add_argument("root", type=Path)
     ap.add_argument("--rate", type=float, default=0.0, help="bytes/s per GET (0: no limit)")
+    ap.add_argument("--latency-ms", type=float, default=0.0, help="wait before each answer (ms)")
     args = ap.parse_args(argv)
     server = ObjectServer(args.root)
     server.faults.rate = args.rate
+    server.faults.latency_s = args.latency_ms / 1000
     print(server.url, flush=True)
     server.httpd.serve_forever()
 

@@ -26,8 +26,12 @@ from meshd.decisions.storage import (
 )
 from meshd.decisions.storage_plan import (
     ALLOCATE_HEADROOM_BYTES,
+    MIN_SAMPLES,
+    OBJECTS_CAP,
+    OBJECTS_START,
     DiskTier,
     Failure,
+    ObjectWorkers,
     Part,
     allocate_first,
     backoff_ms,
@@ -244,6 +248,49 @@ def test_files_are_allocated_first_unless_the_volume_has_room_to_spare() -> None
     # An empty pull is decided by the headroom alone.
     assert not allocate_first(free_bytes=room, need_bytes=0)
     assert allocate_first(free_bytes=room - 1, need_bytes=0, headroom_bytes=room)
+
+
+def _pull(objects: int, wall_s: float, cpu_s: float) -> list[int]:
+    """Every object takes `wall_s` of which `cpu_s` CPU, whatever the workers: the counts after
+    each object."""
+    pace = ObjectWorkers(objects)
+    counts, started = [], pace.workers
+    for _ in range(objects):
+        started += pace.done(wall_s, cpu_s, max(0, objects - started))
+        counts.append(pace.workers)
+    return counts
+
+
+def test_object_workers_stay_few_where_python_is_the_limit() -> None:
+    # Loopback, measured: 4 workers, ~4 ms an object of which ~1.45 ms CPU (1.45 cores busy).
+    counts = _pull(1000, 0.004, 0.00145)
+    assert OBJECTS_START == 4 and set(counts) == {4}
+
+
+def test_object_workers_grow_where_the_store_keeps_them_waiting() -> None:
+    # 20 ms to the first byte: ~25 ms an object, 2 ms of it CPU; 4 workers keep 0.32 cores
+    # busy. Little's law: ~19 keep 1.5 busy; grown with headroom after the first samples.
+    counts = _pull(1000, 0.025, 0.002)
+    assert counts[MIN_SAMPLES - 2] == 4 and counts[MIN_SAMPLES - 1] == 29
+    assert counts[-1] == 29  # 29 of them keep 2.3 cores busy: no more growth
+    # A store that waits longer still grows further, in steps, up to the cap.
+    counts = _pull(1000, 0.2, 0.001)
+    assert counts[MIN_SAMPLES - 1] == OBJECTS_CAP == counts[-1]
+    # A little wait: twice as many at least.
+    counts = _pull(1000, 0.0035, 0.0005)
+    assert counts[MIN_SAMPLES - 1] == 16
+
+
+def test_object_workers_never_exceed_the_objects_left_and_start_no_more_than_objects() -> None:
+    assert ObjectWorkers(2).workers == 2 and ObjectWorkers(0).workers == 1
+    pace = ObjectWorkers(100)
+    added = [pace.done(0.1, 0.0, 3) for _ in range(MIN_SAMPLES)]
+    assert sum(added) == 3 and pace.workers == 7  # no CPU measured at all: as many as there are left
+    assert pace.done(-1.0, -1.0, 50) == 0  # a clock that went back counts as nothing
+    with pytest.raises(ValueError):
+        ObjectWorkers(10, start=0)
+    with pytest.raises(ValueError):
+        ObjectWorkers(10, start=8, cap=4)
 
 
 def test_a_token_is_fresh_until_the_margin_before_it_lapses() -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from meshd.storage.cli import add_arguments, settings_from_args
 from meshd.testing.objserver import ObjectServer
 
 
@@ -34,3 +38,13 @@ def test_meshd_pull_then_inventory(tmp_path: Path) -> None:
         assert "Traceback" not in bad.stderr
         worse = pull("m2", "m.bin", *where, "--disk-cache-bytes", "12")
         assert worse.returncode != 0 and "MESHD_DISK_CACHE_BYTES" in worse.stderr and "Traceback" not in worse.stderr
+
+
+def test_pull_objects_flag_fixes_the_workers_or_leaves_them_to_adapt() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert settings_from_args(parser.parse_args([]), env={}).objects_in_flight == 0  # adapted
+    assert settings_from_args(parser.parse_args([]), env={"MESHD_PULL_OBJECTS": "8"}).objects_in_flight == 8
+    assert settings_from_args(parser.parse_args(["--pull-objects", "16"]), env={}).objects_in_flight == 16
+    with pytest.raises(SystemExit, match="MESHD_PULL_OBJECTS must be 0"):
+        settings_from_args(parser.parse_args(["--pull-objects", "-1"]), env={})

@@ -381,6 +381,26 @@ async def test_dropped_connections_mid_object_are_retried_per_part(tmp_path: Pat
         assert resumed, "a retry resumes after the bytes already written"
 
 
+async def test_many_files_from_a_store_slow_to_answer_all_land_whole(tmp_path: Path) -> None:
+    # 30 ms before each answer: the workers usually grow mid-pull (started by the workers
+    # themselves); whether they do depends on timing, so only the result is checked.
+    root = tmp_path / "srv"
+    (root / "bkt" / "m").mkdir(parents=True)
+    files = {f"m/f{i:03d}.bin": blob(3 * KIB + i, i) for i in range(60)}
+    for k, v in files.items():
+        (root / "bkt" / k).write_bytes(v)
+    with ObjectServer(root) as srv:
+        srv.faults.latency_s = 0.03
+        write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        helper = await started(settings(tmp_path))
+        pulled = await helper.pull("m1", "m", json.dumps({"storage_key": "k"}))
+        assert pulled is not None and pulled.disk_size_bytes == sum(len(v) for v in files.values())
+        for k, v in files.items():
+            assert (tmp_path / "models" / "m1" / k).read_bytes() == v
+        assert len(srv.gets()) == len(files)  # each object once
+        assert not list((tmp_path / "models").rglob("*.partial"))
+
+
 async def test_a_store_that_keeps_dropping_fails_and_leaves_nothing(tmp_path: Path) -> None:
     root = tmp_path / "srv"
     (root / "bkt").mkdir(parents=True)
@@ -434,7 +454,7 @@ async def test_a_full_disk_fails_the_pull_cleanly(tmp_path: Path, monkeypatch, s
         with ObjectServer(root) as srv:
             write_config(tmp_path, "k", {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
             # The budget believes in room the volume does not have; one worker: files in order.
-            helper = await started(settings(tmp_path, budget_bytes=64 * MIB, parts_in_flight=1))
+            helper = await started(settings(tmp_path, budget_bytes=64 * MIB, parts_in_flight=1, objects_in_flight=1))
             with pytest.raises(StorageError, match=r"disk is full|free") as e:
                 await helper.pull("m", "m", json.dumps({"storage_key": "k"}))
             assert e.value.kind == "disk" and ("disk is full" in str(e.value)) == (seen_free is not None)
@@ -450,7 +470,7 @@ async def test_a_full_disk_fails_the_pull_cleanly(tmp_path: Path, monkeypatch, s
             for i in range(2):
                 (root / "bkt" / "m" / f"w{i}").write_bytes(blob(100 * KIB, i))
             (root / "bkt" / "m" / "w2").unlink()
-            helper = await started(settings(tmp_path, budget_bytes=64 * MIB, parts_in_flight=1))
+            helper = await started(settings(tmp_path, budget_bytes=64 * MIB, parts_in_flight=1, objects_in_flight=1))
             pulled = await helper.pull("m", "m", json.dumps({"storage_key": "k"}))
             assert pulled is not None and sorted(os.listdir(pulled.local_path)) == ["w0", "w1"]
     finally:
