@@ -3,8 +3,9 @@ host and worker thread, bodies read straight into the file's buffer (`readinto`)
 given as PEM content or a path, and client certificates (mTLS).
 
 Why blocking threads rather than the daemon's aiohttp: a worker's `recv_into` and `pwrite`
-release the GIL, so 16 workers move bytes in parallel with one copy (socket -> buffer -> page
-cache) and no event-loop hop per chunk; the helper's API stays async (`asyncio.to_thread`).
+release the GIL, so the workers (4 to 64 for many objects, `ObjectWorkers`; 16 for a large
+object's parts) move bytes in parallel with one copy (socket -> buffer -> page cache) and no
+event-loop hop per chunk; the helper's API stays async (`asyncio.to_thread`).
 """
 
 from __future__ import annotations
