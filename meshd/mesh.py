@@ -48,7 +48,6 @@ from meshd.decisions.openai import CALL_METHOD
 from meshd.decisions.placement.constraints import TypeConstraints, no_home_message
 from meshd.decisions.placement.liveness import departed_for_ms
 from meshd.decisions.placement.modelkey import at_max_copies
-from meshd.decisions.placement.serving import assume_loaded_ms
 from meshd.decisions.placement.view import ClusterView
 from meshd.decisions.publishing import Identity, RpmMeter, instance_record
 from meshd.kv.election import Election
@@ -449,7 +448,7 @@ class Instance:
             cfg.instance_id,
             self.instances,
             self.peers,
-            assume_loaded_ms(info.loading_timeout_ms),
+            local.queue.assume_loaded.ms,
             to_units(info.default_model_size),
             departed_ms=departed_for_ms(cfg.instance_ttl_s * 1000),
         )
@@ -752,7 +751,7 @@ class Instance:
             registry.vmodels,
             cluster.view,
             lambda: carried,
-            assume_loaded_ms(info.loading_timeout_ms),
+            self.local.queue.assume_loaded.ms,
             wall_ms,
         )
         plane.describe = f"{version.split(' - ')[0]} at {cfg.haproxy}, port {cfg.grpc_port}"

@@ -104,7 +104,13 @@ from meshd.decisions.placement.scaling import (
     decide_copies,
     gated_rate,
 )
-from meshd.decisions.placement.serving import MAX_ATTEMPTS, MAX_BUSY_RETRIES, assume_loaded_ms, choose_copy
+from meshd.decisions.placement.serving import (
+    MAX_ATTEMPTS,
+    MAX_BUSY_RETRIES,
+    AssumeLoaded,
+    assume_loaded_ms,
+    choose_copy,
+)
 from meshd.decisions.placement.view import ClusterView, InstanceView
 from meshd.decisions.publishing import PUBLISH_MIN_INTERVAL_MS, Identity, RpmMeter, instance_record, publish_due
 from sim.policies import Policy
@@ -239,6 +245,7 @@ _Done = tuple[float, int, "_Gate | None", int, int, int, bool, float]
 class _Instance:
     __slots__ = (
         "answers",
+        "assume_loaded",
         "blocked",
         "cache",
         "changed_since_publish",
@@ -269,7 +276,7 @@ class _Instance:
         "waiters",
     )
 
-    def __init__(self, index: int, instance_id: str, cache: WeightedLRU, start_ms: int) -> None:
+    def __init__(self, index: int, instance_id: str, cache: WeightedLRU, start_ms: int, assume_ms: int) -> None:
         self.index = index
         self.instance_id = instance_id
         self.cache = cache
@@ -282,6 +289,7 @@ class _Instance:
         self.popularity = Popularity()  # Policy.load_queue: requests arriving here, per model
         self.mean_load_ms = DEFAULT_MEAN_LOAD_MS
         self.loads_finished = 0
+        self.assume_loaded = AssumeLoaded(assume_ms)  # LoadQueue.assume_loaded: learnt from its loads
         self.blocked: dict[int, tuple[int, int]] = {}  # models waiting for room -> (last used, since)
         # model -> (arrival, origin instance, forwarded) per request waiting for the load
         self.waiters: dict[int, list[tuple[float, int, bool]]] = {}
@@ -336,10 +344,10 @@ class Simulation:
         self.gated = fleet.max_concurrency > 0
         self.gate_bound = queue_bound(fleet.max_concurrency, fleet.max_queue)
         self.default_units = fleet.default_model_units or max(1, sorted(cat.units)[len(cat.units) // 2])
-        self.assume_loaded = assume_loaded_ms(fleet.loading_timeout_ms)
         target = policy.latency_target_ms
         caches = [WeightedLRU(fleet.capacity_units, policy.eviction, target) for _ in range(fleet.instances)]
-        self.insts = [_Instance(i, f"i{i:03d}", cache, EPOCH_MS) for i, cache in enumerate(caches)]
+        assume = assume_loaded_ms(fleet.loading_timeout_ms)
+        self.insts = [_Instance(i, f"i{i:03d}", cache, EPOCH_MS, assume) for i, cache in enumerate(caches)]
         # Issue 42: what each model's pull costs, and each instance's disk tier, kept in the
         # memory cache's value order (the storage room evicts its disk the same way)
         rate = fleet.pull_ms_per_gib
@@ -483,7 +491,7 @@ class Simulation:
             copies = self.copies[m]
             if excluded:
                 copies = {i: s for i, s in copies.items() if i not in excluded}
-            target = choose_copy(view, copies, inflight, excluded, self.assume_loaded, False, False)
+            target = choose_copy(view, copies, inflight, excluded, inst.assume_loaded.ms(""), False, False)
             if target is not None:
                 holder = self.by_id[target]
                 entry = holder.cache.get(mid)
@@ -884,6 +892,7 @@ class Simulation:
                 self._answered(origin, inst, forwarded)
         inst.mean_load_ms = update_mean_load_ms(inst.mean_load_ms, ms, inst.loads_finished)
         inst.loads_finished += 1
+        inst.assume_loaded.record("", ms)
         while inst.queue and inst.loading < self.fleet.loading_threads:
             nxt = inst.queue.popleft()
             if inst.cache.get(self.ids[nxt]) is not None:

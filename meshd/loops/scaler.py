@@ -91,7 +91,7 @@ class Scaler:
             rpm, threshold = scaling.gated_rate(rpm, self.config.threshold_rpm, sample, self.config.bandwidth_pct)
             depth = depths.get(entry.model_id)
             if depth is not None:  # a language model's engine: a queue kept, no copy on its way
-                loading = copies_loading(holders, view.self_id, view.now_ms, self.cluster.assume_loaded_ms)
+                loading = copies_loading(holders, view.self_id, view.now_ms, self.cluster.assume_loaded_ms(record.type))
                 if queue_stays_deep(*depth, loading):
                     rpm = max(rpm, threshold)
             try:  # one model's failure must neither stop the others nor skew the next rates

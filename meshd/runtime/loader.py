@@ -25,6 +25,7 @@ import grpc
 
 from meshd.core.errors import LoadFailed, Unavailable
 from meshd.decisions.placement.loading import DEFAULT_MEAN_LOAD_MS, next_load, update_mean_load_ms
+from meshd.decisions.placement.serving import AssumeLoaded, assume_loaded_ms
 from meshd.observability.metrics import NO_METRICS, Metrics
 from meshd.runtime.client import LoadedModel, RuntimeClient, RuntimeInfo
 
@@ -58,6 +59,9 @@ class LoadQueue:
         self.in_progress = 0
         self.mean_load_ms = DEFAULT_MEAN_LOAD_MS  # of the loads that finished here
         self.finished = 0  # loads that finished here (the mean's weight follows it)
+        # When a copy is probably loaded, learnt per model type from the loads finished here;
+        # routing, the scaler and the native plane read it at each decision.
+        self.assume_loaded = AssumeLoaded(assume_loaded_ms(info.loading_timeout_ms))
 
     @property
     def waiting(self) -> int:
@@ -125,6 +129,7 @@ class LoadQueue:
             self.metrics.load(took_ms, model_id)
             self.mean_load_ms = update_mean_load_ms(self.mean_load_ms, took_ms, self.finished)
             self.finished += 1
+            self.assume_loaded.record(model_type, took_ms)
             return dataclasses.replace(loaded, load_ms=took_ms)
         except grpc.aio.AioRpcError as e:
             self.after_failure(model_id)

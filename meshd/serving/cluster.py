@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from meshd.core.clock import Clock, wall_ms
 from meshd.core.records import InstanceRecord
@@ -50,7 +50,7 @@ class Cluster:
         self_id: str,
         instances: Table[InstanceRecord],
         peers: Peers,
-        assume_loaded_ms: int,
+        assume_loaded_ms: Callable[[str], int],
         default_units: int,
         clock: Clock = wall_ms,
         departed_ms: int = DEPARTED_MIN_MS,
@@ -58,7 +58,7 @@ class Cluster:
         self.self_id = self_id
         self.instances = instances
         self.peers = peers
-        self.assume_loaded_ms = assume_loaded_ms
+        self.assume_loaded_ms = assume_loaded_ms  # model type -> horizon now (LoadQueue.assume_loaded)
         self.default_units = default_units
         self.clock = clock
         self.departed_ms = departed_ms

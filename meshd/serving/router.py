@@ -383,19 +383,20 @@ class Router:
             local_loaded = entry is not None and entry.state is State.LOADED and self.self_id not in excluded
             # choose_copy itself ignores excluded and dead holders: no filtered copy here.
             copies = {**known, **record.instance_ids} if known else record.instance_ids
+            assume = self.cluster.assume_loaded_ms(record.type)  # learnt from loads so far
             while retry and (retry[-1] in excluded or retry[-1] in view.lapsed):
                 retry.pop()  # found gone, or refused, since it was queued for another try
             target = (
                 retry.pop()
                 if retry
-                else self._llm_copy(view, model_id, copies, excluded, entry, local_loaded, attempt)
+                else self._llm_copy(view, model_id, copies, excluded, entry, local_loaded, attempt, assume)
                 if self.llm_routing and isinstance(attempt, _Answered) and not balanced
                 else choose_copy(
                     view,
                     copies,
                     self.inflight,
                     excluded,
-                    self.cluster.assume_loaded_ms,
+                    assume,
                     local_loaded,
                     balanced,
                 )
@@ -504,6 +505,7 @@ class Router:
         entry: CacheEntry | None,
         local_loaded: bool,
         attempt: _Answered,
+        assume: int,
     ) -> str | None:
         """A language model's copy (decisions.placement.llm), remembered for its prefix."""
         inflight = {peer: n for (model, peer), n in self.forwarder.model_inflight.items() if model == model_id}
@@ -511,7 +513,6 @@ class Router:
         loads = fresh(self.forwarder.engine_loads.get(model_id, {}), int(time.monotonic() * 1000), inflight)
         prefix = attempt.prefix
         owner = self.prefixes.get(model_id, prefix) if prefix is not None else None
-        assume = self.cluster.assume_loaded_ms
         target = choose_llm_copy(view, copies, inflight, loads, excluded, assume, local_loaded, owner)
         if target is not None and prefix is not None:
             self.prefixes.served(model_id, prefix, target)

@@ -32,7 +32,7 @@ def check(holders: dict[str, int]) -> list[str]:
     entry = CacheEntry(MODEL, units=10, last_used_ms=NOW, state=State.LOADED)
     cluster = SimpleNamespace(
         view=lambda: view(*(inst(i) for i in ("me", "a", "b", "c", "d"))),
-        assume_loaded_ms=ASSUME_LOADED_MS,
+        assume_loaded_ms=lambda model_type: ASSUME_LOADED_MS,
         default_units=10,
     )
     local = SimpleNamespace(cache=SimpleNamespace(entries=lambda: [entry]), shed=lambda model_id: True)

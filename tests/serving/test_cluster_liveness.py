@@ -35,7 +35,7 @@ async def _cluster(store: KVStore, prefix: str) -> tuple[Cluster, Table[Instance
     await store.put(f"{prefix}instances/me", InstanceRecord(capacity=100, location="127.0.0.1:1").encode())
     table = Table(store, f"{prefix}instances/", InstanceRecord.decode, InstanceRecord.encode)
     await table.start()
-    return Cluster("me", table, Peers(1 << 20), 0, 1), table
+    return Cluster("me", table, Peers(1 << 20), lambda _type: 0, 1), table
 
 
 async def _peer(store: KVStore, prefix: str, lease: int) -> None:

@@ -24,7 +24,7 @@ async def test_upstream_instances_are_never_in_the_view(caplog: pytest.LogCaptur
     table = Table(store, "/p/instances/", InstanceRecord.decode, InstanceRecord.encode)
     await table.start()
     try:
-        cluster = Cluster("me", table, Peers(1 << 20), 0, 1)
+        cluster = Cluster("me", table, Peers(1 << 20), lambda _type: 0, 1)
         with caplog.at_level(logging.ERROR):
             assert set(cluster.view().instances) == {"me"}
             await store.put("/p/instances/me", InstanceRecord(capacity=100, count=1, location="127.0.0.1:1").encode())

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from meshd.core.errors import NotFound, ResourceExhausted
+from meshd.core.errors import LoadFailed, NotFound, ResourceExhausted
 from meshd.core.records import ModelRecord, VModelRecord
 from meshd.decisions.cache import State
 from meshd.decisions.ids import ModelInfo
@@ -68,6 +68,21 @@ async def test_a_displaced_waiting_load_is_refused() -> None:
     gate.set()
     await first
     assert queue.busy == 0
+
+
+async def test_finished_loads_teach_the_assume_loaded_horizon() -> None:
+    runtime = FakeRuntime(fail={"broken"})
+    info = runtime_info(loading_timeout_ms=120_000)
+    queue = LoadQueue(runtime, info, lambda model_id: None)  # type: ignore[arg-type]
+    assert queue.assume_loaded.ms("demo") == 40_000  # max(3 s, timeout / 3) until loads finish
+    for i in range(4):
+        await queue.load(f"m{i}", "demo", f"/m{i}", "")
+    with pytest.raises(LoadFailed):
+        await queue.load("broken", "demo", "/broken", "")
+    assert queue.assume_loaded.types["demo"].count == 4, "a failed load is not a load time"
+    # Four fake loads take milliseconds: mean + 5 sigma of them, far below the default.
+    assert queue.assume_loaded.ms("demo") < 40_000 // 10
+    assert queue.assume_loaded.ms("other") == 40_000
 
 
 @pytest.fixture

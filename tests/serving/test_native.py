@@ -110,7 +110,7 @@ def test_peer_routes_go_to_the_copy_python_would_pick_on_a_native_peer() -> None
     }
     natives = {"b": "10.0.0.2:8033"}
     wanted = ["on-b", "on-c", "gone", "here", "unregistered"]
-    routes = peer_routes(wanted, records, view, natives, {"b": "3"}, 10_000, local={"here"})
+    routes = peer_routes(wanted, records, view, natives, {"b": "3"}, lambda _type: 10_000, local={"here"})
     assert routes == {"on-b": "be_peer_3"}
 
 

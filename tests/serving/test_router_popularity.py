@@ -87,7 +87,7 @@ async def mesh() -> AsyncIterator[Mesh]:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     local = LocalModels("me", registry, runtime, runtime_info(4), failure_expiry_ms=900_000)  # type: ignore[arg-type]
     peers = Peers(1 << 22)
-    cluster = Cluster("me", instances, peers, 10_000, 1)
+    cluster = Cluster("me", instances, peers, lambda _type: 10_000, 1)
     router = Router(local, registry, channel, cluster, peers, 900_000)
     try:
         for m in MODELS:

@@ -14,7 +14,8 @@ exactly this code. Public names, by module:
   (the router's memory of its recent loads), `may_load_as_last_resort`,
   `load_here_as_last_resort`, `background_load_used_ms`.
 - `serving`: `choose_copy(view, copies, inflight, exclude, assume_loaded_ms, local_loaded,
-  balanced) -> str | None` (which copy serves), `assume_loaded_ms(loading_timeout_ms)`,
+  balanced) -> str | None` (which copy serves), `assume_loaded_ms(loading_timeout_ms)` (the
+  default horizon), `AssumeLoaded` / `LoadTimes` (the horizon learnt per model type),
   `MAX_ATTEMPTS`, `MAX_BUSY_RETRIES` (routing bounds).
 - `scaling`: `decide_copies` (the scaler's rule order), `copy_rpm`, `gated_rate`,
   `ModelPolicy`, `want_second_copy`, `extra_copies_for_load`,

@@ -91,7 +91,7 @@ class NativePlane:
         vmodels: Table[VModelRecord],
         view: Callable[[], ClusterView],
         native_methods: Callable[[], Mapping[str, str]],
-        assume_loaded_ms: int,
+        assume_loaded_ms: Callable[[str], int],
         clock: Callable[[], int],
         interval_s: float = SYNC_INTERVAL_S,
     ) -> None:
@@ -102,7 +102,7 @@ class NativePlane:
         self.vmodels = vmodels
         self.view = view
         self.native_methods = native_methods
-        self.assume_loaded_ms = assume_loaded_ms
+        self.assume_loaded_ms = assume_loaded_ms  # model type -> horizon now (LoadQueue.assume_loaded)
         self.clock = clock
         self.interval_s = interval_s
         self.counts = NativeCounts()

@@ -70,10 +70,11 @@ def peer_routes(
     view: ClusterView,
     natives: Mapping[str, str],
     slot_of: Mapping[str, str],
-    assume_loaded_ms: int,
+    assume_loaded_ms: Callable[[str], int],
     local: set[str],
 ) -> dict[str, str]:
-    """Model id -> peer backend for the models asked of this instance that a native peer holds."""
+    """Model id -> peer backend for the models asked of this instance that a native peer holds
+    (`assume_loaded_ms`: model type -> the horizon learnt so far)."""
     routes: dict[str, str] = {}
     for model_id in wanted:
         if model_id in local or not map_key_ok(model_id):
@@ -81,7 +82,7 @@ def peer_routes(
         record = records.get(model_id)
         if record is None or not record.instance_ids:
             continue
-        target = choose_copy(view, record.instance_ids, {}, frozenset(), assume_loaded_ms, False, False)
+        target = choose_copy(view, record.instance_ids, {}, frozenset(), assume_loaded_ms(record.type), False, False)
         if target is None or target == view.self_id or target not in natives:
             continue
         slot = slot_of.get(target)

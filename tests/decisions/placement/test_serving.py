@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd.decisions.placement.serving import assume_loaded_ms, choose_copy
+from meshd.decisions.placement.serving import AssumeLoaded, LoadTimes, assume_loaded_ms, choose_copy
 from meshd.decisions.placement.view import ClusterView
 from tests.decisions.placement.factories import NOW, inst, view
 
@@ -33,6 +33,56 @@ def test_assume_loaded_is_max_of_three_seconds_and_a_third_of_the_timeout() -> N
     assert assume_loaded_ms(1_000) == 3_000
     assert assume_loaded_ms(9_000) == 3_000
     assert assume_loaded_ms(90_000) == 30_000
+
+
+def recorded(times: LoadTimes, *loads_ms: float) -> LoadTimes:
+    for ms in loads_ms:
+        times = times.recorded(ms)
+    return times
+
+
+def test_assume_loaded_is_learnt_from_load_times_as_upstream_does() -> None:
+    # The llm-runtime's 120 s timeout: 40 s by default; loads of about a second bring it down.
+    start = LoadTimes(assume_loaded_ms(120_000))
+    assert start.assume_ms == 40_000
+    # Loads 1-3 each pull the horizon a third of the way to the mean so far.
+    assert recorded(start, 1_000).assume_ms == 27_000
+    assert recorded(start, 1_000, 1_000).assume_ms == 18_333
+    assert recorded(start, 1_000, 1_000, 1_000).assume_ms == 12_555
+    # The 4th sets it from the statistics: mean + 5 sigma (population), here 1000 + 5 * 70.7.
+    four = recorded(start, 900, 1_100, 1_000, 1_000)
+    assert four.assume_ms == 1_353
+    assert recorded(four, 5_000).assume_ms == 1_353, "set again only at every 4th load"
+    # 8 loads: 900/1100 alternating, sigma 100 -> 1000 + 5 * 100.
+    assert recorded(start, *[900, 1_100] * 4).assume_ms == 1_500
+    assert recorded(start, *[900, 1_100] * 10).assume_ms == 1_500  # 20 loads: still 5 sigma
+    assert recorded(start, *[900, 1_100] * 12).assume_ms == 1_300  # beyond 20: 3 sigma
+
+
+def test_assume_loaded_has_no_floor_or_cap() -> None:
+    assert recorded(LoadTimes(3_000), 10, 10, 10, 10).assume_ms == 10  # no 3 s floor once learnt
+    assert recorded(LoadTimes(3_000), *[50_000] * 4).assume_ms == 50_000  # nor the default as a cap
+
+
+def test_assume_loaded_is_learnt_per_model_type() -> None:
+    horizon = AssumeLoaded(40_000)
+    for _ in range(4):
+        horizon.record("llm", 1_000)
+    assert horizon.ms("llm") == 1_000
+    assert horizon.ms("sklearn") == 40_000, "a type with no load here keeps the default"
+
+
+def test_a_copy_is_routed_to_once_past_the_learnt_horizon() -> None:
+    # b's copy started 5 s ago, a's a minute ago with requests in flight. By default (40 s)
+    # b is still loading and a serves; once loads are seen to take about a second, b is
+    # probably loaded and, less busy, serves.
+    v = cluster("me", "a", "b")
+    copies = {"a": NOW - 60_000, "b": NOW - 5_000}
+    horizon = AssumeLoaded(assume_loaded_ms(120_000))
+    assert choose_copy(v, copies, {"a": 3}, set(), horizon.ms("llm"), False, False) == "a"
+    for ms in (900, 1_100, 1_000, 1_000):
+        horizon.record("llm", ms)
+    assert choose_copy(v, copies, {"a": 3}, set(), horizon.ms("llm"), False, False) == "b"
 
 
 def test_no_copies_no_choice() -> None:
