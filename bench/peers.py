@@ -971,7 +971,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--meshd-eviction",
-        choices=("", "rate", "lru", "gdsf", "lrfu"),
+        choices=("", "rate", "lru", "gdsf", "lrfu", "adaptive"),
         default="",
         help="meshd's eviction order (MESHD_EVICTION; default: meshd's own, rate)",
     )
