@@ -17,7 +17,9 @@ reports. Every decision is meshd's own, called as the daemon calls it:
 - what each instance publishes and when: `instances.instance_record`, `publish_due`,
   `RpmMeter`; decisions read the published records, so they lag as they do in a mesh;
 - copy scaling: `placement.scaling.decide_copies` (scaler), every rate-check interval, with
-  `scaling.gated_rate` fed by each gated copy's queue and service sums, as the scaler does;
+  `scaling.gated_rate` fed by each gated copy's queue and service sums, as the scaler does,
+  and the recent-load hold (`scaling.recent_load_window_ms`) from each instance's learnt
+  assume-loaded time;
 - the disk tier (issue 42, `Fleet.pull_ms_per_gib`, `Fleet.disk_units`): a load pulls its
   model's files first (its size at the pull rate) unless its instance's disk holds them; the
   disk keeps pulled files in the memory cache's value order (a `WeightedLRU` of its budget,
@@ -103,6 +105,7 @@ from meshd.decisions.placement.scaling import (
     copy_rpm,
     decide_copies,
     gated_rate,
+    recent_load_window_ms,
 )
 from meshd.decisions.placement.serving import (
     MAX_ATTEMPTS,
@@ -959,6 +962,7 @@ class Simulation:
             checked: dict[str, int] = {}
             sums: dict[str, QueueSample] = {}
             before = inst.checked
+            recent_ms = recent_load_window_ms(interval, inst.assume_loaded.ms(""))
             for entry in inst.cache.entries():
                 if entry.state is not loaded:
                     continue
@@ -981,6 +985,7 @@ class Simulation:
                     last_used_ms=entry.last_used_ms,
                     prior_use_ms=entry.prior_use_ms,
                     default_model_units=self.default_units,
+                    recent_load_ms=recent_ms,
                 )
                 if decision.drop:
                     inst.changed_since_publish = True

@@ -18,7 +18,8 @@ are meshd's, called as the daemon calls them:
 - with `--add-copies`, at each rate check every loaded copy runs the scaler's rule: its rate
   (`scaling.copy_rpm`) counts as at the threshold when `placement.llm.queue_stays_deep` says
   its engine's queue stayed deep and no copy is loading (`placement.llm.copies_loading`, with
-  the daemon's guess of a load's end: here exactly `--load-s`), then `scaling.decide_copies`;
+  the daemon's guess of a load's end: here exactly `--load-s`), then `scaling.decide_copies`
+  (which adds none while another copy's load began within 2 checks + 2 x `--load-s`);
   an added copy goes to an instance holding none and serves after `--load-s`.
 
 Readings are as fresh as the daemon's: each engine's metrics are read every `READ_EVERY_MS`
@@ -308,6 +309,7 @@ class LlmMesh:
                 last_used_ms=c.last_used_ms,
                 prior_use_ms=None,
                 default_model_units=1,
+                recent_load_ms=scaling.recent_load_window_ms(self.setup.rate_check_ms, int(self.setup.load_ms)),
             )
             if decision.drop:
                 c.dropped = True  # it finishes what it holds, takes nothing new

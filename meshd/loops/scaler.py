@@ -2,7 +2,9 @@
 
 Every rate-check interval: a copy serving more than the per-copy threshold asks for more
 copies, as does a language model's copy whose engine kept requests waiting while no other copy
-of it was loading (decisions.placement.llm.queue_stays_deep); a model used regularly (again
+of it was loading (decisions.placement.llm.queue_stays_deep), unless another copy's load began
+within two intervals and twice the model type's assume-loaded time (upstream's hold,
+`scaling.loaded_recently`); a model used regularly (again
 7-40 min after an earlier spell) gets a second copy; a model below its `min_copies` gets
 copies placed; an idle extra copy is dropped when the cluster is nearly full and this instance
 is the worst holder; a model above its `max_copies` loses the worst holder's copy. The rules are
@@ -89,14 +91,24 @@ class Scaler:
                 entry.served, self._served.get(entry.model_id, entry.served), self.config.interval_ms
             )
             rpm, threshold = scaling.gated_rate(rpm, self.config.threshold_rpm, sample, self.config.bandwidth_pct)
+            assume_ms = self.cluster.assume_loaded_ms(record.type)
             depth = depths.get(entry.model_id)
             if depth is not None:  # a language model's engine: a queue kept, no copy on its way
-                loading = copies_loading(holders, view.self_id, view.now_ms, self.cluster.assume_loaded_ms(record.type))
+                loading = copies_loading(holders, view.self_id, view.now_ms, assume_ms)
                 if queue_stays_deep(*depth, loading):
                     rpm = max(rpm, threshold)
+            recent_ms = scaling.recent_load_window_ms(self.config.interval_ms, assume_ms)
             try:  # one model's failure must neither stop the others nor skew the next rates
                 await self._apply(
-                    view, entry.model_id, policy, holders, rpm, threshold, entry.last_used_ms, entry.prior_use_ms
+                    view,
+                    entry.model_id,
+                    policy,
+                    holders,
+                    rpm,
+                    threshold,
+                    entry.last_used_ms,
+                    entry.prior_use_ms,
+                    recent_ms,
                 )
             except Exception:
                 log.exception("copy scaling of %s failed", entry.model_id)
@@ -113,6 +125,7 @@ class Scaler:
         threshold_rpm: int,
         last_used_ms: int,
         prior_use_ms: int | None,
+        recent_load_ms: int,
     ) -> None:
         decision = scaling.decide_copies(
             view,
@@ -123,6 +136,7 @@ class Scaler:
             last_used_ms=last_used_ms,
             prior_use_ms=prior_use_ms,
             default_model_units=self.cluster.default_units,
+            recent_load_ms=recent_load_ms,
             idle_ms=self.config.idle_ms,
         )
         if decision.drop:

@@ -117,7 +117,9 @@ def test_a_queueing_copy_gets_more_copies_from_the_scaler() -> None:
     # 20 requests/s at a copy serving one at a time for 100 ms: it queues. The scaler's gated
     # rate (at most 600/min per copy, copies added above 90 % of it) asks for more copies;
     # without the gate the same 1200/min stays under the configured 2000 and one copy serves.
-    wl = trace(list(range(0, 60_000, 50)), one_model(100.0))
+    # Two minutes: the second copy comes at 10 s, the third at 60 s, once the first copy's load
+    # (at 0 s) is past the recent-load hold (2 x 10 s + 2 x the 20 s assume-loaded time).
+    wl = trace(list(range(0, 120_000, 50)), one_model(100.0))
     fleet = Fleet(3, 100, service_jitter=0.0)
     alone = simulate(wl, fleet, UPSTREAM)
     assert (alone.loads, alone.queued, alone.failed) == (1, 0, 0)

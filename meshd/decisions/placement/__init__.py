@@ -18,9 +18,10 @@ exactly this code. Public names, by module:
   default horizon), `AssumeLoaded` / `LoadTimes` (the horizon learnt per model type),
   `MAX_ATTEMPTS`, `MAX_BUSY_RETRIES` (routing bounds).
 - `scaling`: `decide_copies` (the scaler's rule order), `copy_rpm`, `gated_rate`,
-  `ModelPolicy`, `want_second_copy`, `extra_copies_for_load`,
-  `should_drop_copy`, `missing_copies`, `cluster_free_ratio`, `global_lru_ms`,
-  `cache_age_ms`, `cluster_has_room`, `idle_before_drop_ms`.
+  `ModelPolicy`, `want_second_copy`, `extra_copies_for_load`, `loaded_recently` /
+  `recent_load_window_ms` (no copies for load just after a load), `should_drop_copy`,
+  `missing_copies`, `cluster_free_ratio`, `global_lru_ms`, `cache_age_ms`, `cluster_has_room`,
+  `idle_before_drop_ms`.
 - `constraints`: `TypeConstraints.parse(text)`, `TypeConstraints.for_type(model_type) ->
   (required, preferred)`, `parse_labels` (MM_LABELS).
 - `modelkey`: `policy_from_key(key) -> ModelPolicy` (the `"meshd"` object in ModelInfo.key).

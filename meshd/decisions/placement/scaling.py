@@ -9,6 +9,8 @@ size override, beyond upstream), the cluster-wide free ratio and LRU helpers, an
   the cluster has room (upstream's "regular use" heuristic, SPEC §6).
 - `extra_copies_for_load`: more copies when each copy serves more than the scale-up
   threshold (MM_SCALEUP_RPM_THRESHOLD, 2000 rpm).
+- `loaded_recently` / `recent_load_window_ms`: no copies for load while another copy's load began
+  too recently for the measured rate to show what it serves (upstream's hold).
 - `should_drop_copy`: give a copy back when the cluster is nearly full (<= 5 % free), the
   model is idle, and this holder is the worse placement.
 - `missing_copies`: copies to add to honour a policy's min_copies.
@@ -188,6 +190,27 @@ def extra_copies_for_load(
     step = max(SCALE_UP_MIN_STEP, instances_total // SCALE_UP_STEP_DIVISOR)
     room = policy.copy_limit(instances_total) - copies
     return max(0, min(wanted, step, room))
+
+
+def recent_load_window_ms(interval_ms: int, assume_loaded_ms: int) -> int:
+    """How far back a copy's load start holds back copies for load: two check intervals and
+    twice the time a load of the model's type is assumed to take (`AssumeLoaded`).
+
+    Upstream (ModelMesh.rateTrackingTask) takes the time since the last check plus the
+    check interval plus twice the type's assume-loaded time: a copy loaded that recently
+    served for part of the measured interval at most, so the rate overstates what the
+    copies serve. meshd's rates are over the configured interval (`copy_rpm`), so the time
+    since the last check is that interval here too."""
+    return 2 * interval_ms + 2 * assume_loaded_ms
+
+
+def loaded_recently(holders: Mapping[str, int], self_id: str, now_ms: int, window_ms: int) -> bool:
+    """Whether a copy other than this instance's began loading less than `window_ms` ago
+    (`holders`: instance -> its load's start, the record's `instanceIds`; a start exactly
+    `window_ms` ago no longer counts). This instance's own load is left out, as upstream
+    does: the rate was measured on it, so it does not overstate the load."""
+    cutoff = now_ms - window_ms
+    return any(started > cutoff for iid, started in holders.items() if iid != self_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,15 +401,18 @@ def decide_copies(
     last_used_ms: int,
     prior_use_ms: int | None,
     default_model_units: int,
+    recent_load_ms: int,
     idle_ms: int | None = None,
 ) -> CopyDecision:
     """The copy-scaling decision for this instance's copy of one model at one rate check.
 
     `holders`: live holders (record instance ids -> load start), this instance included.
     `rpm`: requests per minute this copy served since the last check. In order: above the
-    policy's max copies, the worst holder drops; copies for load (`extra_copies_for_load`)
-    or for the policy floor (`missing_copies`); a second copy for regular use
-    (`want_second_copy`); an idle extra copy in a nearly full cluster (`should_drop_copy`).
+    policy's max copies, the worst holder drops; copies for load (`extra_copies_for_load`),
+    unless another holder's load began within `recent_load_ms` (`loaded_recently`; the
+    window from `recent_load_window_ms`), or for the policy floor (`missing_copies`); a second
+    copy for regular use (`want_second_copy`); an idle extra copy in a nearly full cluster
+    (`should_drop_copy`).
     """
     if idle_single_copy(view, holders, policy, rpm, threshold_rpm, last_used_ms):
         return KEEP
@@ -403,7 +429,7 @@ def decide_copies(
         if worst_holder(view, holding, default_model_units) == view.self_id:  # one holder drops per round
             return CopyDecision(drop=True, reason="above max copies")
     add = extra_copies_for_load(rpm, copies, threshold_rpm, candidates, len(live), policy)
-    if add:
+    if add and not loaded_recently(holders, view.self_id, view.now_ms, recent_load_ms):
         return CopyDecision(add=add, reason="load")
     add = missing_copies(copies, policy, len(live)) if copies < policy.min_copies else 0  # else none missing
     if add:

@@ -330,6 +330,7 @@ def test_decide_copies_follows_the_rules_in_order() -> None:
             last_used_ms=NOW,
             prior_use_ms=None,
             default_model_units=UNITS,
+            recent_load_ms=0,
         )
         return d.add, d.drop
 
@@ -338,6 +339,56 @@ def test_decide_copies_follows_the_rules_in_order() -> None:
     assert decide({"me": NOW}, ModelPolicy(), 0) == (0, False)  # idle single copy: kept
     # Above max copies the worst holder drops: equal instances, so the greatest id ("me").
     assert decide({"me": NOW, "b": NOW}, ModelPolicy(max_copies=1), 0) == (0, True)
+
+
+# ---- the recent-load hold (upstream ModelMesh.rateTrackingTask: loadedSince) ------------------
+def test_the_recent_load_window_is_two_checks_and_twice_the_assumed_load_time() -> None:
+    from meshd.decisions.placement.scaling import recent_load_window_ms
+
+    # upstream: time since the last check (here the interval) + the interval + 2 x assume-loaded
+    assert recent_load_window_ms(10_000, 3_000) == 26_000
+    assert recent_load_window_ms(10_000, 40_000) == 100_000
+    assert recent_load_window_ms(5_000, 0) == 10_000
+
+
+def test_a_load_that_began_inside_the_window_is_recent_and_one_on_its_edge_is_not() -> None:
+    from meshd.decisions.placement.scaling import loaded_recently
+
+    window = 26_000
+    assert loaded_recently({"me": NOW - HOUR, "b": NOW - window + 1}, "me", NOW, window)
+    assert not loaded_recently({"me": NOW - HOUR, "b": NOW - window}, "me", NOW, window)  # upstream: start > cutoff
+    assert loaded_recently({"me": NOW - HOUR, "b": NOW - HOUR, "c": NOW}, "me", NOW, window)  # any holder
+    # This instance's own load does not count (its rate was measured on it), however recent.
+    assert not loaded_recently({"me": NOW}, "me", NOW, window)
+    assert not loaded_recently({"me": NOW - 1, "b": NOW - HOUR}, "me", NOW, window)
+    assert not loaded_recently({}, "me", NOW, window)
+
+
+def test_no_copies_for_load_while_another_copy_loaded_recently() -> None:
+    from meshd.decisions.placement.scaling import decide_copies, recent_load_window_ms
+
+    window = recent_load_window_ms(10_000, 3_000)
+
+    def decide(holders: dict[str, int], policy: ModelPolicy = DEFAULT_POLICY, rpm: int = 6000) -> tuple[int, str]:
+        v = view(inst("me"), inst("b"), inst("c"), inst("d"), inst("e"), inst("f"))
+        d = decide_copies(
+            v,
+            holders=holders,
+            policy=policy,
+            rpm=rpm,
+            threshold_rpm=2000,
+            last_used_ms=NOW,
+            prior_use_ms=None,
+            default_model_units=UNITS,
+            recent_load_ms=window,
+        )
+        return d.add, d.reason
+
+    assert decide({"me": NOW - HOUR, "b": NOW - window}) == (2, "load")  # on the edge: no longer recent
+    assert decide({"me": NOW - HOUR, "b": NOW - window + 1}) == (0, "")  # held
+    assert decide({"me": NOW - 1, "b": NOW - HOUR}) == (2, "load")  # this instance's own recent load
+    # The hold is on copies for load only: a policy's floor is still topped up.
+    assert decide({"me": NOW - HOUR, "b": NOW - 1}, ModelPolicy(min_copies=4)) == (2, "min copies")
 
 
 def test_copy_rpm_is_the_last_intervals_requests_per_minute() -> None:
@@ -361,6 +412,7 @@ def test_copy_rpm_is_the_last_intervals_requests_per_minute() -> None:
     prior_ago=st.one_of(st.none(), st.integers(0, 10**8)),
     min_copies=st.integers(0, 3),
     max_copies=st.integers(0, 3),
+    recent_ms=st.integers(0, 10**6),
 )
 def test_the_shortcut_for_an_idle_single_copy_agrees_with_every_rule(
     n_instances: int,
@@ -374,6 +426,7 @@ def test_the_shortcut_for_an_idle_single_copy_agrees_with_every_rule(
     prior_ago: int | None,
     min_copies: int,
     max_copies: int,
+    recent_ms: int,
 ) -> None:
     from meshd.decisions.placement import scaling
 
@@ -390,6 +443,7 @@ def test_the_shortcut_for_an_idle_single_copy_agrees_with_every_rule(
         "last_used_ms": NOW - idle_ms,
         "prior_use_ms": None if prior_ago is None else NOW - prior_ago,
         "default_model_units": UNITS,
+        "recent_load_ms": recent_ms,
     }
     with_shortcut = scaling.decide_copies(v, **args)
     with pytest.MonkeyPatch.context() as mp:
