@@ -14,7 +14,7 @@ import pytest
 from meshd.decisions.storage_plan import Failure
 from meshd.storage.errors import TransferError
 from meshd.storage.http1 import MAX_HEADER_BYTES, Connection, IncompleteBody, ProtocolError
-from meshd.storage.transport import Transport
+from meshd.storage.transport import Transport, _host_port
 
 
 class Canned:
@@ -56,6 +56,10 @@ class Canned:
                         break
 
     def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept() (close alone does not)
+        except OSError:
+            pass
         self.sock.close()
         self._thread.join(5)
 
@@ -192,3 +196,10 @@ def test_a_header_with_a_line_break_is_never_sent() -> None:
         assert e.value.kind == Failure.BAD and "Injected" not in str(e.value)
         transport.close()
     assert srv.requests == []
+
+
+def test_host_and_port_from_the_url() -> None:
+    assert _host_port("[::1]:9000", 80) == ("::1", 9000)
+    assert _host_port("[::1]", 443) == ("::1", 443)
+    assert _host_port("s3.example.com", 443) == ("s3.example.com", 443)
+    assert _host_port("minio:9000", 80) == ("minio", 9000)
