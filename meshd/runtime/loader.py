@@ -110,7 +110,12 @@ class LoadQueue:
     def release(self) -> None:
         """Give a loading thread back: to the most valuable waiter, else to the pool."""
         now_ms = int(time.monotonic() * 1000)
-        order = next_load(((w.value(), w.since, k) for k, w in self._waiters.items()), now_ms)
+        # A waiter whose future is already done was cancelled and has not yet run its own
+        # clean-up (it leaves the table on its next step): it cannot take the thread. Handing
+        # it one raised InvalidStateError here, in a load's `finally`, and turned a load the
+        # runtime had done into a failure (CI, 2026-11-29: a max-one model then loaded twice).
+        live = ((w.value(), w.since, k) for k, w in self._waiters.items() if not w.granted.done())
+        order = next_load(live, now_ms)
         if order is None:
             self._free += 1
             return

@@ -70,6 +70,32 @@ async def test_a_displaced_waiting_load_is_refused() -> None:
     assert queue.busy == 0
 
 
+async def test_a_thread_freed_while_a_cancelled_waiter_has_not_left_goes_to_the_next() -> None:
+    """A waiter cancelled in the same loop step as a load ends is still in the table when the
+    load's `finally` frees its thread: the thread must go to a live waiter (or the pool), and
+    the finished load must not fail (it did, with InvalidStateError, in CI)."""
+    runtime = FakeRuntime()
+    info = dataclasses.replace(runtime_info(), max_loading_concurrency=1)
+    queue = LoadQueue(runtime, info, lambda model_id: None)  # type: ignore[arg-type]
+    gate = runtime.hold("first")
+    first = asyncio.create_task(queue.load("first", "demo", "/first", ""))
+    await settle()
+    gone = asyncio.create_task(queue.slot("gone", lambda: 9.0))  # the more valuable waiter
+    await settle()
+    later = asyncio.create_task(queue.slot("later", lambda: 1.0))
+    await settle()
+    assert queue.waiting == 2
+    gate.set()  # the first load's step comes first: it ends and its `finally` frees the thread
+    gone.cancel()  # in the same loop step: `gone`'s future is cancelled, its clean-up not yet run
+    await first  # the load the runtime did ends as done, not failed
+    await settle()
+    assert gone.cancelled()
+    assert later.done() and later.exception() is None  # the live waiter got the thread
+    assert queue.waiting == 0 and queue.busy == 1
+    queue.release()
+    assert queue.busy == 0
+
+
 async def test_finished_loads_teach_the_assume_loaded_horizon() -> None:
     runtime = FakeRuntime(fail={"broken"})
     info = runtime_info(loading_timeout_ms=120_000)
