@@ -3,10 +3,13 @@ keeps them there afterwards as a cache tier.
 
 On disk (`ROOT_MODEL_DIR`, upstream's layout): `<root>/<modelId>/<name>` is the model (a file
 or a directory), `<root>/<modelId>/.meshd-done` the done marker (JSON: size, pull time, last
-use, the source it came from), written only after every file was renamed into place. A file
-is written as `<file>.partial` and renamed when its size (and MD5 where the store gives one)
-matches. At start-up a model directory without its marker is a half-written pull and is
-removed; entries starting with `_` belong to the runtime adapters and are left alone.
+use, the source it came from). A pull writes into `<root>/.<modelId>.partial/`, checks each
+file's size (and MD5 where the store gives one), writes the marker there, and renames the whole
+directory into place: a model directory is complete or absent, and its files need no rename
+each (with 1,000 small files the renames' directory lock was ~14 % of a pull's CPU). At
+start-up a `.partial` directory, or a model directory without its marker, is a half-written
+pull and is removed; entries starting with `_` belong to the runtime adapters and are left
+alone.
 """
 
 from __future__ import annotations
@@ -189,6 +192,10 @@ class StorageHelper:
         """Remove half-written pulls, restore complete ones into the tier (oldest first)."""
         found = []
         for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(".") and entry.name.endswith(PARTIAL_SUFFIX) and entry.is_dir():
+                log.info("storage: removing the half-written pull of %s", entry.name[1 : -len(PARTIAL_SUFFIX)])
+                shutil.rmtree(entry, ignore_errors=True)
+                continue
             if entry.name.startswith(("_", ".")) or not entry.is_dir() or entry.is_symlink():
                 continue
             marker = _read_marker(entry / DONE_MARKER)
@@ -396,25 +403,30 @@ class StorageHelper:
             pulling = sum(e.size_bytes for e in self.tier.entries() if not e.complete and e.model_id != model_id)
         first = allocate_first(free, total, pulling)
         started = time.monotonic()
+        staging = self._staging(model_id)
         try:
-            mdir.mkdir(parents=True, exist_ok=True)
-            self._download(model_id, source, mdir, files, first)
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            self._download(model_id, source, staging, files, first)
+            pull_ms = max(1, int((time.monotonic() - started) * 1000))
+            now = _now_ms()
+            marker = {
+                "size_bytes": total,
+                "pull_ms": pull_ms,
+                "last_used_ms": now,
+                "source": fp,
+                "name": plan.name,
+                "schema": schema_plan.name if schema_plan else None,
+            }
+            _write_marker(staging / DONE_MARKER, marker)
+            _fsync_dir(staging)  # its entries on the disk before it is renamed into place
+            os.rename(staging, mdir)
+            _fsync_dir(self.root)
         except BaseException:
-            shutil.rmtree(mdir, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
             with self._lock:
                 self.tier.drop(model_id)
             raise
-        pull_ms = max(1, int((time.monotonic() - started) * 1000))
-        now = _now_ms()
-        marker = {
-            "size_bytes": total,
-            "pull_ms": pull_ms,
-            "last_used_ms": now,
-            "source": fp,
-            "name": plan.name,
-            "schema": schema_plan.name if schema_plan else None,
-        }
-        _write_marker(mdir / DONE_MARKER, marker)
         with self._lock:
             self.tier.done(model_id, total, pull_ms, now)
             self._held.add(model_id)
@@ -430,6 +442,10 @@ class StorageHelper:
             mib / (pull_ms / 1000),
         )
         return self._pulled(model_id, key, marker, from_disk=False)
+
+    def _staging(self, model_id: str) -> Path:
+        """Where a pull writes until it is complete (hidden, so no model id can name it)."""
+        return self.root / f".{model_id}{PARTIAL_SUFFIX}"
 
     def _list_one(self, model_id: str, source: Source) -> list[Listed]:
         store = self._store(model_id, source)
@@ -488,32 +504,32 @@ class StorageHelper:
         return self._pulled(model_id, key, marker, from_disk=True)
 
     # ---- the download ------------------------------------------------------------------
-    def _download(self, model_id: str, source: Source, mdir: Path, files: list[FilePlan], first: bool) -> None:
-        """Every file's bytes, each checked and renamed into place. `first` (`allocate_first`):
-        every file is created and preallocated before the first GET; else each file fetched in
-        one GET is created by the worker that fetches it (one of many parts: still here)."""
+    def _download(self, model_id: str, source: Source, into: Path, files: list[FilePlan], first: bool) -> None:
+        """Every file's bytes into `into` (the pull's staging directory), each checked.
+        `first` (`allocate_first`): every file is created and preallocated before the first
+        GET; else each file fetched in one GET is created by the worker that fetches it (one of
+        many parts: still here)."""
         progress = _Progress(sum(f.size for f in files))
         tasks: list[_Task] = []
         parted: list[tuple[FilePlan, Path]] = []  # files of many parts: checked after them all
         parents: set[Path] = set()
         for f in files:
-            path = mdir / f.local
+            path = into / f.local
             if path.parent not in parents:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 parents.add(path.parent)
-            partial = path.with_name(path.name + PARTIAL_SUFFIX)
             parts = plan_parts(f.size, self.settings.part_bytes, self.settings.part_threshold)
             whole = len(parts) <= 1
             if first or not whole:
                 try:
-                    _create(partial, f.size)
+                    _create(path, f.size)
                 except OSError as e:
                     raise self._disk_error(model_id, source, f.key, e) from None
             if whole:
-                tasks.append(_Task(f, partial, None, create=not first))
+                tasks.append(_Task(f, path, None, create=not first))
             else:
-                tasks.extend(_Task(f, partial, part, create=False) for part in parts)
-                parted.append((f, partial))
+                tasks.extend(_Task(f, path, part, create=False) for part in parts)
+                parted.append((f, path))
         store = self._store(model_id, source)
         stop = threading.Event()
         with self._lock:
@@ -542,17 +558,15 @@ class StorageHelper:
             raise self._error(
                 model_id, source, source.path, Failure.TRANSIENT, f"got {progress.done} bytes of {progress.total}"
             )
-        # Files of one GET were checked and renamed by their worker; those of many parts now.
+        # Files of one GET were checked (and synced) by their worker; those of many parts now.
         if self.settings.fsync and parted:
             with ThreadPoolExecutor(max(1, min(self.settings.parts_in_flight, len(parted)))) as pool:
-                # Renamed only once their bytes are on the disk.
-                list(pool.map(_fsync_file, [partial for _f, partial in parted]))
-        for f, partial in parted:
-            got = partial.stat().st_size
+                # The model is renamed into place only once their bytes are on the disk.
+                list(pool.map(_fsync_file, [path for _f, path in parted]))
+        for f, path in parted:
+            got = path.stat().st_size
             if got != f.size:
                 raise self._error(model_id, source, f.key, Failure.TRANSIENT, f"got {got} bytes of {f.size}")
-            os.replace(partial, mdir / f.local)
-        _fsync_dir(mdir)
 
     def _run_pool(
         self,
@@ -651,18 +665,18 @@ class StorageHelper:
         progress: _Progress,
         stop: threading.Event,
     ) -> None:
-        f, partial, part = task.file, task.partial, task.part
+        f, path, part = task.file, task.path, task.part
         if stop.is_set():
             return
         try:
-            fd = _create(partial, f.size, keep_open=True) if task.create else os.open(partial, os.O_WRONLY)
+            fd = _create(path, f.size, keep_open=True) if task.create else os.open(path, os.O_WRONLY)
         except OSError as e:
             raise self._disk_error(model_id, source, f.key, e) from None
         try:
             if f.size:
                 self._fetch_all(model_id, source, store, f, fd, part, progress, stop)
             if part is None and not stop.is_set():
-                self._finish(model_id, source, f, fd, partial)
+                self._finish(model_id, source, f, fd)
         except OSError as e:
             raise self._disk_error(model_id, source, f.key, e) from None
         finally:
@@ -709,14 +723,13 @@ class StorageHelper:
         if digest is not None and done[0] == f.size and digest.hexdigest() != f.etag.lower():
             raise self._error(model_id, source, f.key, Failure.TRANSIENT, "the body does not match its MD5")
 
-    def _finish(self, model_id: str, source: Source, f: FilePlan, fd: int, partial: Path) -> None:
-        """A file of one GET, all its bytes in: its size checked, synced when asked, renamed."""
+    def _finish(self, model_id: str, source: Source, f: FilePlan, fd: int) -> None:
+        """A file of one GET, all its bytes in: its size checked, synced when asked."""
         got = os.fstat(fd).st_size
         if got != f.size:
             raise self._error(model_id, source, f.key, Failure.TRANSIENT, f"got {got} bytes of {f.size}")
         if self.settings.fsync:
-            os.fdatasync(fd)  # renamed only once its bytes are on the disk
-        os.replace(partial, partial.with_name(partial.name[: -len(PARTIAL_SUFFIX)]))
+            os.fdatasync(fd)  # the model is renamed into place only once its bytes are on the disk
 
     def _fetch_once(
         self,
@@ -781,15 +794,15 @@ class _Task:
     """One GET of a pull: a whole file (`part` None) or one part of a large one."""
 
     file: FilePlan
-    partial: Path
+    path: Path  # in the pull's staging directory
     part: Part | None
     create: bool  # the worker creates the file (else it was created before the first GET)
 
 
-def _create(partial: Path, size: int, keep_open: bool = False) -> int:
-    """Create `partial` with its whole size preallocated, so a full disk shows now and not
+def _create(path: Path, size: int, keep_open: bool = False) -> int:
+    """Create `path` with its whole size preallocated, so a full disk shows now and not
     mid-object; the open descriptor with `keep_open`, else -1."""
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         if size:
             os.posix_fallocate(fd, 0, size)

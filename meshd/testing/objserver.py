@@ -83,7 +83,7 @@ class ObjectServer:
         class Handler(_Handler):
             owner = server
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         if tls is not None:
             self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
@@ -113,6 +113,13 @@ class ObjectServer:
                 for r in self.requests
                 if r[0] == "GET" and "list-type=" not in r[1] and "/api/" not in r[1] and "/resolve/" not in r[1]
             ]
+
+
+class _Server(ThreadingHTTPServer):
+    # socketserver's listen backlog is 5: a client opening dozens of connections at once (s5cmd,
+    # meshd's object workers) overflowed it, and each dropped SYN cost a retransmit of 1, 3, 7
+    # or 15 s, so a few bench runs took 2-30 s whatever the tool.
+    request_queue_size = 1024
 
 
 class _Handler(BaseHTTPRequestHandler):

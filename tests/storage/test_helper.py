@@ -568,7 +568,7 @@ async def test_close_ends_a_running_pull_at_once_and_refuses_new_ones(tmp_path: 
         pulling = asyncio.create_task(helper.pull("m", "w", key))
         models = tmp_path / "models"
         await wait_until_async(
-            lambda: len(srv.gets()) >= 2 and any(models.rglob("*.partial")), timeout_s=30, what="the pull under way"
+            lambda: len(srv.gets()) >= 2 and any(models.glob(".m.partial/*")), timeout_s=30, what="the pull under way"
         )
         await asyncio.wait_for(helper.close(), timeout=20)  # a hang guard, not a timing check
         with pytest.raises(StorageError, match="stopping") as e:
@@ -612,7 +612,7 @@ async def test_killed_mid_pull_the_next_start_cleans_up_and_pulls_again(tmp_path
         child = start_child(models, tmp_path / "storage-config")
         try:
             await wait_until_async(
-                lambda: any(p.stat().st_size > 0 for p in models.rglob("*.partial")) and len(srv.gets()) >= 2,
+                lambda: any(p.stat().st_size > 0 for p in models.glob(".m.partial/m/*")) and len(srv.gets()) >= 2,
                 timeout_s=30,
                 what="the child's pull under way",
             )
@@ -620,10 +620,10 @@ async def test_killed_mid_pull_the_next_start_cleans_up_and_pulls_again(tmp_path
         finally:
             child.kill()  # SIGKILL: no clean-up of its own
             child.wait()
-        assert list(models.rglob("*.partial")) and not (models / "m" / DONE_MARKER).exists()
+        assert list(models.glob(".m.partial/m/*")) and not (models / "m").exists()  # staged, not in place
         srv.faults.rate = 0
         helper = await started(settings(tmp_path))
-        assert not (models / "m").exists() and helper.inventory().models == ()
+        assert not (models / "m").exists() and not list(models.glob(".m.partial")) and helper.inventory().models == ()
         pulled = await helper.pull("m", "m", json.dumps({"storage_key": "k"}))
         assert pulled is not None and not pulled.from_disk
         assert content(Path(pulled.local_path) / "w.bin") == data
