@@ -21,6 +21,7 @@ No I/O: the storage-config files are read by the caller, through `read_config`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
@@ -281,11 +282,27 @@ def safe_relpath(rel: str) -> str:
     return "/".join(parts)
 
 
+# The longest file name Linux file systems take (ext4, XFS, tmpfs: 255 bytes).
+NAME_MAX_BYTES = 255
+STAGING_SUFFIX = ".partial"
+
+
 def check_model_id(model_id: str) -> str:
     """A model id as one directory name under the model root."""
     if not model_id or model_id in (".", "..") or "/" in model_id or "\0" in model_id or model_id.startswith("."):
         raise StorageConfigError(f"model id {model_id!r} cannot name a directory")
+    if len(model_id.encode()) > NAME_MAX_BYTES:
+        raise StorageConfigError(f"model id {model_id[:32]!r}... is too long to name a directory (over 255 bytes)")
     return model_id
+
+
+def staging_name(model_id: str) -> str:
+    """The hidden directory a pull of `model_id` writes into before it is renamed into place:
+    `.<modelId>.partial`, or a digest of the id where that name would be too long."""
+    name = f".{model_id}{STAGING_SUFFIX}"
+    if len(name.encode()) <= NAME_MAX_BYTES:
+        return name
+    return f".{hashlib.sha256(model_id.encode()).hexdigest()}{STAGING_SUFFIX}"
 
 
 def local_name(remote_path: str) -> str:

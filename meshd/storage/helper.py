@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshd.decisions.storage import (
+    STAGING_SUFFIX,
     FilePlan,
     Listed,
     ModelPlan,
@@ -43,6 +44,7 @@ from meshd.decisions.storage import (
     rewritten_key,
     safe_relpath,
     schema_name,
+    staging_name,
     within,
 )
 from meshd.decisions.storage_plan import (
@@ -192,8 +194,8 @@ class StorageHelper:
         """Remove half-written pulls, restore complete ones into the tier (oldest first)."""
         found = []
         for entry in sorted(self.root.iterdir()):
-            if entry.name.startswith(".") and entry.name.endswith(PARTIAL_SUFFIX) and entry.is_dir():
-                log.info("storage: removing the half-written pull of %s", entry.name[1 : -len(PARTIAL_SUFFIX)])
+            if entry.name.startswith(".") and entry.name.endswith(STAGING_SUFFIX) and entry.is_dir():
+                log.info("storage: removing a half-written pull (%s)", entry.name)
                 shutil.rmtree(entry, ignore_errors=True)
                 continue
             if entry.name.startswith(("_", ".")) or not entry.is_dir() or entry.is_symlink():
@@ -445,7 +447,7 @@ class StorageHelper:
 
     def _staging(self, model_id: str) -> Path:
         """Where a pull writes until it is complete (hidden, so no model id can name it)."""
-        return self.root / f".{model_id}{PARTIAL_SUFFIX}"
+        return self.root / staging_name(model_id)
 
     def _list_one(self, model_id: str, source: Source) -> list[Listed]:
         store = self._store(model_id, source)

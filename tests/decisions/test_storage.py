@@ -21,6 +21,7 @@ from meshd.decisions.storage import (
     safe_relpath,
     schema_name,
     set_dotpath,
+    staging_name,
     uri_params,
     within,
 )
@@ -161,9 +162,20 @@ def test_safe_relpath_refuses_escapes() -> None:
 
 def test_model_ids_that_cannot_be_directories() -> None:
     assert check_model_id("m-1__isvc-abc") == "m-1__isvc-abc"
-    for bad in ("", ".", "..", "a/b", ".hidden"):
-        with pytest.raises(StorageConfigError):
+    assert check_model_id("é" * 127) == "é" * 127  # 254 bytes
+    for bad in ("", ".", "..", "a/b", ".hidden", "é" * 128, "m" * 256):
+        with pytest.raises(StorageConfigError, match="directory"):
             check_model_id(bad)
+
+
+def test_staging_names_are_hidden_and_fit_a_file_name() -> None:
+    assert staging_name("m-1") == ".m-1.partial"
+    long_ids = ["m" * 246, "m" * 247, "m" * 255, "é" * 127]
+    names = [staging_name(m) for m in long_ids]
+    assert names[0] == "." + "m" * 246 + ".partial"  # 255 bytes: still the id
+    for name in names:
+        assert name.startswith(".") and name.endswith(".partial") and len(name.encode()) <= 255
+    assert len(set(names)) == len(names)
 
 
 def test_within() -> None:

@@ -119,6 +119,20 @@ async def test_s3_folder_model_lands_in_upstreams_layout_with_a_rewritten_key(s3
     assert (tmp_path / "models" / "m1" / DONE_MARKER).exists()
 
 
+async def test_model_ids_up_to_the_longest_file_name(s3, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A 250-byte id's staging directory would be a 259-byte name: it takes a digest instead.
+    s3.put_object(Bucket=s3.bucket, Key="one/w.bin", Body=b"abc")
+    helper = await started(settings(tmp_path))
+    key = json.dumps({"storage_key": "localMinIO"})
+    long_id = "m" * 250
+    pulled = await helper.pull(long_id, "one", key)
+    assert pulled is not None and (tmp_path / "models" / long_id / "one" / "w.bin").read_bytes() == b"abc"
+    assert not list((tmp_path / "models").glob(".*"))  # no staging directory left
+    with pytest.raises(StorageError, match="too long to name a directory") as e:
+        await helper.pull("m" * 256, "one", key)
+    assert not e.value.retryable and [p.name for p in (tmp_path / "models").iterdir()] == [long_id]
+
+
 async def test_s3_uri_path_single_object_in_parallel_parts(s3, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     data = blob(2 * MIB + 5)
     s3.put_object(Bucket=s3.bucket, Key="dir/model.onnx", Body=data)
