@@ -244,6 +244,7 @@ def main() -> None:
     ):
         ap.error("sizes and runs must be positive")
     base = args.dir or Path(tempfile.mkdtemp(prefix="meshd-pull-bench-"))
+    base.mkdir(parents=True, exist_ok=True)  # a --dir not made yet
     data = base / "data"
     need = args.big_mib * MIB * 3 + args.small_count * args.small_kib * 1024 * 2
     if shutil.disk_usage(base).free < need + (1 << 30):

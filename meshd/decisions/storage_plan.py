@@ -136,8 +136,9 @@ def allocate_first(
     lets each download worker create its own file as it starts on it (False).
 
     Allocating first makes a disk that fills under the pull refuse it before a byte moves,
-    but costs ~0.5 ms a file one after another (0.4-0.55 s for 1,000 small files,
-    docs/storage.md); created by the workers, that time overlaps the GETs. A disk that
+    but costs time one file after another (1,000 small files: +0.1 s on a journaled ext4,
+    +0.4-0.6 s on this project's journal-less VM disk; docs/storage.md); created by the
+    workers, that time overlaps the GETs. A disk that
     fills anyway fails either way cleanly (nothing left behind); the difference is only the
     bytes moved for nothing. So: as the workers go only where the volume's free space covers
     the other pulls in progress (`pulling_bytes`, not yet written), this pull twice over (as
