@@ -123,6 +123,10 @@ _LRFU_REBASE = 1 << 20  # half-lives of clock after which every clock is rebased
 # times jittered by a log-normal 0.25, using the load's own time cost the fleet 0.3-1.6 points
 # of loads against upstream on every preset.
 LOAD_FIT_MIN_LOADS = 8
+# A load timed under this counts as this long: below it the time is the RPC's jitter (a first
+# call's connection, a scheduler tick), not the model's, and a 1 ms against a 4 ms load would
+# otherwise make one copy worth 4x another (seen: a cold copy kept over a hot one).
+MIN_LOAD_COST_MS = 10.0
 LOAD_FIT_MEMORY = 0.99  # each load's weight in the fit, per later load (about the last 100 loads)
 
 
@@ -399,6 +403,7 @@ class WeightedLRU:
         entry.state = state
         entry.since_ms = now_ms
         if load_ms is not None and math.isfinite(load_ms) and load_ms > 0:
+            load_ms = max(load_ms, MIN_LOAD_COST_MS)
             old_cost = _cost_per_unit(entry)
             entry.measured_ms = load_ms
             entry.load_ms = self.load_fit.smoothed_ms(entry.units, load_ms)

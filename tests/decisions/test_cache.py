@@ -457,3 +457,20 @@ def test_adaptive_follows_whichever_shadow_missed_less_and_comes_back() -> None:
             request(cache, m, now)
     assert cache.frequency_weight == 1.0
     assert {"x", "y"} <= {e.model_id for e in cache.entries()}
+
+
+@pytest.mark.parametrize("order", ["rate", "lrfu", "gdsf"])
+def test_load_times_under_the_floor_do_not_decide_which_copy_goes(order: str) -> None:
+    """A 4 ms against a 1 ms load is the RPC's jitter, not the models': the copy used four
+    times is kept over the one loaded once (before the floor, RATE evicted the hot one)."""
+    from meshd.decisions.cache import MIN_LOAD_COST_MS, Eviction
+
+    cache = WeightedLRU(2, Eviction(order))
+    for name, load_ms in (("cold", 4.0), ("hot", 1.0)):
+        assert cache.admit(name, 1, 10, 10).admitted
+        cache.set_state(name, State.LOADED, 10, load_ms)
+    for _ in range(3):
+        cache.touch("hot", 11)
+    assert [e.model_id for e in cache.admit("new", 1, 12, 12).evicted] == ["cold"]
+    entry = cache.get("hot")
+    assert entry is not None and entry.measured_ms == MIN_LOAD_COST_MS

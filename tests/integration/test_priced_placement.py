@@ -35,8 +35,12 @@ def test_a_load_placed_by_price_loads_only_where_it_evicts_no_more_than_its_limi
     start_node("inst-b")  # the peer the calls come from, as a sees it
     wait_until(lambda: listed_instances(a) >= {"inst-a", "inst-b"}, 15, "inst-a to see inst-b")
     cold, hot, new = models[:3]
-    for m in (cold, hot, new):
-        a.register(m)
+    # The same set load time for both copies: an unset one is a few ms of RPC jitter, and a first
+    # load's slower connection made the cold copy's reload look dearer than the hot one's.
+    for m in (cold, hot):
+        info = mm.ModelInfo(type="demo", path=str(m.path), key='{"load_delay_ms": 50}')
+        a.mm.registerModel(mm.RegisterModelRequest(modelId=m.id, modelInfo=info), timeout=10)
+    a.register(new)
     load_on(a, cold.id)
     load_on(a, hot.id)
     for _ in range(3):
