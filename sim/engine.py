@@ -63,7 +63,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshd.core.records import InstanceRecord
+from meshd.core.records import USE_HISTORY_KEPT, InstanceRecord
 from meshd.decisions.cache import UNIT_BYTES, CacheEntry, Popularity, State, WeightedLRU
 from meshd.decisions.fleet_clock import FleetClock
 from meshd.decisions.gate import Arrival, on_arrival, queue_bound
@@ -805,7 +805,7 @@ class Simulation:
             v = self.index[victim.model_id]
             self.copies[v].pop(inst.instance_id, None)
             if self.policy.fleet_clock and victim.uses_at:  # written with the record's copy removal
-                self.histories[v] = victim.uses_at
+                self.histories[v] = victim.uses_at[-USE_HISTORY_KEPT:]  # as much as a record keeps
             inst.gates.pop(v, None)  # it finishes what it holds, takes nothing new
             if self.counting:
                 self.result.evictions += 1
