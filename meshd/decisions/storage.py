@@ -5,16 +5,20 @@ Upstream's contract (modelmesh-runtime-adapter's puller, kept as it is so a mode
 user's `storage-config` secret and predictors work unchanged):
 - the model's key (`ModelInfo.key`, JSON) may carry `storage_key`, `storage_params`, the
   deprecated `bucket`, `schema_path` and `disk_size_bytes`;
-- `storage_key` names one JSON file of the storage-config directory; without it the config
-  is `default_<storage_params.type>`, else `default`, else nothing (the params alone);
+- `storage_key` names one JSON file of the storage-config directory (an empty name is an
+  error); without it the config is `default_<storage_params.type>` when the params name a
+  type, else `default`; a missing entry is `{}` (the params alone);
+- the deprecated top-level `bucket` replaces the config's bucket only when it has one;
 - `storage_params` apply on top as dot-path string overrides (`headers.X-Token` sets a
-  nested field), never over a non-string;
+  nested field), never over a non-string (JSON null included);
 - no `type` after that is an error; files land in `ROOT_MODEL_DIR/<modelId>/<basename>`
   (`_model` when the path has no basename);
 - the key handed to the runtime loses the storage fields and gains the measured
   `disk_size_bytes`.
 meshd adds URI-style model paths (`s3://`, `gs://`, `pvc://`, `hf://`, `http(s)://`), mapped
-as modelmesh-serving's controller maps a `storageUri`, and `hf` as a type of its own.
+as modelmesh-serving's controller maps a `storageUri`, and `hf` as a type of its own. A key
+with no storage fields pulls from the `default` entry as upstream does; only when there is
+no `default` entry is its path a local one (meshd's superset: upstream refuses it).
 
 No I/O: the storage-config files are read by the caller, through `read_config`.
 """
@@ -32,6 +36,7 @@ MODEL_NAME_DEFAULT = "_model"  # upstream's local name for a model path without 
 SCHEMA_NAME_CLASH = "_schema.json"  # upstream's name for a schema whose basename clashes with the model's
 STORAGE_FIELDS = ("storage_key", "storage_params", "bucket")  # removed from the key handed to the runtime
 AZURE_BLOB_HOST_SUFFIX = ".blob.core.windows.net"
+DEFAULT_ENTRY = "default"  # upstream's defaultStorageKey: the entry a key without storage_key uses
 # Fields whose values are secrets: never in a log line, an error or a record.
 SECRET_FIELDS = frozenset(
     {
@@ -77,7 +82,8 @@ class Source:
         if self.type == "azure":
             return f"azure account {c.get('account_name', '?')!s} container {c.get('container', '?')!s}"
         if self.type == "http":
-            return f"http {_strip_userinfo(str(c.get('url', '?')))}"
+            # Never the query: it may hold a signature (a presigned URL).
+            return f"http {_strip_userinfo(str(c.get('url', '?'))).partition('?')[0]}"
         if self.type == "pvc":
             return f"pvc {c.get('name', '?')!s}"
         if self.type == "hf":
@@ -115,15 +121,13 @@ def set_dotpath(target: dict[str, object], path: str, value: str) -> None:
         raise StorageConfigError(f"storage_params: bad field name {path!r}")
     node = target
     for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = {}
-            node[part] = child
+        if part not in node:
+            node[part] = {}
+        child = node[part]
         if not isinstance(child, dict):
             raise StorageConfigError(f"storage_params: {path!r} goes through a field that is not an object")
         node = child
-    old = node.get(parts[-1])
-    if old is not None and not isinstance(old, str):
+    if parts[-1] in node and not isinstance(node[parts[-1]], str):  # a JSON null is not a string either
         raise StorageConfigError(f"storage_params: {path!r} would overwrite a field that is not a string")
     node[parts[-1]] = value
 
@@ -160,7 +164,9 @@ def uri_params(model_path: str) -> tuple[dict[str, str], str] | None:
             container, _, blob = path.partition("/")
             account = host[: -len(AZURE_BLOB_HOST_SUFFIX)]
             return {"type": "azure", "account_name": account, "container": container}, blob
-        return {"type": "http", "url": f"{scheme}://{authority}"}, path
+        # The query stays on the URL (a signature, `?raw=true`), the path is joined to its path.
+        path, _, query = path.partition("#")[0].partition("?")
+        return {"type": "http", "url": f"{scheme}://{authority}" + (f"?{query}" if query else "")}, path
     raise StorageConfigError(f"model path {model_path!r}: unsupported scheme {scheme!r}")
 
 
@@ -169,15 +175,17 @@ def resolve(
     key: Mapping[str, object],
     read_config: Callable[[str], Mapping[str, object] | None],
 ) -> Source | None:
-    """The source of a model, or None when it needs no pull (a local path, no storage fields).
+    """The source of a model, or None when it needs no pull (a local path: no storage
+    fields and no `default` entry).
 
     `read_config(name)`: the storage-config entry `name` as a dict, None when there is none.
     """
     from_uri = uri_params(model_path)
     storage_key = key.get("storage_key")
     params = key.get("storage_params")
-    if from_uri is None and storage_key is None and params is None and key.get("bucket") is None:
-        return None
+    no_fields = from_uri is None and storage_key is None and params is None and key.get("bucket") is None
+    if no_fields and read_config(DEFAULT_ENTRY) is None:
+        return None  # meshd's superset: upstream would refuse it ("Predictor Storage field missing")
     if storage_key is not None and not isinstance(storage_key, str):
         raise StorageConfigError("storage_key must be a string")
     if params is None:
@@ -190,25 +198,22 @@ def resolve(
         params = {**params, **from_uri[0]}
         path = from_uri[1]
     config: dict[str, object]
-    if storage_key:
+    if storage_key is not None:
         _check_entry_name(storage_key)
         found = read_config(storage_key)
         if found is None:
             raise StorageConfigError(f"Did not find storage config for key {storage_key!r}")
         config = _copy(found)
     else:
-        found = None
-        wanted = params.get("type")
-        if isinstance(wanted, str) and wanted:
-            found = read_config(f"default_{wanted}")
-        if found is None:
-            found = read_config("default")
+        found = read_config(default_entry(params.get("type")))
         config = _copy(found) if found is not None else {}
+    # The deprecated top-level bucket replaces the entry's bucket, only where it has one
+    # (upstream warns, then uses it).
+    bucket = key.get("bucket")
+    if isinstance(bucket, str) and bucket and config.get("bucket") is not None:
+        config["bucket"] = bucket
     if config.get("type") == "s3" and "bucket" not in config and "default_bucket" in config:
         config["bucket"] = config["default_bucket"]  # deprecated spelling, kept
-    bucket = key.get("bucket")
-    if isinstance(bucket, str) and bucket:
-        config["bucket"] = bucket  # the deprecated top-level bucket (upstream warns, then uses it)
     for name, value in params.items():
         if not isinstance(value, str):
             raise StorageConfigError(f"storage_params.{name} must be a string")
@@ -224,9 +229,17 @@ def resolve(
         kind,
         config,
         path.lstrip("/") if kind != "http" else path,
-        storage_key or "",
+        storage_key if storage_key is not None else "",
         schema if isinstance(schema, str) else "",
     )
+
+
+def default_entry(storage_type: object) -> str:
+    """The storage-config entry read for a key without `storage_key`: `default_<type>` when
+    the params name a type, else `default` (upstream's puller; never both)."""
+    if isinstance(storage_type, str) and storage_type:
+        return f"{DEFAULT_ENTRY}_{storage_type}"
+    return DEFAULT_ENTRY
 
 
 def _copy(value: Mapping[str, object]) -> dict[str, object]:
@@ -236,7 +249,7 @@ def _copy(value: Mapping[str, object]) -> dict[str, object]:
 
 def _check_entry_name(name: str) -> None:
     # The key names a file of the storage-config directory: never a path out of it.
-    if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
         raise StorageConfigError(f"storage_key {name!r} is not a plain name")
 
 

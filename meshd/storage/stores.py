@@ -18,8 +18,8 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
-from typing import Protocol
-from urllib.parse import quote, urlencode, urlsplit
+from typing import Protocol, TypeVar
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 from meshd.decisions.storage import Listed, Source
 from meshd.decisions.storage_plan import Failure, Part, token_fresh
@@ -92,6 +92,28 @@ def _range_headers(part: Part | None) -> dict[str, str]:
     return {"Range": part.header()} if part is not None else {}
 
 
+T = TypeVar("T")
+# What a reply that is not the store's format raises while it is read (a web console on the
+# endpoint's port answers HTML; a proxy's error page; a JSON of another shape).
+PARSE_ERRORS = (ET.ParseError, ValueError, LookupError, TypeError, AttributeError)
+
+
+def _parse(resp: Response, what: str, form: str, parse: Callable[[bytes], T]) -> T:
+    """`parse` of the reply's body; a body that is not `form` is a `TransferError` naming
+    `what` and the Content-Type it came as (never the body: it may echo a request)."""
+    body = resp.read_all()
+    try:
+        return parse(body)
+    except PARSE_ERRORS as e:
+        ctype = resp.header("Content-Type") or "no Content-Type"
+        raise TransferError(Failure.BAD, f"cannot parse {what}: not {form} (got {ctype}, {type(e).__name__})") from None
+
+
+def _token_answer(body: bytes) -> tuple[str, float]:
+    answer = json.loads(body)
+    return str(answer["access_token"]), float(answer.get("expires_in", 3600))
+
+
 # ---- S3 ------------------------------------------------------------------------------
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -157,26 +179,41 @@ class S3Store:
             if token:
                 query["continuation-token"] = token
             resp = self._request("", query, {})
-            check_status(resp, f"the listing of {path!r}", ok=(200,))
-            root = ET.fromstring(resp.read_all())
-            ns = root.tag.partition("}")[0] + "}" if root.tag.startswith("{") else ""
-            for item in root.iter(f"{ns}Contents"):
-                found.append(
-                    Listed(
-                        item.findtext(f"{ns}Key", ""),
-                        int(item.findtext(f"{ns}Size", "0")),
-                        item.findtext(f"{ns}ETag", "").strip('"'),
-                    )
-                )
-            if root.findtext(f"{ns}IsTruncated", "false") != "true":
+            what = f"the listing of {path!r}"
+            check_status(resp, what, ok=(200,))
+            items, more = _parse(resp, what, "S3's ListObjectsV2 XML", _s3_page)
+            found.extend(items)
+            if more is None:
                 return found
-            token = root.findtext(f"{ns}NextContinuationToken", "")
+            token = more
 
     def get(self, key: str, part: Part | None, etag: str = "") -> Response:
         headers = _range_headers(part)
         if etag:
             headers["If-Match"] = f'"{etag}"'  # the object must not change under a pull
         return self._request(key, None, headers)
+
+
+def _s3_page(body: bytes) -> tuple[list[Listed], str | None]:
+    """One ListObjectsV2 page: its objects, and the next page's token (None: the last)."""
+    root = ET.fromstring(body)
+    ns = root.tag.partition("}")[0] + "}" if root.tag.startswith("{") else ""
+    if root.tag != f"{ns}ListBucketResult":
+        raise ValueError(f"a <{root.tag[len(ns) :]}> answer")
+    items = [
+        Listed(
+            item.findtext(f"{ns}Key", ""),
+            int(item.findtext(f"{ns}Size", "0")),
+            item.findtext(f"{ns}ETag", "").strip('"'),
+        )
+        for item in root.iter(f"{ns}Contents")
+    ]
+    if root.findtext(f"{ns}IsTruncated", "false") != "true":
+        return items, None
+    token = root.findtext(f"{ns}NextContinuationToken", "")
+    if not token:
+        raise ValueError("a truncated listing without a continuation token")
+    return items, token
 
 
 def _default_chain() -> tuple[str, str, str] | None:
@@ -233,13 +270,17 @@ def sigv4(
 
 # ---- HTTP ----------------------------------------------------------------------------
 
+COUNT_BUFFER_BYTES = 1 << 20  # the read size while a body without a length is measured
+
 
 class HTTPStore:
-    """A file behind HTTP(S): GET `url` + the model path, with the secret's headers, CA and
-    client certificate. One file per model (upstream's rule); its size from a HEAD."""
+    """A file behind HTTP(S): GET the model path joined onto the path of `url` (its query
+    kept, as upstream joins them), with the secret's headers, CA and client certificate. One
+    file per model (upstream's rule). Its size from a HEAD; where the HEAD is refused (a
+    presigned GET URL answers 403) or gives no length, from a GET (upstream only GETs)."""
 
     def __init__(self, config: Mapping[str, object], timeout_s: float) -> None:
-        self.base = _str(config, "url").rstrip("/")
+        self.base = urlsplit(_str(config, "url"))
         self.headers: dict[str, str] = {}
         raw = config.get("headers")
         if isinstance(raw, Mapping):
@@ -253,16 +294,36 @@ class HTTPStore:
         self.transport = Transport(tls, timeout_s)
 
     def _url(self, key: str) -> str:
-        return f"{self.base}/{quote(key.lstrip('/'), safe='/~:@!$&()*+,;=')}" if key else self.base
+        path = self.base.path
+        if key.strip("/"):
+            path = path.rstrip("/") + "/" + quote(key.strip("/"), safe="/~:@!$&()*+,;=")
+        return urlunsplit((self.base.scheme, self.base.netloc, path, self.base.query, ""))
 
     def list_objects(self, path: str) -> list[Listed]:
-        resp = self.transport.request("HEAD", self._url(path), self.headers, follow=True)
+        url = self._url(path)
+        resp = self.transport.request("HEAD", url, self.headers, follow=True)
         self.transport.discard(resp)
-        check_status(resp, f"the HEAD of {path!r}", ok=(200,))
         length = resp.header("Content-Length")
-        if not length.isdigit():
-            raise TransferError(Failure.BAD, f"the server gives no size for {path!r}")
-        return [Listed(path.strip("/"), int(length), resp.header("ETag").strip('"'))]
+        if resp.status == 200 and length.isdigit():
+            return [Listed(path.strip("/"), int(length), resp.header("ETag").strip('"'))]
+        resp = self.transport.request("GET", url, self.headers, follow=True)
+        check_status(resp, f"the GET of {path!r}", ok=(200,))
+        length = resp.header("Content-Length")
+        if length.isdigit():
+            self.transport.abandon(resp)  # its size is all this GET was for
+            size = int(length)
+        else:
+            size = self._count(resp)
+        return [Listed(path.strip("/"), size, resp.header("ETag").strip('"'))]
+
+    def _count(self, resp: Response) -> int:
+        """The length of a body that does not say it (chunked, or up to the close), read to
+        its end: the pull then GETs it again with its size known."""
+        view = memoryview(bytearray(COUNT_BUFFER_BYTES))
+        size = 0
+        while n := self.transport.read_into(resp, view):
+            size += n
+        return size
 
     def get(self, key: str, part: Part | None, etag: str = "") -> Response:
         return self.transport.request("GET", self._url(key), {**self.headers, **_range_headers(part)}, follow=True)
@@ -300,11 +361,9 @@ class HFStore:
             if resp.status == 404 and path:
                 self.transport.discard(resp)
                 return self._single(path)
-            check_status(resp, f"the file list of {self.repo}@{self.revision}", ok=(200,))
-            for item in json.loads(resp.read_all()):
-                if item.get("type") == "file":
-                    lfs = item.get("lfs") or {}
-                    found.append(Listed(item["path"], int(item.get("size", 0)), str(lfs.get("oid", ""))))
+            what = f"the file list of {self.repo}@{self.revision}"
+            check_status(resp, what, ok=(200,))
+            found.extend(_parse(resp, what, "the Hub's JSON tree", _hf_page))
             url = _next_link(resp.header("Link"))
         return found
 
@@ -328,6 +387,18 @@ class HFStore:
             with self._lock:
                 self._resolved[key] = resp.url
         return resp
+
+
+def _hf_page(body: bytes) -> list[Listed]:
+    items = json.loads(body)
+    if not isinstance(items, list):
+        raise TypeError("not a list")
+    found = []
+    for item in items:
+        if item.get("type") == "file":
+            lfs = item.get("lfs") or {}
+            found.append(Listed(str(item["path"]), int(item.get("size", 0)), str(lfs.get("oid", ""))))
+    return found
 
 
 def _next_link(link: str) -> str:
@@ -373,18 +444,28 @@ class GCSStore:
                 query["pageToken"] = page
             url = f"{self.endpoint}/storage/v1/b/{quote(self.bucket, safe='')}/o?{urlencode(query)}"
             resp = self.transport.request("GET", url, self._auth())
-            check_status(resp, f"the listing of {path!r}", ok=(200,))
-            body = json.loads(resp.read_all())
-            for item in body.get("items", []):
-                md5 = base64.b64decode(item["md5Hash"]).hex() if item.get("md5Hash") else ""
-                found.append(Listed(item["name"], int(item.get("size", 0)), md5))
-            page = body.get("nextPageToken", "")
+            what = f"the listing of {path!r}"
+            check_status(resp, what, ok=(200,))
+            items, page = _parse(resp, what, "GCS's JSON object list", _gcs_page)
+            found.extend(items)
             if not page:
                 return found
 
     def get(self, key: str, part: Part | None, etag: str = "") -> Response:
         url = f"{self.endpoint}/download/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(key, safe='')}?alt=media"
         return self.transport.request("GET", url, {**self._auth(), **_range_headers(part)})
+
+
+def _gcs_page(body: bytes) -> tuple[list[Listed], str]:
+    """One page of a GCS object list: its objects and the next page's token ("": the last)."""
+    answer = json.loads(body)
+    if not isinstance(answer, dict):
+        raise TypeError("not an object")
+    items = []
+    for item in answer.get("items", []):
+        md5 = base64.b64decode(item["md5Hash"]).hex() if item.get("md5Hash") else ""
+        items.append(Listed(str(item["name"]), int(item.get("size", 0)), md5))
+    return items, str(answer.get("nextPageToken", ""))
 
 
 def _gcs_token(transport: Transport, email: str, key_pem: str, token_uri: str) -> tuple[str, float]:
@@ -411,8 +492,7 @@ def _gcs_token(transport: Transport, email: str, key_pem: str, token_uri: str) -
     body = urlencode({"grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer", "assertion": jwt}).encode()
     resp = transport.request("POST", token_uri, {"Content-Type": "application/x-www-form-urlencoded"}, body)
     check_status(resp, "the service account's token", ok=(200,))
-    answer = json.loads(resp.read_all())
-    return str(answer["access_token"]), float(answer.get("expires_in", 3600))
+    return _parse(resp, "the service account's token", "an OAuth token JSON", _token_answer)
 
 
 # ---- Azure Blob ----------------------------------------------------------------------
@@ -459,8 +539,7 @@ class AzureStore:
             ).encode()
             resp = self.transport.request("POST", url, {"Content-Type": "application/x-www-form-urlencoded"}, body)
             check_status(resp, "the service principal's token", ok=(200,))
-            answer = json.loads(resp.read_all())
-            return str(answer["access_token"]), float(answer.get("expires_in", 3600))
+            return _parse(resp, "the service principal's token", "an OAuth token JSON", _token_answer)
 
         return TOKENS.get(("azure", url, client_id, _secret_id(secret)), fetch)
 
@@ -494,17 +573,27 @@ class AzureStore:
             if marker:
                 query["marker"] = marker
             resp = self._request(f"/{quote(self.container, safe='')}", query, {})
-            check_status(resp, f"the listing of {path!r}", ok=(200,))
-            root = ET.fromstring(resp.read_all())
-            for blob in root.iter("Blob"):
-                props = blob.find("Properties")
-                size = props.findtext("Content-Length", "0") if props is not None else "0"
-                md5 = props.findtext("Content-MD5", "") if props is not None else ""
-                found.append(Listed(blob.findtext("Name", ""), int(size), base64.b64decode(md5).hex() if md5 else ""))
-            marker = root.findtext("NextMarker", "") or ""
+            what = f"the listing of {path!r}"
+            check_status(resp, what, ok=(200,))
+            items, marker = _parse(resp, what, "Azure's List Blobs XML", _azure_page)
+            found.extend(items)
             if not marker:
                 return found
 
     def get(self, key: str, part: Part | None, etag: str = "") -> Response:
         path = f"/{quote(self.container, safe='')}/{quote(key, safe='/~')}"
         return self._request(path, {}, _range_headers(part))
+
+
+def _azure_page(body: bytes) -> tuple[list[Listed], str]:
+    """One List Blobs page: its blobs and the next page's marker ("": the last)."""
+    root = ET.fromstring(body)
+    if root.tag != "EnumerationResults":
+        raise ValueError(f"a <{root.tag}> answer")
+    items = []
+    for blob in root.iter("Blob"):
+        props = blob.find("Properties")
+        size = props.findtext("Content-Length", "0") if props is not None else "0"
+        md5 = props.findtext("Content-MD5", "") if props is not None else ""
+        items.append(Listed(blob.findtext("Name", ""), int(size), base64.b64decode(md5).hex() if md5 else ""))
+    return items, root.findtext("NextMarker", "") or ""

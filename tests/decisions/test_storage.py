@@ -60,6 +60,16 @@ def reader(configs: Mapping[str, Mapping[str, object]]):  # type: ignore[no-unty
 def test_a_local_path_without_storage_fields_needs_no_pull() -> None:
     assert resolve("/models/m.onnx", {}, reader({})) is None
     assert resolve("m.onnx", {"model_type": "sklearn"}, reader({})) is None
+    # `default_<type>` entries do not make a key without fields a remote one: only `default`
+    assert resolve("m.onnx", {"model_type": "sklearn"}, reader({"default_s3": MINIO})) is None
+
+
+def test_a_key_without_storage_fields_pulls_from_the_default_entry() -> None:
+    # What modelmesh-serving writes for an InferenceService with only storage.path.
+    configs = {"default": {"type": "http", "url": "http://models.example"}}
+    src = resolve("sklearn/mnist-svm.joblib", {"model_type": {"name": "sklearn"}}, reader(configs))
+    assert src is not None and src.type == "http" and src.path == "sklearn/mnist-svm.joblib"
+    assert src.config["url"] == "http://models.example" and src.storage_key == ""
 
 
 def test_storage_key_names_the_secret_entry_and_params_override() -> None:
@@ -76,9 +86,14 @@ def test_default_bucket_is_the_deprecated_spelling_of_bucket() -> None:
     assert src is not None and src.config["bucket"] == "modelmesh-example-models"
 
 
-def test_deprecated_top_level_bucket_overrides_the_config() -> None:
-    src = resolve("m", {"storage_key": "k", "bucket": "legacy"}, reader({"k": MINIO}))
+def test_deprecated_top_level_bucket_replaces_only_a_bucket_the_entry_has() -> None:
+    src = resolve("m", {"storage_key": "k", "bucket": "legacy"}, reader({"k": {**MINIO, "bucket": "b"}}))
     assert src is not None and src.config["bucket"] == "legacy"
+    # upstream: no bucket in the entry (here only the deprecated default_bucket), no override
+    src = resolve("m", {"storage_key": "k", "bucket": "legacy"}, reader({"k": MINIO}))
+    assert src is not None and src.config["bucket"] == "modelmesh-example-models"
+    with pytest.raises(StorageConfigError, match="lacks bucket"):
+        resolve("m", {"storage_key": "k", "bucket": "legacy"}, reader({"k": {"type": "s3"}}))
 
 
 def test_unknown_storage_key_is_an_error_naming_it() -> None:
@@ -87,20 +102,31 @@ def test_unknown_storage_key_is_an_error_naming_it() -> None:
 
 
 def test_storage_key_cannot_leave_the_config_directory() -> None:
-    for bad in ("../etc/passwd", "a/b", ".."):
+    for bad in ("../etc/passwd", "a/b", "..", ""):  # "" too: upstream refuses it, never `default`
         with pytest.raises(StorageConfigError, match="not a plain name"):
             resolve("m", {"storage_key": bad}, reader({}))
 
 
-def test_without_a_key_default_of_the_type_then_default() -> None:
+def test_without_a_key_default_of_the_type_only_else_default() -> None:
     configs = {"default": {"type": "http", "url": "http://a"}, "default_s3": {**MINIO, "bucket": "b3"}}
     src = resolve("m", {"storage_params": {"type": "s3"}}, reader(configs))
     assert src is not None and src.config["bucket"] == "b3"
     src = resolve("m", {"storage_params": {"type": "gcs", "bucket": "g"}}, reader(configs))
-    # default (http) is the base, params set type gcs and bucket
-    assert src is not None and src.type == "gcs" and src.config["bucket"] == "g"
+    # no default_gcs: the params alone (upstream), never the `default` entry of another type
+    assert src is not None and src.type == "gcs" and dict(src.config) == {"type": "gcs", "bucket": "g"}
     src = resolve("m", {"storage_params": {"type": "pvc", "name": "vol"}}, reader({}))
     assert src is not None and src.type == "pvc"
+    src = resolve("m", {"storage_params": {"bucket": "b"}}, reader({"default": {**MINIO, "bucket": "d"}}))
+    assert src is not None and src.type == "s3" and src.config["bucket"] == "b"
+
+
+def test_a_default_entry_of_one_store_never_reaches_another() -> None:
+    minio = {**MINIO, "bucket": "models", "certificate": "-----BEGIN CERTIFICATE-----"}
+    for path in ("gs://public-bucket/m", "hf://org/name", "https://acct.blob.core.windows.net/cont/m"):
+        src = resolve(path, {}, reader({"default": minio}))
+        assert src is not None and src.type != "s3"
+        leaked = {"endpoint_url", "certificate", "access_key_id", "secret_access_key", "region"} & set(src.config)
+        assert not leaked, (path, leaked)
 
 
 def test_no_type_after_merging_is_upstreams_error() -> None:
@@ -130,6 +156,15 @@ def test_dotpath_creates_objects_and_never_overwrites_a_non_string() -> None:
         set_dotpath(d, "a..b", "4")
 
 
+def test_dotpath_never_overwrites_a_json_null() -> None:
+    d: dict[str, object] = {"region": None, "headers": None}
+    with pytest.raises(StorageConfigError, match="not a string"):
+        set_dotpath(d, "region", "us")
+    with pytest.raises(StorageConfigError, match="not an object"):
+        set_dotpath(d, "headers.X", "1")
+    assert d == {"region": None, "headers": None}
+
+
 def test_uri_paths_map_as_the_controller_maps_storage_uris() -> None:
     assert uri_params("s3://bkt/a/b.onnx") == ({"type": "s3", "bucket": "bkt"}, "a/b.onnx")
     assert uri_params("gs://bkt/m") == ({"type": "gcs", "bucket": "bkt"}, "m")
@@ -139,6 +174,11 @@ def test_uri_paths_map_as_the_controller_maps_storage_uris() -> None:
         "dir/m",
     )
     assert uri_params("https://host:8443/x/m.bin") == ({"type": "http", "url": "https://host:8443"}, "x/m.bin")
+    # the query stays on the URL, as the controller maps it (upstream's e2e `?raw=true`)
+    assert uri_params("https://github.com/o/r/blob/main/m.joblib?raw=true") == (
+        {"type": "http", "url": "https://github.com?raw=true"},
+        "o/r/blob/main/m.joblib",
+    )
     assert uri_params("hf://org/name@v1.0/sub") == ({"type": "hf", "repo": "org/name", "revision": "v1.0"}, "sub")
     assert uri_params("hf://org/name") == ({"type": "hf", "repo": "org/name"}, "")
     assert uri_params("/local/m") is None
