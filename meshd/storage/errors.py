@@ -32,3 +32,11 @@ class TransferError(Exception):
         self.detail = detail
         self.object = obj
         super().__init__(detail)
+
+
+class ObjectChanged(TransferError):
+    """An object no longer matches its listing (a 412 on its ETag, another length, another
+    MD5): it changed since it was listed, so the pull lists the store again (once)."""
+
+    def __init__(self, detail: str, obj: str) -> None:
+        super().__init__(Failure.TRANSIENT, detail, obj)

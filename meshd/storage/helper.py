@@ -4,9 +4,10 @@ keeps them there afterwards as a cache tier.
 On disk (`ROOT_MODEL_DIR`, upstream's layout): `<root>/<modelId>/<name>` is the model (a file
 or a directory), `<root>/<modelId>/.meshd-done` the done marker (JSON: size, pull time, last
 use, the source it came from). A pull writes into `<root>/.<modelId>.partial/`, checks each
-file's size (and MD5 where the store gives one), writes the marker there, and renames the whole
+file's size (and MD5 where the store lists one), writes the marker there, and renames the whole
 directory into place: a model directory is complete or absent, and its files need no rename
-each (with 1,000 small files the renames' directory lock was ~14 % of a pull's CPU). At
+each (with 1,000 small files the renames' directory lock was ~14 % of a pull's CPU). A copy
+pulled from another source stays until its replacement is complete. At
 start-up a `.partial` directory, or a model directory without its marker, is a half-written
 pull and is removed; entries starting with `_` belong to the runtime adapters and are left
 alone.
@@ -32,7 +33,6 @@ from pathlib import Path
 from meshd.decisions.storage import (
     STAGING_SUFFIX,
     FilePlan,
-    Listed,
     ModelPlan,
     Source,
     StorageConfigError,
@@ -53,6 +53,7 @@ from meshd.decisions.storage_plan import (
     PART_THRESHOLD,
     RETRIES_PER_PART,
     STALL_TIMEOUT_MS,
+    DiskEntry,
     DiskTier,
     Failure,
     ObjectWorkers,
@@ -63,7 +64,7 @@ from meshd.decisions.storage_plan import (
     plan_parts,
     retryable,
 )
-from meshd.storage.errors import StorageError, TransferError
+from meshd.storage.errors import ObjectChanged, StorageError, TransferError
 from meshd.storage.stores import Store, open_store
 from meshd.storage.transport import check_status
 
@@ -82,6 +83,17 @@ PROGRESS_LOG_S = 5.0
 # in writes of <= 512 KiB, 0.14-0.3 s either way (docs/storage.md).
 BUFFER_BYTES = 512 << 10
 MD5_LIMIT = 64 << 20  # checked for single-GET objects up to this size (an MD5 costs ~2 ms/MiB of CPU)
+# Stores whose listing gives each object's content MD5 by contract (GCS md5Hash, Azure
+# Content-MD5). Not S3's or a web server's ETag: SSE-KMS and SSE-C objects, and MinIO's
+# encrypted ones, have 32-hex ETags that are not the MD5, and no response header tells them
+# apart reliably (AWS now encrypts every object and says so; some S3-compatible stores say
+# nothing). Upstream checks no MD5; sizes are checked for every store.
+MD5_STORES = ("gcs", "azure")
+# How long a listing made by predictModelSize serves the pull that follows it (modelmesh sends
+# loadModel right after): one LIST saved per load (a round trip per 1,000 objects), and no
+# older listing is trusted, as its objects may have changed or been added to since. A pull
+# that finds an object changed under its listing lists again, once.
+PLAN_FRESH_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -180,7 +192,7 @@ class StorageHelper:
         self.tier = DiskTier(budget)
         self._held: set[str] = set()
         self._pulls: dict[str, asyncio.Future[Pulled]] = {}
-        self._plans: dict[str, tuple[str, ModelPlan]] = {}
+        self._plans: dict[str, tuple[str, ModelPlan, float]] = {}  # model: (source, plan, when listed)
         self._lock = threading.Lock()
         self._started = False
         self._closing = threading.Event()
@@ -321,25 +333,42 @@ class StorageHelper:
     def _error(self, model_id: str, source: Source, obj: str, kind: str, detail: str) -> StorageError:
         return StorageError(model_id, source.store, obj, kind, redact(detail, source.config))
 
-    def _plan(self, model_id: str, source: Source) -> ModelPlan:
+    def _plan(self, model_id: str, source: Source, fresh_s: float | None = None) -> ModelPlan:
+        """The model's files from a listing made at most `fresh_s` ago (PLAN_FRESH_S), or now."""
         fp = _fingerprint(source)
-        cached = self._plans.get(model_id)
-        if cached is not None and cached[0] == fp:
+        now = time.monotonic()
+        fresh_s = PLAN_FRESH_S if fresh_s is None else fresh_s
+        with self._lock:
+            cached = self._plans.get(model_id)
+        if cached is not None and cached[0] == fp and now - cached[2] <= fresh_s:
             return cached[1]
+        plan = self._list_plan(model_id, source, source.path, None)
+        with self._lock:
+            for mid in [m for m, c in self._plans.items() if now - c[2] > PLAN_FRESH_S]:
+                del self._plans[mid]  # never used by a pull: a model only sized here
+            self._plans[model_id] = (fp, plan, now)
+        return plan
+
+    def _list_plan(self, model_id: str, source: Source, path: str, name: str | None) -> ModelPlan:
+        """The files at `path` in the model's store (the model's, or its schema's under `name`);
+        a path naming nothing is NOT_FOUND."""
         store = self._store(model_id, source)
         try:
-            listed = store.list_objects(source.path)
-        except TransferError as e:
-            raise self._error(model_id, source, source.path, e.kind, e.detail) from None
+            listed = store.list_objects(path)
+        except (TransferError, StorageError) as e:
+            raise self._error(model_id, source, e.object or path, e.kind, e.detail) from None
+        except Exception as e:  # a reply no store parser could read: still this model's failure
+            raise self._error(
+                model_id, source, path, Failure.BAD, f"the store's reply to the listing is unreadable ({_what(e)})"
+            ) from None
         finally:
             store.transport.close()
         try:
-            plan = plan_files(source.path, listed)
+            plan = plan_files(path, listed, name)
         except StorageConfigError as e:
-            raise self._error(model_id, source, source.path, Failure.BAD, str(e)) from None
+            raise self._error(model_id, source, path, Failure.BAD, str(e)) from None
         if not plan.files:
-            raise self._error(model_id, source, source.path, Failure.NOT_FOUND, "no such object or folder")
-        self._plans[model_id] = (fp, plan)
+            raise self._error(model_id, source, path, Failure.NOT_FOUND, "no such object or folder")
         return plan
 
     def _store(self, model_id: str, source: Source) -> Store:
@@ -367,40 +396,58 @@ class StorageHelper:
             _write_marker(mdir / DONE_MARKER, {**marker, "last_used_ms": now})
             log.info("storage: %s from the disk tier (%d bytes)", model_id, marker["size_bytes"])
             return self._pulled(model_id, key, marker, from_disk=True)
-        if model_id in self.tier:  # a stale copy (another source) or a marker gone
+        old = self._set_aside(model_id, marker)
+        try:
+            try:
+                return self._pull_files(model_id, source, key, fp, PLAN_FRESH_S)
+            except ObjectChanged as e:
+                log.info("storage: %s: %s; listing %s again", model_id, e.detail, source.store)
+            try:
+                return self._pull_files(model_id, source, key, fp, 0.0)
+            except ObjectChanged as e:
+                raise self._error(model_id, source, e.object, e.kind, f"{e.detail} (again, listed anew)") from None
+        except BaseException:
             with self._lock:
-                self.tier.drop(model_id)
-        shutil.rmtree(mdir, ignore_errors=True)
-        plan = self._plan(model_id, source)
+                self._plans.pop(model_id, None)  # the next try lists the store again
+            self._keep(model_id, old)
+            raise
+
+    def _set_aside(self, model_id: str, marker: Mapping[str, object] | None) -> DiskEntry | None:
+        """Before a pull: a complete copy from another source leaves the tier's count but stays
+        on disk (its tier entry returned) until the pull replaces it; anything else is removed."""
+        with self._lock:
+            entry = next((e for e in self.tier.entries() if e.model_id == model_id and e.complete), None)
+            self.tier.drop(model_id)
+        if entry is not None and marker is not None:
+            return entry
+        shutil.rmtree(self.root / model_id, ignore_errors=True)
+        return None
+
+    def _keep(self, model_id: str, old: DiskEntry | None) -> None:
+        """A pull failed: the copy it was to replace goes back into the tier (or, with no room
+        left for it, away)."""
+        if old is None or not (self.root / model_id).is_dir():
+            return
+        with self._lock:
+            kept = model_id not in self.tier and self.tier.restore(
+                model_id, old.size_bytes, old.pull_ms, old.last_used_ms
+            )
+        if not kept:
+            shutil.rmtree(self.root / model_id, ignore_errors=True)
+
+    def _pull_files(self, model_id: str, source: Source, key: Mapping[str, object], fp: str, fresh_s: float) -> Pulled:
+        """One pull from a listing at most `fresh_s` old; ObjectChanged when an object no longer
+        matches it (nothing of the pull left)."""
+        mdir = self.root / model_id
+        plan = self._plan(model_id, source, fresh_s)
         schema_plan: ModelPlan | None = None
         if source.schema_path:
-            schema_plan = plan_files(source.schema_path.lstrip("/"), self._list_one(model_id, source), None)
-            schema_plan = ModelPlan(
-                tuple(
-                    FilePlan(f.key, schema_name(source.schema_path, plan.name), f.size, f.etag)
-                    for f in schema_plan.files[:1]
-                ),
-                schema_name(source.schema_path, plan.name),
-            )
+            # Upstream pulls the schema as one more target: a file, or a folder's every object.
+            name = schema_name(source.schema_path, plan.name)
+            schema_plan = self._list_plan(model_id, source, source.schema_path.lstrip("/"), name)
         files = list(plan.files) + (list(schema_plan.files) if schema_plan else [])
         total = sum(f.size for f in files)
-        now = _now_ms()
-        with self._lock:
-            admission = self.tier.admit(model_id, total, now, held=self._held)
-        if not admission.admitted:
-            raise self._error(
-                model_id, source, source.path, Failure.DISK, f"too large for the disk: {admission.reason}"
-            )
-        for victim in admission.evict:
-            log.info("storage: evicting %s from the disk tier for %s", victim, model_id)
-            shutil.rmtree(self.root / victim, ignore_errors=True)
-        free = shutil.disk_usage(self.root).free
-        if free < total:
-            with self._lock:
-                self.tier.drop(model_id)
-            raise self._error(
-                model_id, source, source.path, Failure.DISK, f"needs {total} bytes, the volume has {free} free"
-            )
+        free = self._admit(model_id, source, total)
         with self._lock:
             pulling = sum(e.size_bytes for e in self.tier.entries() if not e.complete and e.model_id != model_id)
         first = allocate_first(free, total, pulling)
@@ -422,17 +469,18 @@ class StorageHelper:
             }
             _write_marker(staging / DONE_MARKER, marker)
             _fsync_dir(staging)  # its entries on the disk before it is renamed into place
-            os.rename(staging, mdir)
+            _replace_dir(staging, mdir, self.root / _replaced_name(model_id))
             _fsync_dir(self.root)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             with self._lock:
                 self.tier.drop(model_id)
             raise
+        shutil.rmtree(self.root / _replaced_name(model_id), ignore_errors=True)
         with self._lock:
             self.tier.done(model_id, total, pull_ms, now)
             self._held.add(model_id)
-        self._plans.pop(model_id, None)
+            self._plans.pop(model_id, None)
         mib = total / (1 << 20)
         log.info(
             "storage: pulled %s from %s: %d files, %.1f MiB in %d ms (%.0f MiB/s)",
@@ -445,18 +493,42 @@ class StorageHelper:
         )
         return self._pulled(model_id, key, marker, from_disk=False)
 
+    def _admit(self, model_id: str, source: Source, total: int) -> int:
+        """Room for `total` bytes in the tier's budget and on the volume, or the DISK failure;
+        models are evicted only for a pull that will run. The volume's free bytes."""
+        with self._lock:
+            sizes = {e.model_id: e for e in self.tier.entries()}
+            admission = self.tier.admit(model_id, total, _now_ms(), held=self._held)
+            if not admission.admitted:
+                raise self._error(
+                    model_id, source, source.path, Failure.DISK, f"too large for the disk: {admission.reason}"
+                )
+            freed = sum(sizes[v].size_bytes for v in admission.evict if v in sizes)
+            free = shutil.disk_usage(self.root).free
+            if free + freed < total:
+                self.tier.drop(model_id)
+                for v in admission.evict:  # still on disk: back in the tier
+                    e = sizes[v]
+                    if not self.tier.restore(v, e.size_bytes, e.pull_ms, e.last_used_ms):
+                        shutil.rmtree(self.root / v, ignore_errors=True)
+                raise self._error(
+                    model_id, source, source.path, Failure.DISK, f"needs {total} bytes, the volume has {free} free"
+                )
+        for victim in admission.evict:
+            log.info("storage: evicting %s from the disk tier for %s", victim, model_id)
+            shutil.rmtree(self.root / victim, ignore_errors=True)
+        free = shutil.disk_usage(self.root).free
+        if free < total:
+            with self._lock:
+                self.tier.drop(model_id)
+            raise self._error(
+                model_id, source, source.path, Failure.DISK, f"needs {total} bytes, the volume has {free} free"
+            )
+        return free
+
     def _staging(self, model_id: str) -> Path:
         """Where a pull writes until it is complete (hidden, so no model id can name it)."""
         return self.root / staging_name(model_id)
-
-    def _list_one(self, model_id: str, source: Source) -> list[Listed]:
-        store = self._store(model_id, source)
-        try:
-            return store.list_objects(source.schema_path.lstrip("/"))
-        except TransferError as e:
-            raise self._error(model_id, source, source.schema_path, e.kind, e.detail) from None
-        finally:
-            store.transport.close()
 
     def _pulled(
         self, model_id: str, key: Mapping[str, object], marker: Mapping[str, object], from_disk: bool
@@ -474,34 +546,49 @@ class StorageHelper:
         )
 
     # ---- PVC ---------------------------------------------------------------------------
-    def _pvc_target(self, model_id: str, source: Source) -> Path:
+    def _pvc_target(self, model_id: str, source: Source, path: str | None = None) -> Path:
+        """The file or folder at `path` (the model's by default) on the model's volume."""
+        path = source.path if path is None else path
         root = self.settings.pvc_dir / str(source.config["name"])
         try:
-            rel = safe_relpath(source.path)
+            rel = safe_relpath(path)
             check_model_id(str(source.config["name"]))
         except StorageConfigError as e:
-            raise self._error(model_id, source, source.path, Failure.BAD, str(e)) from None
+            raise self._error(model_id, source, path, Failure.BAD, str(e)) from None
         target = (root / rel).resolve()
         if not within(str(root.resolve()), str(target)):
-            raise self._error(
-                model_id, source, source.path, Failure.BAD, "the path leaves the volume (a link out of it)"
-            )
+            raise self._error(model_id, source, path, Failure.BAD, "the path leaves the volume (a link out of it)")
         if not target.exists():
-            raise self._error(model_id, source, source.path, Failure.NOT_FOUND, "no such file or folder on the volume")
+            raise self._error(model_id, source, path, Failure.NOT_FOUND, "no such file or folder on the volume")
         return target
 
     def _pvc_size(self, model_id: str, source: Source) -> int:
         return _tree_size(self._pvc_target(model_id, source))
 
     def _link_pvc(self, model_id: str, source: Source, key: Mapping[str, object]) -> Pulled:
+        """The model (and its schema, upstream's way) as links into its volume."""
         target = self._pvc_target(model_id, source)
+        name = target.name or "_model"
+        schema: tuple[str, Path] | None = None
+        if source.schema_path:
+            schema = (schema_name(source.schema_path, name), self._pvc_target(model_id, source, source.schema_path))
         mdir = self.root / model_id
+        with self._lock:
+            self.tier.drop(model_id)  # a copy pulled from a store before
         shutil.rmtree(mdir, ignore_errors=True)
         mdir.mkdir(parents=True)
-        name = target.name or "_model"
         (mdir / name).symlink_to(target)
+        if schema is not None:
+            (mdir / schema[0]).symlink_to(schema[1])
         size = _tree_size(target)
-        marker = {"size_bytes": size, "pull_ms": 0, "name": name, "pvc": True, "source": _fingerprint(source)}
+        marker = {
+            "size_bytes": size,
+            "pull_ms": 0,
+            "name": name,
+            "schema": schema[0] if schema else None,
+            "pvc": True,
+            "source": _fingerprint(source),
+        }
         _write_marker(mdir / DONE_MARKER, marker)
         return self._pulled(model_id, key, marker, from_disk=True)
 
@@ -681,6 +768,10 @@ class StorageHelper:
                 self._finish(model_id, source, f, fd)
         except OSError as e:
             raise self._disk_error(model_id, source, f.key, e) from None
+        except (StorageError, TransferError):
+            raise
+        except Exception as e:  # a reply no store code could read: still this model's failure
+            raise self._error(model_id, source, f.key, Failure.BAD, f"unreadable reply ({_what(e)})") from None
         finally:
             os.close(fd)
 
@@ -698,11 +789,14 @@ class StorageHelper:
         start = part.start if part else 0
         end = part.end if part else f.size - 1
         done = [0]  # bytes of this part written so far: a retry resumes after them
-        # Small single objects: their ETag (S3) or md5 (GCS, Azure) is the body's MD5, summed
-        # as the bytes arrive (an MD5 costs ~2 ms/MiB of CPU: not for large objects).
+        # Small single objects of a store that lists their content MD5 (MD5_STORES): summed as
+        # the bytes arrive (an MD5 costs ~2 ms/MiB of CPU: not for large objects).
         digest = (
             hashlib.md5(usedforsecurity=False)
-            if part is None and _plain_md5(f.etag) and f.size < min(self.settings.part_threshold, MD5_LIMIT)
+            if part is None
+            and source.type in MD5_STORES
+            and _plain_md5(f.etag)
+            and f.size < min(self.settings.part_threshold, MD5_LIMIT)
             else None
         )
         attempt = 0
@@ -716,6 +810,8 @@ class StorageHelper:
                 left = end - start + 1 - done[0]
                 self._fetch_once(store, f, fd, rest, start + done[0], left, progress, stop, done, digest)
                 break
+            except ObjectChanged:
+                raise  # the pull lists the store again
             except TransferError as e:
                 if not retryable(e.kind) or attempt > RETRIES_PER_PART or stop.is_set():
                     raise self._error(model_id, source, f.key, e.kind, e.detail) from None
@@ -723,7 +819,7 @@ class StorageHelper:
                 log.info("storage: %s object %r: %s; retry %d in %.1f s", model_id, f.key, e.detail, attempt, wait)
                 stop.wait(wait)
         if digest is not None and done[0] == f.size and digest.hexdigest() != f.etag.lower():
-            raise self._error(model_id, source, f.key, Failure.TRANSIENT, "the body does not match its MD5")
+            raise ObjectChanged(f"{f.key!r}: the body does not match its listed MD5", f.key)
 
     def _finish(self, model_id: str, source: Source, f: FilePlan, fd: int) -> None:
         """A file of one GET, all its bytes in: its size checked, synced when asked."""
@@ -747,6 +843,9 @@ class StorageHelper:
         digest: hashlib._Hash | None,
     ) -> None:
         resp = store.get(f.key, part, f.etag if "-" in f.etag or len(f.etag) == 32 else "")
+        if resp.status == 412:  # If-Match: the object's ETag is no longer the listed one
+            store.transport.abandon(resp)
+            raise ObjectChanged(f"{f.key!r} changed since it was listed (HTTP 412)", f.key)
         check_status(resp, f"{f.key!r}" + (f" bytes {part.start}-{part.end}" if part else ""))
         if part is not None and resp.status != 206:
             store.transport.abandon(resp)
@@ -754,7 +853,10 @@ class StorageHelper:
         length = resp.header("Content-Length")
         if length.isdigit() and int(length) != size:
             store.transport.abandon(resp)
-            raise TransferError(Failure.TRANSIENT, f"the store sends {length} bytes where {size} were listed")
+            detail = f"the store sends {length} bytes where {size} were listed"
+            if part is None:  # the whole object: another one than was listed
+                raise ObjectChanged(f"{f.key!r}: {detail}", f.key)
+            raise TransferError(Failure.TRANSIENT, detail)
         buf = bytearray(min(BUFFER_BYTES, max(1, size)))
         view = memoryview(buf)
         written = 0
@@ -829,6 +931,10 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         offset += n
 
 
+def _what(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
 def _plain_md5(etag: str) -> bool:
     return len(etag) == 32 and all(c in "0123456789abcdefABCDEF" for c in etag)
 
@@ -853,6 +959,20 @@ def _write_marker(path: Path, marker: Mapping[str, object]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _replaced_name(model_id: str) -> str:
+    """Where a model's previous copy waits while its new one is renamed into place: hidden and
+    ending in `.partial`, so a start-up after a crash there removes it."""
+    return f".{hashlib.sha256(model_id.encode()).hexdigest()}.old{STAGING_SUFFIX}"
+
+
+def _replace_dir(new: Path, path: Path, aside: Path) -> None:
+    """Rename `new` to `path`, moving what is at `path` to `aside` first (removed by the caller)."""
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(path, aside)
+    os.rename(new, path)
 
 
 def _fsync_file(path: Path) -> None:

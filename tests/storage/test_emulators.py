@@ -82,6 +82,17 @@ async def test_gcs_folder_model_with_ranged_parts(gcs: str, tmp_path: Path) -> N
     assert "gcs bucket gbkt" in str(e.value)
 
 
+async def test_gcs_object_changed_since_it_was_listed_is_listed_again(gcs: str, tmp_path: Path) -> None:
+    # GCS gets no If-Match: the listed md5Hash is what shows the object changed.
+    assert put(gcs, "/gbkt/c/w.bin", blob(100 * KIB, 1)) == 200
+    helper = StorageHelper(settings(tmp_path))
+    await helper.start()
+    assert await helper.predict_size("gc", "gs://gbkt/c/w.bin", "") == 100 * KIB
+    assert put(gcs, "/gbkt/c/w.bin", blob(100 * KIB, 2)) == 200  # the same size, other bytes
+    pulled = await helper.pull("gc", "gs://gbkt/c/w.bin", "")
+    assert pulled is not None and content(pulled.local_path) == blob(100 * KIB, 2)
+
+
 class TokenEndpoint:
     """An OAuth token endpoint of our own (Google's JWT-bearer grant): checks the assertion's
     RS256 signature against the service account's public key and records its claims."""
