@@ -25,7 +25,13 @@ import grpc
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
 from meshd.adapter import gpu, layout, running, sizing, stored
 from meshd.adapter.layout import Layout, MLServerLayout, TritonLayout
-from meshd.adapter.server import Adapter, AdapterConfig, ModelServer
+from meshd.adapter.server import (
+    DEFAULT_LOADING_TIMEOUT_MS,
+    DEFAULT_MODEL_SIZE_BYTES,
+    Adapter,
+    AdapterConfig,
+    ModelServer,
+)
 from meshd.adapter.supervisor import Supervisor, SupervisorConfig
 from meshd.observability.logs import setup_logging
 from meshd.process.child import resolve
@@ -127,10 +133,10 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str], gpu_bytes: int | 
         repository=a.repository,
         model_root=a.model_root,
         capacity_bytes=sizing.capacity_with_gpu(memory, gpu_bytes, overhead, DEFAULT_MEMORY_BYTES, gpu_overhead),
-        default_model_size=pick(a.default_model_size, "DEFAULT_MODELSIZE", default=1 << 20),
+        default_model_size=pick(a.default_model_size, "DEFAULT_MODELSIZE", default=DEFAULT_MODEL_SIZE_BYTES),
         size_multiplier=multiplier,
         max_loading_concurrency=max(1, pick(a.loading_concurrency, "LOADING_CONCURRENCY", default=1)),
-        loading_timeout_ms=pick(a.loading_timeout_ms, "LOADTIME_TIMEOUT", default=90_000),
+        loading_timeout_ms=pick(a.loading_timeout_ms, "LOADTIME_TIMEOUT", default=DEFAULT_LOADING_TIMEOUT_MS),
         max_concurrency=max(0, pick(a.max_concurrency, "LIMIT_PER_MODEL_CONCURRENCY", default=0)),
         version=f"meshd-adapter/{a.server}",
     )

@@ -49,6 +49,12 @@ INJECTED_METHODS = {
     "mlserver": ("ModelInfer", "ModelMetadata", "ModelReady"),
 }
 SERVER_CALL_TIMEOUT_S = 10.0
+# DEFAULT_MODELSIZE: upstream adapters' default (model-mesh-*-adapter/server/config.go),
+# 1,000,000 bytes. LOADTIME_TIMEOUT: the 90,000 ms modelmesh-serving sets on every adapter (the
+# ServingRuntime default), not the adapters' own 30,000: a load here includes its pull, and
+# outside modelmesh-serving nobody sets it.
+DEFAULT_MODEL_SIZE_BYTES = 1_000_000
+DEFAULT_LOADING_TIMEOUT_MS = 90_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +62,10 @@ class AdapterConfig:
     repository: Path
     model_root: Path | None = None  # relative model paths are under it
     capacity_bytes: int = 1 << 30
-    default_model_size: int = 1 << 20
+    default_model_size: int = DEFAULT_MODEL_SIZE_BYTES
     size_multiplier: float = sizing.DEFAULT_MULTIPLIER
     max_loading_concurrency: int = 1
-    loading_timeout_ms: int = 90_000
+    loading_timeout_ms: int = DEFAULT_LOADING_TIMEOUT_MS
     max_concurrency: int = 0  # per copy; > 0 turns on limitModelConcurrency
     version: str = "meshd-adapter"
 
@@ -165,10 +171,22 @@ class Adapter(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         key = key_object(model_key) or {}
         if not model_path or "\0" in model_path:
             raise Failure(grpc.StatusCode.INVALID_ARGUMENT, f"model {request.modelId!r}: modelPath is empty or invalid")
-        path = Path(model_path)
+        try:
+            schema = layout.schema_path_of(key)
+        except LayoutError as e:
+            raise Failure(grpc.StatusCode.INVALID_ARGUMENT, f"model {request.modelId!r}: {e}") from None
+        if schema is not None and "\0" in schema:
+            raise Failure(grpc.StatusCode.INVALID_ARGUMENT, f"model {request.modelId!r}: schema_path is invalid")
+        model_type = layout.model_type_of(request.modelType, key)
+        schema_file = self._local(schema) if schema is not None else None
+        return ModelSource(request.modelId, model_type, self._local(model_path), key, schema_file)
+
+    def _local(self, path_text: str) -> Path:
+        """A model or schema path: relative ones are under --model-root (the pulled ones are absolute)."""
+        path = Path(path_text)
         if not path.is_absolute() and self.config.model_root is not None:
             path = self.config.model_root / path
-        return ModelSource(request.modelId, layout.model_type_of(request.modelType, key), path, key)
+        return path
 
     async def _pull(self, request: Any) -> tuple[str, str] | None:
         """Pull the model onto local disk when its key or path names a store (or find it on

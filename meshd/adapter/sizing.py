@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from meshd.decisions.placement.modelkey import policy_from_key
+from meshd.core.model_types import key_object
+from meshd.decisions.placement.modelkey import DISK_SIZE_KEY, policy_from_key
 
 DEFAULT_MULTIPLIER = 1.25
 DEFAULT_OVERHEAD_BYTES = 256 << 20
@@ -33,10 +34,21 @@ def model_size(key: str, disk_bytes: int | None, multiplier: float, default_byte
         policy = None  # validated by meshd at registration; other writers may differ
     if policy is not None and policy.declared_size_bytes is not None:
         return policy.declared_size_bytes
-    on_disk = policy.disk_size_bytes if policy is not None and policy.disk_size_bytes else disk_bytes
+    on_disk = policy.disk_size_bytes if policy is not None and policy.disk_size_bytes else None
+    on_disk = on_disk or _whole_float_disk_size(key) or disk_bytes
     if not on_disk:
         return default_bytes
     return max(1, int(on_disk * multiplier))
+
+
+def _whole_float_disk_size(key: str) -> int | None:
+    """`disk_size_bytes` written as a whole float (1000.0): upstream's adapters decode JSON
+    numbers as floats, so writers may send one; meshd's key policy reads only integers."""
+    obj = key_object(key)
+    raw = obj.get(DISK_SIZE_KEY) if obj is not None else None
+    if isinstance(raw, float) and raw.is_integer() and raw > 0:
+        return int(raw)
+    return None
 
 
 def capacity(memory_bytes: int, overhead_bytes: int) -> int:

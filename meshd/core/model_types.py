@@ -14,16 +14,33 @@ MLSERVER_IMPLEMENTATIONS = {
     "lightgbm": "mlserver_lightgbm.LightGBMModel",
     "mlflow": "mlserver_mlflow.MLflowRuntime",
     "huggingface": "mlserver_huggingface.HuggingFaceRuntime",
+    # Upstream writes "mlserver-mllib.MLlibModel", which Python cannot import; this is the class.
+    # MLlib also needs `parameters.format`, which no file tells: bring a model-settings.json.
+    "mllib": "mlserver_mllib.MLlibModel",
 }
 
-# Model type -> (Triton backend, file or folder name inside the version folder).
+# Model type -> (Triton backend, the name a single model file takes in the version folder).
 TRITON_BACKENDS = {
     "onnx": ("onnxruntime", "model.onnx"),
     "pytorch": ("pytorch", "model.pt"),
-    "tensorflow": ("tensorflow", "model.savedmodel"),
+    "tensorflow": ("tensorflow", "model.graphdef"),  # a file is a GraphDef; a folder, below
     "tensorrt": ("tensorrt", "model.plan"),
     "python": ("python", "model.py"),
 }
+# Model type -> the name a model *folder* takes in the version folder (upstream triton
+# adapter's modelTypeToDirNameMapping); other types' folders are the version folder's contents.
+TRITON_FOLDER_NAMES = {"tensorflow": "model.savedmodel", "onnx": "model.onnx", "keras": "model.savedmodel"}
+# Keras is served as a TensorFlow SavedModel (upstream). A single Keras file (.h5) upstream
+# converts with a TensorFlow tool the adapter does not ship, so it is refused.
+TRITON_KERAS = "keras"
+
+
+def triton_backend(model_type: str) -> str | None:
+    """The Triton backend serving a model type (None: unknown)."""
+    if model_type == TRITON_KERAS:
+        return TRITON_BACKENDS["tensorflow"][0]
+    known = TRITON_BACKENDS.get(model_type)
+    return known[0] if known else None
 
 # Model types served by an LLM engine (`meshd llm-runtime`): OpenAI calls and KServe text
 # completions go to these; a model of any other type is a tensor model, and an OpenAI call

@@ -65,3 +65,17 @@ def test_a_repository_among_the_pulled_models_is_refused_at_start(tmp_path: Path
         timeout=60,
     )
     assert proc.returncode == 2 and "must be named _" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_defaults_are_upstreams(tmp_path: Path) -> None:
+    from meshd.adapter.main import build_parser, config_from
+
+    a = build_parser().parse_args(
+        ["--server", "triton", "--server-grpc", "x:1", "--repository", str(tmp_path), "--port", "1"]
+    )
+    config = config_from(a, {})
+    # model-mesh-*-adapter/server/config.go: DEFAULT_MODELSIZE 1000000; LOADTIME_TIMEOUT as
+    # modelmesh-serving sets it (90000; the adapters' own default, 30000, includes no pull)
+    assert (config.default_model_size, config.loading_timeout_ms) == (1_000_000, 90_000)
+    config = config_from(a, {"DEFAULT_MODELSIZE": "7", "LOADTIME_TIMEOUT": "90000"})
+    assert (config.default_model_size, config.loading_timeout_ms) == (7, 90_000)

@@ -5,6 +5,7 @@ and nothing is left loaded in the server that the adapter (and so meshd) does no
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -175,3 +176,33 @@ async def test_odd_model_keys_are_sized_not_crashed_on(adapter: tuple[Adapter, F
     with pytest.raises(Aborted) as e:
         await ad.loadModel(bad_path, Context(5))
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_layout_failures_name_the_model_and_the_file(adapter: tuple[Adapter, FakeServer, Path]) -> None:
+    ad, _, path = adapter
+    loop = path / "loop"
+    loop.mkdir()
+    (loop / "model.joblib").write_bytes(b"x")
+    (loop / "l1").symlink_to("l2")
+    (loop / "l2").symlink_to("l1")
+    with pytest.raises(Aborted) as e:
+        await ad.loadModel(load_request(path, "loop"), Context(5))
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "'loop'" in str(e.value) and str(loop / "l1") in str(e.value)
+    assert sorted(p.name for p in loop.iterdir()) == ["l1", "l2", "model.joblib"]
+
+
+async def test_a_schema_path_is_applied_and_must_be_a_string(adapter: tuple[Adapter, FakeServer, Path]) -> None:
+    ad, _, path = adapter
+    schema = path / "schema.json"
+    schema.write_text('{"inputs": [{"name": "x", "datatype": "FP64", "shape": [-1, 4]}]}')
+    req = load_request(path, "m")
+    req.modelKey = json.dumps({"schema_path": str(schema)})
+    await ad.loadModel(req, Context(5))
+    settings = json.loads((path / "repo" / "m" / "model-settings.json").read_text())
+    assert settings["inputs"] == [{"name": "x", "datatype": "FP64", "shape": [-1, 4]}]
+    req = load_request(path, "poison")
+    req.modelKey = json.dumps({"schema_path": 3})
+    with pytest.raises(Aborted) as e:
+        await ad.loadModel(req, Context(5))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "schema_path" in str(e.value)

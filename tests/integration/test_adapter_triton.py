@@ -481,3 +481,63 @@ def test_demo_on_real_triton(triton: tuple[TritonInstall, Path]) -> None:
     assert "correct answers  30" in proc.stdout and "wrong answers    0" in proc.stdout, proc.stdout
     assert f"Triton {TRITON_VERSION}" in proc.stdout
     assert "stopped every process the demo started" in proc.stdout
+
+
+def test_configs_and_schemas_the_adapter_rewrites_load_in_real_triton(
+    tmp_path: Path, triton: tuple[TritonInstall, Path]
+) -> None:
+    """A config.pbtxt whose name carries a comment or quotes differently, or whose only
+    `name:` at column 0 is an input's, loads under the model id; a schema supplies the
+    inputs and outputs (without the batch dimension when the config batches)."""
+    from meshd.adapter import layout
+    from meshd.adapter.layout import ModelSource, TritonLayout
+
+    install, backends = triton
+    rule = DemoModel.load(generate_models(tmp_path / "rules", 1, prefix="cfg-")[0].path)
+    base = write_python_model(tmp_path / "base", rule).joinpath("config.pbtxt").read_text()
+    one_line = base.replace("\n", " ").replace('"python"', "'python'")
+    nested = base.replace("input [ { name", "input [\n{\nname")
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(
+        json.dumps(
+            {
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, rule.inputs]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, rule.outputs]}],
+            }
+        )
+    )
+    no_tensors = 'backend: "python"\nmax_batch_size: 4\ninstance_group [ { kind: KIND_CPU count: 1 } ]\n'
+    cases = {
+        "commented": ('name: "old"  # exported name\n' + base, None),
+        "quoted": ("name:'old' " + one_line, None),
+        "nested": (nested, None),
+        "schema": (no_tensors, schema_file),
+    }
+    repo = tmp_path / "repository"
+    repo.mkdir()
+    port, http_port, shm = free_port(), free_port(), f"meshd-test-{uuid.uuid4().hex[:12]}-"
+    argv, env = triton_command(install, repo, backends, port, http_port, shm)
+    with (tmp_path / "triton.log").open("w") as log:
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        stub = v2_grpc.GRPCInferenceServiceStub(channel)
+        wait_until(lambda: port_open(port), 60, "tritonserver")
+        for label, (config, schema) in cases.items():
+            folder = write_python_model(tmp_path / label, rule)
+            (folder / "config.pbtxt").write_text(config)
+            layout.install(TritonLayout(), repo, ModelSource(f"id-{label}", "python", folder, {}, schema))
+            stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name=f"id-{label}"), timeout=60)
+            meta = stub.ModelMetadata(v2.ModelMetadataRequest(name=f"id-{label}"), timeout=10)
+            assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("x", "FP32", [-1, rule.inputs])]
+        batched = stub.ModelConfig(v2.ModelConfigRequest(name="id-schema"), timeout=10).config
+        assert batched.max_batch_size == 4 and list(batched.input[0].dims) == [rule.inputs]
+        channel.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        remove_shm(shm)
