@@ -10,7 +10,7 @@ scaling, constraints, modelkey, view, and `liveness`: what the records lag behin
 concurrency rules), `janitor` (what to repair between the cache and the registry), `status`
 (what getModelStatus reports), `ids` (what a valid model id and ModelInfo are), `publishing`
 (what this instance's record says and when it is due), `drain` (when a stopping instance's
-drain grace ends).
+drain grace ends), `dynamic_config` (what upstream's run-time settings under `config/` in etcd mean).
 
 May import: core.
 """

@@ -53,6 +53,11 @@ class Invocations:
         self._ids = itertools.count(1)
         self.active = records_calls(metrics.enabled, log_each, payloads is not None)  # off: `done` returns at once
 
+    def set_log_each(self, on: bool) -> None:
+        """Turn the invoke log on or off at run time (etcd's `config/log_each_invocation`)."""
+        self.log_each = on
+        self.active = records_calls(self.metrics.enabled, on, self.payloads is not None)
+
     def start(self) -> float:
         """The call's start time; forgets any earlier call's note in this context."""
         if self.active:
