@@ -10,6 +10,7 @@ import pytest
 
 from meshd.config import load_config
 from meshd.mesh import StartRefused, check_ports_free, listening_ports
+from meshd.net.listen import ipv6_available
 from meshd.testing.procs import free_port
 
 
@@ -50,3 +51,16 @@ def test_free_ports_pass_and_disabled_ones_are_not_checked() -> None:
         "MESHD_PEER_PORT (--peer-port)",
     ]
     check_ports_free(listening_ports(cfg))
+
+
+@pytest.mark.skipif(not ipv6_available(), reason="no IPv6 on this host")
+def test_a_port_taken_on_ipv6_only_refuses_start() -> None:
+    """The servers bind both families, so a port another process holds on IPv6 alone is taken."""
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        taken.bind(("::1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = load_config(None, {"MM_PROBE_PORT": str(port), "MM_SVC_GRPC_PORT": str(free_port())})
+        with pytest.raises(StartRefused, match=rf"port {port} is already in use .*set MM_PROBE_PORT"):
+            check_ports_free(listening_ports(cfg))

@@ -33,6 +33,7 @@ from meshd.adapter.server import (
     ModelServer,
 )
 from meshd.adapter.supervisor import Supervisor, SupervisorConfig
+from meshd.core.hostport import join as host_port
 from meshd.observability.logs import setup_logging
 from meshd.process.child import resolve
 
@@ -191,8 +192,8 @@ async def serve(a: argparse.Namespace, config: AdapterConfig) -> int:
     stored.serve_disk_tier(server, storage)
     bound = []
     if a.port is not None:
-        port = server.add_insecure_port(f"{a.host}:{a.port}")
-        bound.append(f"{a.host}:{port}")
+        port = server.add_insecure_port(host_port(a.host, a.port))
+        bound.append(host_port(a.host, port))
     if a.socket is not None:
         server.add_insecure_port(f"unix:{a.socket}")
         bound.append(f"unix:{a.socket}")

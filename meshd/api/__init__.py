@@ -6,5 +6,5 @@ non-inference calls; `health`; `probes`: upstream's HTTP /ready, /live and /pres
 cores they call (`management`, `repository`: the KServe repository extension, `modelrepo`:
 the model repository directory), and the edge helpers (`parsing`, `grpc_errors`).
 
-May import: core, decisions, security, observability, kv, runtime, registry, serving, loops.
+May import: core, decisions, security, observability, kv, runtime, registry, serving, loops, net.
 """

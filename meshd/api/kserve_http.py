@@ -51,6 +51,7 @@ from meshd.core.errors import InvalidArgument, MeshError
 from meshd.decisions.ids import check_id
 from meshd.decisions.openai import error_body as openai_error_body
 from meshd.decisions.status import ModelStatus
+from meshd.net.listen import bound_socket, describe
 from meshd.serving.proxy.headers import RequestIds, http_timeout_s, parse_request_headers
 
 log = logging.getLogger(__name__)
@@ -332,7 +333,7 @@ class HttpServer:
     def __init__(
         self,
         core: KServeCore,
-        host: str,
+        host: str | None,  # None: every address, both families (meshd.net.listen)
         port: int,
         shutdown_timeout_s: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
@@ -350,12 +351,13 @@ class HttpServer:
     async def start(self) -> int:
         """Listen; returns the bound port (OSError when it is taken)."""
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.host, self.port, ssl_context=self.ssl_context)
         try:
-            await site.start()
+            await web.SockSite(self.runner, bound_socket(self.host, self.port), ssl_context=self.ssl_context).start()
         except OSError as e:
             await self.runner.cleanup()
-            raise OSError(e.errno, f"cannot listen for HTTP on {self.host}:{self.port}: {e.strerror}") from None
+            raise OSError(
+                e.errno, f"cannot listen for HTTP on {describe(self.host, self.port)}: {e.strerror}"
+            ) from None
         self.port = int(self.runner.addresses[0][1])
         return self.port
 

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from meshd._proto.meshd import llm_pb2
 from meshd.core.errors import Unavailable
+from meshd.core.hostport import join as host_port
 from meshd.decisions.cache import CacheEntry
 from meshd.serving.router import Answered, DirectOpen, Sink
 
@@ -111,7 +112,7 @@ class EngineStreams:
                 body = json.dumps(parsed).encode()
             host, port = where
             request = (
-                f"POST {call.path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"POST {call.path} HTTP/1.1\r\nHost: {host_port(host, port)}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n"
             ).encode() + body
             engine = self._kept(where)

@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from meshd.net.listen import bound_socket, describe
+
 log = logging.getLogger(__name__)
 
 UPSTREAM_PROBE_PORT = 8089  # MM_PROBE_PORT: upstream's litelinks health probe port
@@ -35,7 +37,7 @@ class ProbeServer:
 
     def __init__(
         self,
-        host: str,
+        host: str | None,  # None: every address, both families (meshd.net.listen)
         probe_port: int | None,
         prestop_port: int | None,
         ready: Callable[[], bool],
@@ -84,10 +86,12 @@ class ProbeServer:
             await runner.setup()
             self.runners.append(runner)
             try:
-                await web.TCPSite(runner, self.host, port).start()
+                await web.SockSite(runner, bound_socket(self.host, port)).start()
             except OSError as e:
                 await self.stop()
-                raise OSError(e.errno, f"cannot listen for probes on {self.host}:{port}: {e.strerror}") from None
+                raise OSError(
+                    e.errno, f"cannot listen for probes on {describe(self.host, port)}: {e.strerror}"
+                ) from None
             bound = int(runner.addresses[0][1])
             for d in defs:
                 self.bound[str(getattr(d, "path", ""))] = bound

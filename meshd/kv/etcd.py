@@ -192,7 +192,7 @@ class EtcdStore:
         options = dict(_CHANNEL_OPTIONS)
         if t.override_authority:
             options["grpc.ssl_target_name_override"] = t.override_authority
-        address = f"{ep.host}:{ep.port}"
+        address = str(ep)  # host:port, [v6]:port
         if t.tls:
             creds = grpc.ssl_channel_credentials(
                 root_certificates=t.ca_cert, private_key=t.client_key, certificate_chain=t.client_cert

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meshd.core import hostport
+
 DEFAULT_PORT = 2379  # etcd's client port, what upstream assumes when an endpoint has none
 
 KNOWN_KEYS = frozenset(
@@ -47,10 +49,12 @@ KNOWN_KEYS = frozenset(
 )
 TLS_MODES = ("AUTO", "TLS", "PLAINTEXT")
 
-# etcd-java's simple form: `ep(,ep)*(;rootPrefix=<prefix>)?`, ep = `[http[s]://]host[:port]`.
-_ENDPOINT = r"(?:https?://)?[A-Za-z0-9\-.]+(?::\d+)?"
+# etcd-java's simple form: `ep(,ep)*(;rootPrefix=<prefix>)?`, ep = `[http[s]://]host[:port]`;
+# an IPv6 host in brackets, as in a URL: `http://[fd00::7]:2379`.
+_HOST = r"[A-Za-z0-9\-.]+|\[[0-9A-Fa-f:.]+\]"
+_ENDPOINT = rf"(?:https?://)?(?:{_HOST})(?::\d+)?"
 _SIMPLE = re.compile(rf"({_ENDPOINT}(?:,{_ENDPOINT})*)(?:;rootPrefix=(.+))?")
-_ENDPOINT_PARTS = re.compile(r"(?:(https?)://)?([A-Za-z0-9\-.]+)(?::(\d+))?")
+_ENDPOINT_PARTS = re.compile(rf"(?:(https?)://)?({_HOST})(?::(\d+))?")
 
 
 class KVStoreError(ValueError):
@@ -59,12 +63,12 @@ class KVStoreError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    host: str
+    host: str  # an IPv6 address without its brackets
     port: int
     scheme: str = ""  # "http", "https" or "" as written
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return hostport.join(self.host, self.port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +141,7 @@ def _endpoints(text: str) -> tuple[Endpoint, ...]:
         port = int(m.group(3)) if m.group(3) else DEFAULT_PORT
         if not 0 < port < 65536:
             raise KVStoreError(f"KV_STORE: bad port in etcd endpoint {raw!r}")
-        out.append(Endpoint(m.group(2), port, m.group(1) or ""))
+        out.append(Endpoint(hostport.unbracket(m.group(2)), port, m.group(1) or ""))
     return tuple(out)
 
 

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from meshd.decisions.cache import UNIT_BYTES
 from meshd.decisions.openai import TokenTiming
+from meshd.net.listen import bound_socket
 
 log = logging.getLogger(__name__)
 
@@ -475,7 +476,11 @@ class MetricsServer:
     On the loop, not in a thread, so the scrape-time gauges read the cache without locks."""
 
     def __init__(
-        self, metrics: Metrics, port: int, host: str = "0.0.0.0", ssl_context: ssl.SSLContext | None = None
+        self,
+        metrics: Metrics,
+        port: int,
+        host: str | None = None,  # None: every address, both families (meshd.net.listen)
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.ssl_context = ssl_context
         self.metrics = metrics
@@ -485,7 +490,8 @@ class MetricsServer:
 
     async def start(self) -> None:
         try:
-            self._server = await asyncio.start_server(self._handle, self.host, self.port, ssl=self.ssl_context)
+            sock = bound_socket(self.host, self.port)
+            self._server = await asyncio.start_server(self._handle, sock=sock, ssl=self.ssl_context)
         except OSError as e:
             raise OSError(e.errno, f"metrics port {self.port} (MM_METRICS): {e.strerror}") from None
         self.port = self._server.sockets[0].getsockname()[1]

@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from meshd.core.hostport import join as host_port
 from meshd.runtimes.demo_server import InferenceService, RuntimeConfig, RuntimeState, add_runtime_servicer
 from meshd.runtimes.echo import EchoService
 
@@ -149,7 +150,7 @@ def _bind(server: Any, host: str, endpoint: Endpoint) -> list[str]:
     """Bind a server to an endpoint; returns the bound addresses as SPEC endpoint strings."""
     bound: list[str] = []
     if endpoint.port is not None:
-        target = f"[{host}]:{endpoint.port}" if ":" in host else f"{host}:{endpoint.port}"
+        target = host_port(host, endpoint.port)
         port = server.add_insecure_port(target)
         if port == 0:
             raise OSError(f"cannot listen on {target}")

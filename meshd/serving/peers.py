@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from meshd.core.hostport import dial_target
 from meshd.runtime.endpoints import peer_channel_options
 
 MAX_CACHED_METHODS = 1024
@@ -67,7 +68,8 @@ class RawCalls:
 
 class PeerChannel(RawCalls):
     def __init__(self, location: str, max_message_bytes: int, dial: Dial = dial_plaintext) -> None:
-        super().__init__(dial(location, peer_channel_options(max_message_bytes)))
+        # `[v6]:port`, also for a record that wrote an IPv6 address without brackets
+        super().__init__(dial(dial_target(location), peer_channel_options(max_message_bytes)))
         self.location = location
         self._calls: set[Any] = set()
         self._idle = asyncio.Event()

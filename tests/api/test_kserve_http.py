@@ -16,6 +16,7 @@ from meshd.api.kserve_core import KServeCore
 from meshd.api.kserve_http import HttpServer, KServeHttp
 from meshd.core.errors import InvalidArgument, NotFound
 from meshd.decisions.status import NOT_FOUND, ModelStatus, StatusView
+from meshd.net.listen import ipv6_available
 
 
 class FakeMesh:
@@ -336,3 +337,19 @@ async def test_requests_the_parser_refuses_answer_json_without_a_traceback(
     assert error.startswith("bad HTTP request") and len(error) < 400
     assert (ok_status, json.loads(ok_body)) == (200, {"live": True})
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+
+
+@pytest.mark.skipif(not ipv6_available(), reason="no IPv6 on this host")
+async def test_with_no_host_http_answers_on_ipv6_and_ipv4(fake: FakeMesh) -> None:
+    server = HttpServer(KServeCore(fake.status, lambda: True, fake, fake.resolve), None, 0)
+    port = await server.start()
+    try:
+        assert len(server.runner.addresses) == 1  # one dual-stack socket, not one per family
+        for host in ("::1", "127.0.0.1"):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            assert (await reader.read()).startswith(b"HTTP/1.1 200"), host
+            writer.close()
+    finally:
+        await server.stop()

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from meshd.config import ConfigError, load_config
+from meshd.net.listen import ipv6_available
 from meshd.observability.metrics import (
     LOAD_FAILURE,
     NO_METRICS,
@@ -233,3 +234,19 @@ async def test_a_taken_metrics_port_is_a_clear_error() -> None:
             await MetricsServer(NO_METRICS, first.port, host="127.0.0.1").start()
     finally:
         await first.stop()
+
+
+@pytest.mark.skipif(not ipv6_available(), reason="no IPv6 on this host")
+async def test_with_no_host_metrics_answer_on_ipv6_and_ipv4() -> None:
+    """Prometheus scrapes the pod IP, an IPv6 address on an IPv6-only cluster."""
+    server = MetricsServer(PrometheusMetrics(MetricsConfig()), 0)
+    await server.start()
+    try:
+        for host in ("::1", "127.0.0.1"):
+            reader, writer = await asyncio.open_connection(host, server.port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            assert (await reader.read()).startswith(b"HTTP/1.1 200"), host
+            writer.close()
+    finally:
+        await server.stop()

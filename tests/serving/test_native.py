@@ -18,6 +18,7 @@ from meshd.serving.native.haproxy_config import (
     Layout,
     TlsFiles,
     haproxy_address,
+    haproxy_listen,
     map_key_ok,
     parse_table,
     render,
@@ -52,6 +53,13 @@ def test_runtime_endpoints_become_haproxy_addresses() -> None:
     assert haproxy_address("127.0.0.1:8085") == "127.0.0.1:8085"
     assert haproxy_address("unix:/run/rt.sock") == "unix@/run/rt.sock"
     assert haproxy_address("unix:///run/rt.sock") == "unix@/run/rt.sock"
+    assert haproxy_address("[::1]:8085") == "ipv6@::1:8085"  # HAProxy: the last colon starts the port
+    assert haproxy_address("localhost:8085") == "localhost:8085"
+
+
+def test_the_external_port_listens_on_both_families_where_the_host_has_ipv6() -> None:
+    assert haproxy_listen(8033, dual_stack=True) == ":::8033 v4v6"
+    assert haproxy_listen(8033, dual_stack=False) == "0.0.0.0:8033"
 
 
 def test_local_routes_are_loaded_unlimited_copies_of_an_answering_runtime() -> None:
@@ -146,6 +154,7 @@ def test_counters_table_dump_is_read_per_model() -> None:
 def test_peer_addresses_must_be_ip_literals() -> None:
     assert split_address("10.0.0.2:8033") == ("10.0.0.2", 8033)
     assert split_address("[::1]:8033") == ("::1", 8033)
+    assert split_address("fd00::7:8033") == ("fd00::7", 8033)  # unbracketed, as an older record holds it
     assert split_address("peer.example:8033") is None  # HAProxy would need DNS resolvers
     assert split_address("10.0.0.2:0") is None and split_address("10.0.0.2") is None
 
@@ -183,7 +192,7 @@ def _check(haproxy: str, text: str, tmp: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("variant", ["plain", "deadline", "tls", "mtls", "unix-runtime", "log"])
+@pytest.mark.parametrize("variant", ["plain", "deadline", "tls", "mtls", "unix-runtime", "log", "ipv6", "ipv6-tls"])
 def test_every_rendered_configuration_is_valid_for_haproxy(haproxy_path: str, tmp_path: Path, variant: str) -> None:
     pem = tmp_path / "cert-key.pem"
     ca = TestCA(tmp_path, "ca")
@@ -197,9 +206,11 @@ def test_every_rendered_configuration_is_valid_for_haproxy(haproxy_path: str, tm
         "mtls": {"tls": tls},
         "unix-runtime": {"runtime": "unix@/run/runtime.sock"},
         "log": {"log_socket": str(tmp_path / "log.sock")},
+        "ipv6": {"listen": haproxy_listen(18033, dual_stack=True), "runtime": haproxy_address("[::1]:8085")},
+        "ipv6-tls": {"listen": haproxy_listen(18033, dual_stack=True), "tls": tls},
     }[variant]
     text = render(_layout(tmp_path, **kw))
     _check(haproxy_path, text, tmp_path)
     assert "noreuseport" in text  # a taken port fails start-up
     assert ("grpc-timeout) eq 0" in text) == (variant == "deadline")
-    assert ("verify required" in text) == (variant == "mtls" or variant == "tls")  # peers are always verified
+    assert ("verify required" in text) == (variant in ("mtls", "tls", "ipv6-tls"))  # peers are always verified

@@ -27,6 +27,7 @@ from meshd.adapter import running, stored
 from meshd.adapter.llm.calls import OpenAICalls, TextInference
 from meshd.adapter.llm.engines import PACKAGES, PRESETS, RestartPolicy, check_template, engine_module
 from meshd.adapter.llm.runtime import Engines, LlmConfig, LlmRuntime
+from meshd.core.hostport import join as host_port
 from meshd.observability.logs import setup_logging
 
 log = logging.getLogger("meshd.llm")
@@ -202,8 +203,8 @@ async def serve(a: argparse.Namespace, config: LlmConfig) -> int:
     stored.serve_disk_tier(server, storage)
     bound = []
     if a.port is not None:
-        port = server.add_insecure_port(f"{a.host}:{a.port}")
-        bound.append(f"{a.host}:{port}")
+        port = server.add_insecure_port(host_port(a.host, a.port))
+        bound.append(host_port(a.host, port))
     if a.socket is not None:
         server.add_insecure_port(f"unix:{a.socket}")
         bound.append(f"unix:{a.socket}")

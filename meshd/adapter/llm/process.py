@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 
 from meshd.adapter.llm.engines import READY_PATH
+from meshd.core.hostport import join as host_port
 from meshd.process.child import Child
 
 READY_POLL_S = 0.05
@@ -48,7 +49,7 @@ class EngineProcess:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://{host_port(self.host, self.port)}"
 
     async def start(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
         """Start it and wait until it answers; EngineStartError (the process stopped) if not."""

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from meshd.core import hostport
+
 LOCAL_BACKEND = "be_local"
 PYTHON_BACKEND = "be_python"
 PEER_BACKEND = "be_peer_"  # + slot number
@@ -54,7 +56,18 @@ def haproxy_address(endpoint: str) -> str:
         return "unix@" + endpoint[len("unix://") :]
     if endpoint.startswith("unix:"):
         return "unix@" + endpoint[len("unix:") :]
-    return endpoint
+    try:
+        host, port = hostport.split(endpoint)
+    except ValueError:
+        return endpoint
+    # HAProxy reads an IPv6 server address with the `ipv6@` prefix and the last colon as the port.
+    return f"ipv6@{host}:{port}" if hostport.is_ipv6(host) else endpoint
+
+
+def haproxy_listen(port: int, dual_stack: bool) -> str:
+    """The external port's `bind` address: `:::port v4v6` (IPv6 and IPv4 on one socket) where
+    the host has IPv6, else `0.0.0.0:port`."""
+    return f":::{port} v4v6" if dual_stack else f"0.0.0.0:{port}"
 
 
 @dataclass(frozen=True)
@@ -68,7 +81,7 @@ class TlsFiles:
 
 @dataclass(frozen=True)
 class Layout:
-    listen: str  # "0.0.0.0:8033": the external gRPC port
+    listen: str  # ":::8033 v4v6" or "0.0.0.0:8033": the external gRPC port
     python: str  # meshd's Python path, on loopback
     runtime: str  # the runtime's inference endpoint, an HAProxy address
     api_socket: str

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from meshd.core import hostport
 from meshd.core.records import ModelRecord, VModelRecord
 from meshd.decisions.cache import State
 from meshd.decisions.placement.view import ClusterView
@@ -70,15 +71,14 @@ class NativeCounts:
 
 
 def split_address(address: str) -> tuple[str, int] | None:
-    """`ip:port` of a peer's native port; None when HAProxy could not dial it without DNS."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
+    """(ip, port) of a peer's native port (`ip:port`, `[v6]:port`, or `v6:port` as an older
+    record may hold it); None when HAProxy could not dial it without DNS."""
     try:
+        host, port = hostport.split(address)
         ipaddress.ip_address(host)
-        number = int(port)
     except ValueError:
         return None
-    return (host, number) if 0 < number < 65536 else None
+    return host, port
 
 
 class NativePlane:

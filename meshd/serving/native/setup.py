@@ -10,7 +10,14 @@ from pathlib import Path
 
 from meshd.runtime.endpoints import grpc_target
 from meshd.security.tls import ClientAuth, MeshTls
-from meshd.serving.native.haproxy_config import ID_IN_FIELD_1, PLAIN, Layout, TlsFiles, haproxy_address
+from meshd.serving.native.haproxy_config import (
+    ID_IN_FIELD_1,
+    PLAIN,
+    Layout,
+    TlsFiles,
+    haproxy_address,
+    haproxy_listen,
+)
 from meshd.serving.proxy.methods import MethodTable, method_path
 
 KSERVE = "/inference.GRPCInferenceService/"
@@ -49,9 +56,10 @@ def layout(
     log_socket: Path | None,
     max_headers_bytes: int,
     max_message_bytes: int,
+    dual_stack: bool = False,
 ) -> Layout:
     return Layout(
-        listen=f"0.0.0.0:{listen_port}",
+        listen=haproxy_listen(listen_port, dual_stack),
         python=f"unix@{python_socket}",
         runtime=haproxy_address(grpc_target(runtime_endpoint)),
         api_socket=str(directory / "api.sock"),
