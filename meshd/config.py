@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
+from meshd.core import hostport
 from meshd.decisions.cache import Eviction
 from meshd.decisions.ids import instance_id_problem
 from meshd.decisions.placement.constraints import TypeConstraints
@@ -24,6 +25,7 @@ from meshd.decisions.publishing import numeric_version
 from meshd.kv import target as kv_target
 from meshd.kv.embedded import URL_FILE as ETCD_URL_FILE
 from meshd.kv.target import EtcdTarget
+from meshd.net.listen import bound_socket
 from meshd.observability.logs import parse_log_format
 from meshd.observability.metrics import MetricsConfig
 from meshd.observability.payloads import Processor, parse_processors
@@ -273,13 +275,24 @@ SETTINGS: tuple[Setting, ...] = (
         "how often the runtime is probed after start-up; 3 missed probes drop its copies",
         "5000",
     ),
-    Setting("tls_key_cert", meshtls.CERT_ENV, "--tls-key-cert", "PEM certificate chain: TLS on both gRPC ports"),
-    Setting("tls_private_key", meshtls.KEY_ENV, "--tls-private-key", "PEM private key of that certificate"),
+    Setting(
+        "tls_key_cert",
+        meshtls.CERT_ENV,
+        "--tls-key-cert",
+        "PEM certificate chain: TLS on both gRPC ports (or upstream's older MM_SVC_GRPC_CA_CERT_PATH)",
+    ),
+    Setting(
+        "tls_private_key",
+        meshtls.KEY_ENV,
+        "--tls-private-key",
+        "PEM private key of that certificate (or upstream's older MM_SVC_GRPC_PRIVATE_KEY_PATH)",
+    ),
     Setting(
         "tls_private_key_passphrase",
         meshtls.PASSPHRASE_ENV,
         "--tls-private-key-passphrase",
-        "passphrase of an encrypted private key (prefer the env variable)",
+        "passphrase of an encrypted private key (prefer the env variable; or the older "
+        "MM_SVC_GRPC_PRIVATE_KEY_PASSPHRASE)",
     ),
     Setting(
         "tls_client_auth",
@@ -308,7 +321,7 @@ SETTINGS: tuple[Setting, ...] = (
         "file to append '<revision> <wall ns>' to as each registry change reaches this instance (benchmarks)",
     ),
     # ---- upstream's pod contract (README, Inside a modelmesh-serving pod) ----
-    Setting("probe_port", "MM_PROBE_PORT", "--probe-port", "HTTP /ready and /live ('disabled': off)", "8089"),
+    Setting("probe_port", "MM_PROBE_PORT", "--probe-port", "HTTP /ready and /live ('disabled' or NONE: off)", "8089"),
     Setting(
         "prestop_port",
         "MM_PRESTOP_WAIT_PORT",
@@ -370,9 +383,6 @@ UPSTREAM_IGNORED: dict[str, str] = {
     "MM_FAILFAST_UPGRADE_ENABLED": "meshd has no bootstrap fail-fast of rolling updates",
     "MM_ENABLE_SSL": "peer TLS follows MM_TLS_KEY_CERT_PATH",
     "MM_INTERNAL_TRUST_CERTS": "peer trust follows MM_TLS_TRUST_CERT_PATH",
-    "MM_SVC_GRPC_CA_CERT_PATH": "a deprecated name: use MM_TLS_KEY_CERT_PATH",
-    "MM_SVC_GRPC_PRIVATE_KEY_PATH": "a deprecated name: use MM_TLS_PRIVATE_KEY_PATH",
-    "MM_SVC_GRPC_PRIVATE_KEY_PASSPHRASE": "a deprecated name: use MM_TLS_PRIVATE_KEY_PASSPHRASE",
     "HEAP_SIZE_MB": "a JVM setting",
     "MAX_DIRECT_BUFS_MB": "a JVM setting",
     "MEM_LIMIT_MB": "a JVM setting",
@@ -382,6 +392,33 @@ UPSTREAM_IGNORED: dict[str, str] = {
     "MM_SVC_GRPC_MAX_HEADER_SIZE": "use MM_SVC_GRPC_MAX_HEADERS_SIZE",
 }
 UPSTREAM_IGNORED_PREFIXES = ("TAS_",)  # upstream's older names
+
+# Upstream's deprecated names of meshd settings, read, in this order, when the setting itself
+# is not given (ModelMesh.java reads MM_TLS_* first, then these; ModelMeshEnvVars.java).
+OLDER_NAMES: dict[str, tuple[str, ...]] = {
+    "tls_key_cert": ("MM_SVC_GRPC_CA_CERT_PATH", "TAS_SVC_GRPC_CA_CERT_PATH"),
+    "tls_private_key": ("MM_SVC_GRPC_PRIVATE_KEY_PATH", "TAS_SVC_GRPC_PRIVATE_KEY_PATH"),
+    "tls_private_key_passphrase": ("MM_SVC_GRPC_PRIVATE_KEY_PASSPHRASE",),
+}
+OLDER = frozenset(old for olds in OLDER_NAMES.values() for old in olds)
+
+
+def older_names(given: set[str], env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Values that upstream's deprecated names give settings not `given` (flag or variable),
+    and a warning for each deprecated name set."""
+    values: dict[str, str] = {}
+    warnings: list[str] = []
+    for dest, olds in OLDER_NAMES.items():
+        new = next(s.env for s in SETTINGS if s.dest == dest)
+        for old in olds:
+            if not env.get(old):
+                continue
+            if dest in given or dest in values:
+                warnings.append(f"{old} is ignored: {new} (or an older name upstream reads first) is set")
+            else:
+                values[dest] = env[old]
+                warnings.append(f"{old} is a deprecated name: read as {new}, which to use instead")
+    return values, warnings
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,8 +534,7 @@ def _free_ports(raw: dict[str, str | None], given: set[str], env: Mapping[str, s
     with contextlib.ExitStack() as held:  # held open together: no port handed out twice
         ports = []
         for _ in range(len(missing) + metrics):
-            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("0.0.0.0", 0))
+            sock = held.enter_context(bound_socket(None, 0))  # free on both families, as servers bind
             ports.append(sock.getsockname()[1])
     for dest, port in zip(missing, ports, strict=False):
         raw[dest] = str(port)
@@ -564,6 +600,12 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         assert value is not None
         return value
 
+    older, older_warnings = older_names(given, env)
+    raw |= older
+    given |= older.keys()
+    for port, uds in (("runtime_port", "runtime_socket"), ("serving_port", "serving_socket")):
+        if port in given and uds in given:  # upstream (SidecarModelMesh) refuses both too
+            raise ConfigError(f"give {name(port)} or {name(uds)}, not both")
     if _choice(name("ports"), need("ports"), ("fixed", "auto")) == "auto":
         _free_ports(raw, given, env)
     if raw["join"]:
@@ -581,6 +623,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
     if not serving.startswith("unix:"):
         _bounded(name("serving_port"), serving, 1, MAX_PORT)
     advertise = raw["advertise_host"] or env.get("POD_IP") or env.get("WKUBE_POD_IPADDR") or "127.0.0.1"
+    advertise = hostport.unbracket(advertise)  # `[fd00::7]` too; bracketed again where a port follows
     labels = tuple(x.strip() for x in (raw["labels"] or "").split(",") if x.strip())
     plane = _data_plane(name("data_plane"), need("data_plane"), name("haproxy"), need("haproxy"))
     config = Config(
@@ -645,7 +688,8 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
             f"{name('metrics')}: scheme=https needs the instance certificate ({meshtls.CERT_ENV} and "
             f"{meshtls.KEY_ENV}) or, for a self-signed one, the cryptography package (a dependency of meshd)"
         )
-    return _upstream_pod(config, raw, env, name, metrics_given="metrics" in given)
+    config = _upstream_pod(config, raw, env, name, metrics_given="metrics" in given)
+    return replace(config, warnings=(*older_warnings, *config.warnings))
 
 
 def _upstream_pod(
@@ -687,7 +731,7 @@ def _upstream_pod(
     )
     for var in sorted(env):
         reason = UPSTREAM_IGNORED.get(var)
-        if reason is None and var.startswith(UPSTREAM_IGNORED_PREFIXES):
+        if reason is None and var.startswith(UPSTREAM_IGNORED_PREFIXES) and var not in OLDER:
             reason = "an older upstream name"
         if reason is not None and env[var]:
             warnings.append(f"{var} is set but meshd does not support it ({reason}); ignored")
@@ -736,7 +780,7 @@ MAX_INFO_LABELS = 5  # upstream's limit
 
 def parse_info_metric(text: str, env: Mapping[str, str]) -> InfoMetric | None:
     """MM_INFO_METRICS: `metric_name;label1=ENV_VAR1,label2=ENV_VAR2` (values read from the
-    environment at start-up; an unset variable gives an empty value)."""
+    environment at start-up; an unset variable is an error, as upstream's)."""
     text = text.strip()
     if not text:
         return None
@@ -751,7 +795,9 @@ def parse_info_metric(text: str, env: Mapping[str, str]) -> InfoMetric | None:
         label, eq, var = (x.strip() for x in part.partition("="))
         if not eq or not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label) or not var:
             raise ValueError(f"expected label=ENV_VAR, got {part.strip()!r}")
-        labels[label] = env.get(var, "")
+        if var not in env:
+            raise ValueError(f"{var} (label {label}) is not set")
+        labels[label] = env[var]
     if len(labels) > MAX_INFO_LABELS:
         raise ValueError(f"at most {MAX_INFO_LABELS} labels, got {len(labels)}")
     return InfoMetric(metric, labels)
@@ -882,7 +928,8 @@ def _dataplane(text: str | None, path: str | None) -> DataplaneConfig:
     return _json_setting("MM_DATAPLANE_CONFIG", text, path, DataplaneConfig.parse, DataplaneConfig())
 
 
-HTTP_OFF = frozenset({"disabled", "off"})
+# Lower-cased. "none": upstream's start.sh turns the probe off with MM_PROBE_PORT=NONE.
+HTTP_OFF = frozenset({"disabled", "off", "none"})
 
 
 def _http_port(what: str, text: str) -> int | None:

@@ -12,7 +12,6 @@ import errno
 import logging
 import shutil
 import signal
-import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from meshd.api.repository import MeshRepository
 from meshd.config import Config
 from meshd.core.clock import wall_ms
 from meshd.core.errors import DeadlineExceeded, MeshError, NotFound
+from meshd.core.hostport import join as host_port
 from meshd.core.records import NATIVE_ADDRESS, NODE_LOCATION, RUNTIME_DOWN, InstanceRecord, ModelRecord, VModelRecord
 from meshd.decisions.cache import CacheEntry, Eviction, State, to_units
 from meshd.decisions.drain import grace_over
@@ -63,6 +63,7 @@ from meshd.loops.inventory import Inventory
 from meshd.loops.leader import LeaderDuties, cluster_gauges
 from meshd.loops.runtime_watch import RuntimeWatch
 from meshd.loops.scaler import Scaler, ScalerConfig
+from meshd.net.listen import bound_socket, ipv6_available
 from meshd.observability.metrics import ClusterStats, InstanceStats, Metrics, MetricsServer, build_metrics
 from meshd.observability.payloads import PayloadProcessors
 from meshd.observability.tracing import Tracing
@@ -225,15 +226,13 @@ def check_ports_free(ports: Sequence[tuple[str, int]]) -> None:
         if port in seen:
             raise StartRefused(f"{what} and {seen[port]} both name port {port}: give each its own")
         seen[port] = what
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "taken"
-            try:
-                probe.bind(("0.0.0.0", port))
-            except OSError as e:
-                reason = "already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
-                raise StartRefused(
-                    f"port {port} is {reason} (another meshd on this host?): set {what} to a free port"
-                ) from None
+        try:  # both families, as the servers bind; SO_REUSEADDR as they set it: TIME_WAIT is not "taken"
+            bound_socket(None, port).close()
+        except OSError as e:
+            reason = "already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+            raise StartRefused(
+                f"port {port} is {reason} (another meshd on this host?): set {what} to a free port"
+            ) from None
 
 
 def _live_copies(record: ModelRecord, view: ClusterView) -> int:
@@ -393,7 +392,7 @@ class Instance:
         disk = DiskWatch(self.runtime)  # the runtime's disk tier, when it has one (issue 42)
         me = Identity(
             cfg.instance_id,
-            f"{cfg.advertise_host}:{cfg.peer_port}",
+            host_port(cfg.advertise_host, cfg.peer_port),  # `[v6]:port` for an IPv6 pod IP
             cfg.zone,
             cfg.labels,
             wall_ms(),
@@ -419,7 +418,7 @@ class Instance:
             if cfg.location:  # MM_LOCATION (the node's address); `loc` is the address peers dial
                 record.extra[NODE_LOCATION] = cfg.location
             if self.native is not None:  # peers send warm requests for our copies here
-                record.extra[NATIVE_ADDRESS] = f"{cfg.advertise_host}:{self.grpc_port}"
+                record.extra[NATIVE_ADDRESS] = host_port(cfg.advertise_host, self.grpc_port)
             return record
 
         self.publisher = InstancePublisher(
@@ -616,7 +615,7 @@ class Instance:
             ssl_context = tls.http_server_context() if tls else None
             self.http = HttpServer(
                 kserve,
-                "0.0.0.0",
+                None,  # every address, IPv4 and IPv6
                 cfg.http_port,
                 ssl_context=ssl_context,
                 infer=http_call(router, methods.spec(MODEL_INFER), timeout_s, invocations),
@@ -626,7 +625,7 @@ class Instance:
             )
             self.http_port = await self.http.start()
         if cfg.metrics.enabled:  # bound before peers can see the instance: a taken port fails start-up
-            https = tls.http_server_context() if cfg.metrics.https and tls else None
+            https = tls.metrics_server_context() if cfg.metrics.https and tls else None
             if cfg.metrics.https and tls is None:  # scheme=https with no MM_TLS_* certificate
                 https = self_signed_server_context()
             self.metrics_server = MetricsServer(self.metrics, cfg.metrics.port, ssl_context=https)
@@ -680,6 +679,12 @@ class Instance:
             router,
         )
         self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
+        from meshd.loops.dynamic_config import DynamicConfig  # upstream's run-time settings (config/)
+
+        dynamic = DynamicConfig(
+            self.store, prefix, cfg.log_each_invoke, cfg.scaleup_rpm_threshold, scaler, router, parts.invocations
+        )
+        self.background.append(asyncio.create_task(dynamic.run(), name="dynamic config"))
         self.background.append(asyncio.create_task(parts.watch.run(), name="runtime watch"))
         self.background.append(asyncio.create_task(parts.disk.run(), name="disk tier"))
         self.background.append(asyncio.create_task(self._janitor(cfg.janitor_ms / 1000, cluster), name="janitor"))
@@ -720,6 +725,7 @@ class Instance:
             directory / "log.sock" if records else None,
             cfg.max_headers_size,
             cfg.max_msg_size,
+            dual_stack=ipv6_available(),
         )
         maps = [layout.methods_map, layout.local_map, layout.peers_map, layout.vmodels_map]
         self.haproxy = HAProxy(cfg.haproxy, render_haproxy(layout), directory, maps, layout.api_socket)
@@ -795,7 +801,7 @@ class Instance:
             await self._stopped.wait()
 
         self.probes = ProbeServer(
-            "0.0.0.0",
+            None,  # every address, IPv4 and IPv6: the kubelet probes the pod IP
             cfg.probe_port,
             cfg.prestop_port,
             ready=lambda: self.serving and not self.shutting_down,

@@ -326,6 +326,7 @@ def test_upstream_pod_settings() -> None:
         "MM_LOG_REQUEST_HEADERS": '{"X-Request-Id": "requestId"}',
         "MM_INFO_METRICS": "assistant_deployment_info;deployment=DEPLOY,slot=SLOT",
         "DEPLOY": "blue",
+        "SLOT": "",  # set, even empty: upstream takes it
         "KV_READ_ONLY": "true",
         "MM_LOCATION": "10.0.0.7",
         "MM_AUTO_REGISTER_MODELS": '[{"modelId": "m1", "modelInfo": {"type": "t", "path": "/p"}, "vModelId": "v1"}]',
@@ -343,12 +344,32 @@ def test_upstream_pod_settings() -> None:
         ({"MM_PAYLOAD_PROCESSORS": "ftp://x"}, "MM_PAYLOAD_PROCESSORS"),
         ({"MM_LOG_REQUEST_HEADERS": "[1]"}, "MM_LOG_REQUEST_HEADERS"),
         ({"MM_INFO_METRICS": "bad name;x=Y"}, "MM_INFO_METRICS"),
+        ({"MM_INFO_METRICS": "info;slot=UNSET_VAR"}, r"MM_INFO_METRICS .*: UNSET_VAR \(label slot\) is not set"),
         ({"KV_READ_ONLY": "yes"}, "KV_READ_ONLY"),
         ({"MM_AUTO_REGISTER_MODELS": '[{"modelId": "m"}]'}, "MM_AUTO_REGISTER_MODELS"),
         ({"MM_SVC_GRPC_MAX_CONNECTION_AGE_SECS": "0"}, "MM_SVC_GRPC_MAX_CONNECTION_AGE_SECS"),
     ):
         with pytest.raises(ConfigError, match=what):
             load_config(None, bad)
+
+
+@pytest.mark.parametrize("off", ["NONE", "none", "disabled", "Off"])
+def test_the_probe_port_turns_off_as_upstreams_start_sh_does(off: str) -> None:
+    assert load_config(None, {"MM_PROBE_PORT": off}).probe_port is None
+
+
+@pytest.mark.parametrize(
+    "both",
+    [
+        {"INTERNAL_GRPC_PORT": "8085", "INTERNAL_GRPC_SOCKET_PATH": "/tmp/mmesh/grpc.sock"},
+        {"INTERNAL_SERVING_GRPC_PORT": "8001", "INTERNAL_SERVING_GRPC_SOCKET_PATH": "/tmp/mmesh/serve.sock"},
+    ],
+)
+def test_a_runtime_port_and_socket_together_are_refused_as_upstream_does(both: dict[str, str]) -> None:
+    port, socket = both
+    with pytest.raises(ConfigError, match=f"give {port} .* or {socket} .*, not both"):
+        load_config(None, both)
+    load_config(None, {socket: both[socket]})  # either alone is fine
 
 
 def test_unsupported_upstream_variables_get_one_warning_each() -> None:
@@ -417,3 +438,15 @@ def test_a_service_version_whose_number_overflows_is_a_clear_error() -> None:
     assert load_config(None, {"SERVICE_VERSION": "modelmesh-20230512-7"}).service_version == "modelmesh-20230512-7"
     # A digit int() refuses (superscript two) is not a number here: version 1.0.0, no traceback.
     assert load_config(None, {"SERVICE_VERSION": "1.\u00b2"}).service_version == "1.\u00b2"
+
+
+@pytest.mark.parametrize(
+    ("env", "host"),
+    [
+        ({"WKUBE_POD_IPADDR": "fd00::7"}, "fd00::7"),
+        ({"MESHD_ADVERTISE_HOST": "[fd00::7]"}, "fd00::7"),  # bracketed by the user: one pair when written
+        ({"WKUBE_POD_IPADDR": "10.0.0.7"}, "10.0.0.7"),
+    ],
+)
+def test_an_ipv6_pod_ip_is_kept_bare_for_the_addresses_built_from_it(env: dict[str, str], host: str) -> None:
+    assert load_config(None, env).advertise_host == host

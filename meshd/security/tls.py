@@ -6,8 +6,9 @@ start-up, and the gRPC credentials made from it.
 - Internal (peer) port: whenever TLS is on, a client certificate signed by the mesh's trust
   certificates is required; meshd.security.peer_auth then admits only mesh instances' certificates.
 - Peer channels present this instance's certificate and check the peer's against the same
-  trust, under MESHD_TLS_PEER_NAME when set (peers dial an IP; certificates usually name a
-  service).
+  trust, under MESHD_TLS_PEER_NAME when set, else the dialed address when the certificate
+  holds it, else a DNS name the (shared) certificate holds (peers dial a pod IP; certificates
+  usually name a service, and upstream's internal links check no host name).
 - `client_credentials` / `read_client_credentials` for tools that dial meshd (CLI, tests).
 
 The runtime connection is local (loopback or unix socket) and stays plaintext.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import errno
 import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,15 @@ PEER_NAME_ENV = "MESHD_TLS_PEER_NAME"
 PEM_CERT = b"-----BEGIN CERTIFICATE-----"
 PEM_KEY_END = b"PRIVATE KEY-----"
 HANDSHAKE_ROUNDS = 8  # a TLS 1.2/1.3 handshake needs at most 3 flights each way
+WILDCARD_FILL = "meshd-peer"  # the label put in a wildcard DNS name to dial peers under it
 
 
 class TlsConfigError(ValueError):
     """A TLS setting or file that cannot be used; the message is one line naming the setting."""
+
+
+class _NameMismatch(TlsConfigError):
+    """The certificate verifies but does not hold the name it was checked under."""
 
 
 class ClientAuth(StrEnum):
@@ -107,6 +113,9 @@ class MeshTls:
     cert_chain: bytes
     private_key: bytes  # PEM, never encrypted: grpc takes clear keys only
     trust: bytes | None  # MM_TLS_TRUST_CERT_PATH files, concatenated
+    # The name peers check in each other's certificate (gRPC's target-name override) instead
+    # of the dialed address: MESHD_TLS_PEER_NAME, or one the certificate holds (`load`).
+    dial_name: str | None = None
 
     @property
     def internal_trust(self) -> bytes:
@@ -123,8 +132,8 @@ class MeshTls:
         )
 
     def http_server_context(self) -> ssl.SSLContext:
-        """The same TLS for meshd's HTTP ports (KServe REST, metrics) as for the external
-        gRPC port, client certificates per MM_TLS_CLIENT_AUTH."""
+        """The same TLS for meshd's KServe REST port as for the external gRPC port, client
+        certificates per MM_TLS_CLIENT_AUTH (/metrics: `metrics_server_context`)."""
         ctx = _server_context(self.settings)
         auth = self.settings.client_auth
         if auth is ClientAuth.REQUIRE and self.trust is not None:
@@ -140,8 +149,14 @@ class MeshTls:
     def peer_credentials(self) -> grpc.ChannelCredentials:
         return client_credentials(self.internal_trust, self.cert_chain, self.private_key)
 
+    def metrics_server_context(self) -> ssl.SSLContext:
+        """The certificate for /metrics, never asking for a client certificate whatever
+        MM_TLS_CLIENT_AUTH says: upstream's metrics endpoint asks for none, and Prometheus
+        scrapes modelmesh-serving's pods (their annotations) without one."""
+        return _server_context(self.settings)
+
     def peer_options(self) -> list[tuple[str, Any]]:
-        name = self.settings.peer_name
+        name = self.dial_name
         return [("grpc.ssl_target_name_override", name)] if name else []
 
     def dial_peer(self, location: str, options: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
@@ -149,7 +164,10 @@ class MeshTls:
         return grpc.aio.secure_channel(location, self.peer_credentials(), options=[*options, *self.peer_options()])
 
     def describe(self) -> str:
-        return f"tls (client auth {self.settings.client_auth.value}), internal mtls"
+        text = f"tls (client auth {self.settings.client_auth.value}), internal mtls"
+        if self.dial_name and not self.settings.peer_name:
+            text += f" (peers check the name {self.dial_name!r} of the shared certificate, which names no pod IP)"
+        return text
 
 
 def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
@@ -188,8 +206,13 @@ def read_client_credentials(
 
 def load(settings: TlsSettings, dialed_as: str) -> MeshTls:
     """Read and check the files: they parse, the key matches the certificate (and opens with
-    the passphrase), and a peer dialing `dialed_as` (or MESHD_TLS_PEER_NAME) would accept
-    this instance's certificate and be accepted with it. Errors are one line."""
+    the passphrase), and a peer dialing `dialed_as` would accept this instance's certificate
+    and be accepted with it. Errors are one line.
+
+    The name peers check: MESHD_TLS_PEER_NAME when set; else `dialed_as` when the certificate
+    holds it; else the first DNS name of the certificate that verifies (modelmesh-serving's
+    documented certificate names the service, localhost and 0.0.0.0, no pod IP, and upstream's
+    internal links check no host name). Refused only when no name would do."""
     s = settings
     cert_chain = _read(s.key_cert_path, CERT_ENV, PEM_CERT)
     raw_key = _read(s.private_key_path, KEY_ENV, PEM_KEY_END)
@@ -205,9 +228,44 @@ def load(settings: TlsSettings, dialed_as: str) -> MeshTls:
             ssl.create_default_context(cadata=trust.decode("ascii"))
         except (ssl.SSLError, UnicodeDecodeError) as e:
             raise TlsConfigError(f"{TRUST_ENV}: not usable as CA certificates: {_reason(e)}") from None
-    tls = MeshTls(s, cert_chain, key, trust)
-    _check_peers_accept(tls, s.peer_name or dialed_as)
-    return tls
+    tls = MeshTls(s, cert_chain, key, trust, s.peer_name)
+    if s.peer_name:
+        try:
+            _check_peers_accept(tls, s.peer_name)
+        except _NameMismatch as e:
+            raise TlsConfigError(f"{e} (set {PEER_NAME_ENV} to a name the certificate holds)") from None
+        return tls
+    try:
+        _check_peers_accept(tls, dialed_as)
+        return tls
+    except _NameMismatch as mismatch:
+        for name in dial_names(cert_chain):
+            try:
+                _check_peers_accept(tls, name)
+            except _NameMismatch:
+                continue
+            return replace(tls, dial_name=name)
+        raise TlsConfigError(
+            f"{mismatch} (nor does any DNS name it holds: add the pod IP or a DNS name to it)"
+        ) from None
+
+
+def dial_names(cert_chain: bytes) -> list[str]:
+    """Names peers could check the leaf certificate of `cert_chain` under, in its order: its
+    DNS names (a wildcard's `*` filled in), or its common name when it has no alternative names."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    try:
+        leaf = x509.load_pem_x509_certificate(cert_chain)
+    except ValueError:
+        return []
+    try:
+        sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = sans.get_values_for_type(x509.DNSName)
+    except x509.ExtensionNotFound:  # names only in the subject: checkers fall back to its CN
+        dns = [str(a.value) for a in leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    return [WILDCARD_FILL + d[1:] if d.startswith("*.") else d for d in dns]
 
 
 # ---- checks ---------------------------------------------------------------------------------
@@ -347,10 +405,8 @@ def _step(side: ssl.SSLObject, refusal: str, trusted: str) -> bool:
     except ssl.SSLError as e:
         reason = _reason(e)
         if "mismatch" in reason:  # "Hostname mismatch" / "IP address mismatch"
-            hint = f"set {PEER_NAME_ENV} to a name the certificate holds"
-        else:
-            hint = f"the mesh trusts {trusted}"
-        raise TlsConfigError(f"{refusal}: {reason} ({hint})") from None
+            raise _NameMismatch(f"{refusal}: {reason}") from None
+        raise TlsConfigError(f"{refusal}: {reason} (the mesh trusts {trusted})") from None
     return True
 
 
@@ -369,6 +425,7 @@ __all__: Sequence[str] = [
     "TlsSettings",
     "bind",
     "client_credentials",
+    "dial_names",
     "load",
     "parse_settings",
     "read_client_credentials",

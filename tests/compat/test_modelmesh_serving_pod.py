@@ -14,6 +14,11 @@ own (`stop.sh wait`), which must return only once meshd is gone. mm's meshd is a
 work from that. Ports the controller fixes (8033, 8089, 8090, 2112, the adapter's)
 are free ports here, so tests can share the host; each is set by its upstream variable.
 
+A TLS variant: the controller's TLS env (a `tls.secretName` Secret, `tls.clientAuth: require`)
+with the certificate modelmesh-serving's docs/configuration/tls.md has users make (names the
+service, localhost and 0.0.0.0; no pod IP), two pods forwarding between them, and /metrics
+scraped as Prometheus does (no client certificate).
+
 The flows: setVModel with owner, autoDeleteTargetModel and loadNow; getVModelStatus polled to
 LOADED; an update through TRANSITIONING; deleteVModel (the auto-delete target goes with it);
 and the three no-supporting-runtime states with the exact messages the controller decodes,
@@ -41,7 +46,6 @@ from meshd._proto.inference import grpc_predict_v2_pb2 as v2
 from meshd._proto.inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
-from meshd.config import ConfigError, parse_kv_store
 from meshd.testing.mlserver import (
     TrainedModel,
     kill_mlserver,
@@ -49,7 +53,7 @@ from meshd.testing.mlserver import (
     start_mlserver_adapter,
     train_sklearn_models,
 )
-from meshd.testing.procs import Child, Children, free_ports, port_open, wait_until
+from meshd.testing.procs import Child, Children, free_port, free_ports, port_open, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -103,18 +107,8 @@ def write_configmap(mount: Path, version: int, files: dict[str, str]) -> None:
 
 
 def kv_store_env(connection_file: Path) -> str:
-    """KV_STORE as the controller sets it: `etcd:<path of the mounted etcd secret>`.
-
-    MERGE NOTE: the file form belongs to the other half of issue 14. Until meshd parses it,
-    the same JSON goes inline (`etcd:{...}`); the env is otherwise the controller's. Once
-    `parse_kv_store` accepts the path this returns the file form, which is the one to keep.
-    """
-    file_form = f"etcd:{connection_file}"
-    try:
-        parse_kv_store(file_form)
-        return file_form
-    except ConfigError:
-        return "etcd:" + connection_file.read_text()
+    """KV_STORE as the controller sets it: `etcd:<path of the mounted etcd secret>`."""
+    return f"etcd:{connection_file}"
 
 
 @dataclass
@@ -455,3 +449,134 @@ def test_a_predictor_with_storage_key_and_path_loads_from_the_secrets_store(stor
     for child in (storage_pod.adapter, storage_pod.meshd):
         text = child.log_path.read_text(errors="replace")
         assert SECRET_ACCESS[1] not in text and SECRET_ACCESS[0] not in text
+
+
+# ---- the controller's TLS: a Secret made as modelmesh-serving's docs/configuration/tls.md makes it ----
+
+NAMESPACE = "modelmesh-serving"
+TLS_MOUNT = "opt/kserve/mmesh/tls"  # controllers/modelmesh/tls.go's mount path
+
+
+def tls_secret(directory: Path) -> Path:
+    """The Secret's mount: tls.crt / tls.key from tls.md's openssl command (self-signed, SANs
+    DNS:modelmesh-serving.<ns>, DNS:localhost, IP:0.0.0.0), and ca.crt the same certificate."""
+    directory.mkdir(parents=True)
+    config = directory.parent / "openssl-san.config"
+    config.write_text(
+        "[ req ]\ndistinguished_name = req\n[ san ]\n"
+        f"subjectAltName = DNS:{SERVICE}.{NAMESPACE},DNS:localhost,IP:0.0.0.0\n"
+    )
+    cmd = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-sha256", "-days", "3560", "-nodes"]
+    cmd += ["-keyout", str(directory / "tls.key"), "-out", str(directory / "tls.crt"), "-subj", f"/CN={NAMESPACE}"]
+    subprocess.run([*cmd, "-extensions", "san", "-config", str(config)], check=True, capture_output=True, timeout=60)
+    shutil.copy(directory / "tls.crt", directory / "ca.crt")
+    return directory
+
+
+def tls_pod_env(tmp: Path, name: str, etcd_url: str, secret: Path, runtime_port: int) -> dict[str, str]:
+    """The controller's env for `mm` with TLS (tls.go: client auth as the user wrote it, the
+    trust: tls.crt and the Secret's ca.crt). The demo runtime stands in for the model server."""
+    connection = tmp / name / "etcd_connection"
+    connection.parent.mkdir(parents=True)
+    connection.write_text(json.dumps({"endpoints": etcd_url, "root_prefix": "modelmesh-serving-tls"}))
+    grpc_port, probe_port, prestop_port, metrics_port, peer_port, http_port = free_ports(6)
+    return {
+        "MM_SERVICE_NAME": SERVICE,
+        "MM_SVC_GRPC_PORT": str(grpc_port),
+        "WKUBE_POD_NAME": f"{SERVICE}-{RUNTIME}-6d8f9c7b5d-{name}",
+        "WKUBE_POD_IPADDR": "127.0.0.1",
+        "MM_LOCATION": "127.0.0.1",
+        "KV_STORE": kv_store_env(connection),
+        "MM_METRICS": f"prometheus:port={metrics_port};scheme=https",
+        "SHUTDOWN_TIMEOUT_MS": "90000",
+        "MM_KVSTORE_PREFIX": "mm",
+        "MM_DEFAULT_VMODEL_OWNER": OWNER,
+        "MM_LABELS": "mt:demo",
+        "INTERNAL_GRPC_PORT": str(runtime_port),
+        "MM_TLS_KEY_CERT_PATH": str(secret / "tls.crt"),
+        "MM_TLS_PRIVATE_KEY_PATH": str(secret / "tls.key"),
+        "MM_TLS_CLIENT_AUTH": "require",
+        "MM_TLS_TRUST_CERT_PATH": f"{secret / 'tls.crt'},{secret / 'ca.crt'}",
+        "MM_PROBE_PORT": str(probe_port),
+        "MM_PRESTOP_WAIT_PORT": str(prestop_port),
+        "MESHD_PEER_PORT": str(peer_port),
+        "MESHD_HTTP_PORT": str(http_port),
+        "MESHD_DATA_DIR": str(tmp / name / "data"),
+    }
+
+
+def test_the_controllers_tls_with_the_documented_certificate_forwards_and_serves_metrics(
+    tmp_path: Path, etcd_server: object, plain_meshd: Path
+) -> None:
+    from meshd.runtimes.models import decode_infer_response, generate_models, make_infer_request
+
+    secret = tls_secret(tmp_path / TLS_MOUNT)
+    model = generate_models(tmp_path / "models", 1)[0]
+    etcd_url: str = etcd_server.url  # type: ignore[attr-defined]
+    procs = Children(tmp_path / "logs")
+    pods: list[tuple[Child, dict[str, str], int]] = []
+
+    def start(name: str) -> tuple[Child, dict[str, str], int]:
+        runtime_port = free_port()
+        procs.python(f"runtime-{name}", "meshd.runtimes.demo", ["--port", str(runtime_port)])
+        wait_until(lambda: port_open(runtime_port), 60, f"runtime {name}")
+        env = tls_pod_env(tmp_path, name, etcd_url, secret, runtime_port)
+        mm_ = procs.start(f"mm-{name}", [str(plain_meshd / "meshd"), "serve"], env)
+        probe = int(env["MM_PROBE_PORT"])
+        wait_until(lambda: pod_http(probe, "/ready") == 200 or not mm_.alive(), 120, f"pod {name} ready")
+        assert mm_.alive(), mm_.log_tail()
+        pods.append((mm_, env, runtime_port))
+        return pods[-1]
+
+    # An application's channel: the Secret's certificate as client certificate (the
+    # rest-proxy's way), checked under a name the certificate holds.
+    pem = {k: (secret / k).read_bytes() for k in ("ca.crt", "tls.crt", "tls.key")}
+    app = grpc.ssl_channel_credentials(pem["ca.crt"], pem["tls.key"], pem["tls.crt"])
+    name_override = [("grpc.ssl_target_name_override", "localhost")]
+    rows = [[1.0, 2.0, 3.0, 4.0]]
+    try:
+        _, env_a, runtime_a = start("aaaaa")
+        with grpc.secure_channel(f"127.0.0.1:{env_a['MM_SVC_GRPC_PORT']}", app, options=name_override) as ch:
+            info = mm.ModelInfo(type="demo", path=str(model.path))
+            req = mm.RegisterModelRequest(modelId=model.id, modelInfo=info, loadNow=True, sync=True)
+            mm_grpc.ModelMeshStub(ch).registerModel(req, timeout=60)
+            direct = v2_grpc.GRPCInferenceServiceStub(ch).ModelInfer(
+                make_infer_request(model.id, rows), metadata=(("mm-model-id", model.id),), timeout=30
+            )
+        mm_b, env_b, runtime_b = start("bbbbb")
+        # Through b, whose runtime has no copy: b forwards to a over the internal mTLS link,
+        # checking a's certificate under a name it holds (the pod IP is not in it).
+        with grpc.secure_channel(f"127.0.0.1:{env_b['MM_SVC_GRPC_PORT']}", app, options=name_override) as ch:
+            via_b = v2_grpc.GRPCInferenceServiceStub(ch).ModelInfer(
+                make_infer_request(model.id, rows), metadata=(("mm-model-id", model.id),), timeout=30
+            )
+        assert decode_infer_response(via_b) == decode_infer_response(direct)
+        assert runtime_models(runtime_b) == [] and runtime_models(runtime_a) == [model.id]
+        assert f"'{SERVICE}.{NAMESPACE}'" in mm_b.log_path.read_text(errors="replace")
+
+        # /metrics as Prometheus scrapes the pod's annotations: https, no client certificate,
+        # even with MM_TLS_CLIENT_AUTH=require on the API.
+        scrape = ssl.create_default_context(cafile=str(secret / "ca.crt"))
+        scrape.check_hostname = False  # the pod IP is not in the certificate
+        for _, env, _ in pods:
+            url = f"https://127.0.0.1:{env['MM_METRICS'].split('port=')[1].split(';')[0]}/metrics"
+            with urllib.request.urlopen(url, context=scrape, timeout=10) as r:
+                assert r.status == 200 and b"modelmesh_" in r.read()
+    finally:
+        procs.stop_all()
+
+
+def pod_http(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0
+
+
+def runtime_models(port: int) -> list[str]:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        index = v2_grpc.GRPCInferenceServiceStub(ch).RepositoryIndex(v2.RepositoryIndexRequest(), timeout=10)
+    return sorted(m.name for m in index.models)

@@ -173,12 +173,15 @@ def ops_cli(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("peers_check", ["peer name", "dialed IP", "per-instance certificates"])
+@pytest.mark.parametrize("peers_check", ["peer name", "dialed IP", "shared name", "per-instance certificates"])
 def test_a_two_instance_tls_mesh_forwards_over_mtls_and_the_internal_port_refuses_non_members(
     mesh: LocalMesh, pki: Pki, models: list[GeneratedModel], peers_check: str
 ) -> None:
     if peers_check == "dialed IP":  # no peer name: peers check the advertised IP in the certificate
         shared = pki.instance_ip
+        mesh.settings = mesh_tls_settings(pki.ca, shared)
+    elif peers_check == "shared name":  # no IP, no peer name: peers check a DNS name the shared certificate holds
+        shared = pki.instance
         mesh.settings = mesh_tls_settings(pki.ca, shared)
     else:  # MESHD_TLS_PEER_NAME: the certificate holds no IP
         shared = pki.instance
@@ -242,6 +245,7 @@ def serve_error(env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProc
         ("auth without trust", "MM_TLS_CLIENT_AUTH=REQUIRE needs MM_TLS_TRUST_CERT_PATH"),
         ("encrypted key", "set MM_TLS_PRIVATE_KEY_PASSPHRASE"),
         ("peer name", "set MESHD_TLS_PEER_NAME"),
+        ("no usable name", "nor does any DNS name it holds"),
     ],
 )
 def test_bad_tls_settings_are_one_line_start_up_errors(pki: Pki, tmp_path: Path, case: str, expected: str) -> None:
@@ -266,6 +270,10 @@ def test_bad_tls_settings_are_one_line_start_up_errors(pki: Pki, tmp_path: Path,
         enc = pki.ca.issue("encrypted", passphrase="pw", dns=(PEER_NAME,))
         env |= {"MM_TLS_KEY_CERT_PATH": str(enc.cert), "MM_TLS_PRIVATE_KEY_PATH": str(enc.key)}
     elif case == "peer name":
+        env["MESHD_TLS_PEER_NAME"] = "not-in-the-certificate.test"
+    elif case == "no usable name":
+        bare = pki.ca.issue("bare", dns=(), ips=("10.9.9.9",))
+        env |= {"MM_TLS_KEY_CERT_PATH": str(bare.cert), "MM_TLS_PRIVATE_KEY_PATH": str(bare.key)}
         del env["MESHD_TLS_PEER_NAME"]
     done = serve_error({"PATH": os.environ.get("PATH", "")} | env, tmp_path)
     assert done.returncode == 2, done.stderr

@@ -161,3 +161,26 @@ def test_max_connection_age_ends_long_calls_after_the_grace(
     finally:
         release.set()
     assert a.infer(m.id, ROWS)  # the channel reconnects for the next call
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"MM_INFO_METRICS": "meshd_test_info;slot=MESHD_TEST_UNSET"}, "MESHD_TEST_UNSET (label slot) is not set"),
+        ({"INTERNAL_GRPC_PORT": "8085", "INTERNAL_GRPC_SOCKET_PATH": "/tmp/mmesh/grpc.sock"}, "not both"),
+        ({"INTERNAL_SERVING_GRPC_PORT": "8001", "INTERNAL_SERVING_GRPC_SOCKET_PATH": "/tmp/s.sock"}, "not both"),
+    ],
+)
+def test_upstreams_start_up_refusals_are_one_line_errors(env: dict[str, str], expected: str, tmp_path: Any) -> None:
+    """What upstream refuses at start-up, `meshd serve` refuses too: exit 2, one line."""
+    import os
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "meshd", "serve", "--kv-store", "etcd:127.0.0.1:1", "--data-dir", str(tmp_path)]
+    done = subprocess.run(
+        args, capture_output=True, text=True, timeout=60, env={"PATH": os.environ.get("PATH", ""), **env}
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("meshd serve: ") and expected in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1

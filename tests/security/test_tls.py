@@ -146,15 +146,65 @@ def test_certificate_peers_cannot_verify(pki: dict[str, object]) -> None:
     assert "MM_TLS_TRUST_CERT_PATH is not set" in message
 
 
-def test_certificate_not_naming_the_dialed_address_needs_a_peer_name(pki: dict[str, object]) -> None:
+def test_certificate_not_naming_the_dialed_address_is_dialed_under_a_name_it_holds(pki: dict[str, object]) -> None:
+    # modelmesh-serving's documented certificate (docs/configuration/tls.md): DNS names of the
+    # service and localhost, IP 0.0.0.0, no pod IP; shared by all pods. No extra setting needed.
+    shared = ca(pki).issue("tls-md", dns=("modelmesh-serving.ns", "localhost"), ips=("0.0.0.0",))
+    cfg = load_config(None, env_for(shared, ca(pki), MESHD_ADVERTISE_HOST="10.1.2.3"))
+    assert cfg.tls is not None and cfg.tls.settings.peer_name is None
+    assert cfg.tls.peer_options() == [("grpc.ssl_target_name_override", "modelmesh-serving.ns")]
+    assert "'modelmesh-serving.ns'" in cfg.tls.describe()
+    # A wildcard name serves with its star filled in.
+    wild = ca(pki).issue("wild", dns=("*.ns.svc",), ips=())
+    wild_tls = load_config(None, env_for(wild, ca(pki))).tls
+    assert wild_tls is not None and wild_tls.dial_name == "meshd-peer.ns.svc"
+    # The dialed address in the certificate: checked as it is, no override.
+    inst = load_config(None, env_for(cert(pki, "inst"), ca(pki))).tls
+    assert inst is not None and inst.peer_options() == []
+    # Refused only when no name would do.
+    no_name = ca(pki).issue("ip-only", dns=(), ips=("10.9.9.9",))
+    message = config_error(env_for(no_name, ca(pki)))
+    assert "peers dialing '127.0.0.1' would refuse" in message and "nor does any DNS name it holds" in message
+
+
+def test_a_peer_name_is_checked_as_given(pki: dict[str, object]) -> None:
     dns_only = cert(pki, "dns_only")
-    message = config_error(env_for(dns_only, ca(pki)))
-    assert "mismatch" in message and "set MESHD_TLS_PEER_NAME" in message
-    assert "'10.1.2.3'" in config_error(env_for(dns_only, ca(pki), MESHD_ADVERTISE_HOST="10.1.2.3"))
-    assert "'other.test'" in config_error(env_for(dns_only, ca(pki), MESHD_TLS_PEER_NAME="other.test"))
+    message = config_error(env_for(dns_only, ca(pki), MESHD_TLS_PEER_NAME="other.test"))
+    assert "'other.test'" in message and "mismatch" in message and "set MESHD_TLS_PEER_NAME" in message
     cfg = load_config(None, env_for(dns_only, ca(pki), MESHD_TLS_PEER_NAME="meshd-peers.test"))
     assert cfg.tls is not None
     assert cfg.tls.peer_options() == [("grpc.ssl_target_name_override", "meshd-peers.test")]
+    assert "shared certificate" not in cfg.tls.describe()
+
+
+def test_upstreams_deprecated_tls_names_are_read(pki: dict[str, object]) -> None:
+    inst, enc = cert(pki, "inst"), cert(pki, "encrypted")
+    older = {"MM_SVC_GRPC_CA_CERT_PATH": str(inst.cert), "MM_SVC_GRPC_PRIVATE_KEY_PATH": str(inst.key)}
+    cfg = load_config(None, older | {"MM_TLS_TRUST_CERT_PATH": str(ca(pki).cert)})
+    assert cfg.tls is not None and cfg.tls.settings.key_cert_path == str(inst.cert)
+    assert any("MM_SVC_GRPC_CA_CERT_PATH is a deprecated name" in w for w in cfg.warnings)
+    assert not any("ignored" in w and "MM_SVC_GRPC" in w for w in cfg.warnings)
+    # The older-still TAS_ names and the passphrase's older name.
+    tas = {
+        "TAS_SVC_GRPC_CA_CERT_PATH": str(enc.cert),
+        "TAS_SVC_GRPC_PRIVATE_KEY_PATH": str(enc.key),
+        "MM_SVC_GRPC_PRIVATE_KEY_PASSPHRASE": "s3cret",
+    }
+    tas_tls = load_config(None, tas | {"MM_TLS_TRUST_CERT_PATH": str(ca(pki).cert)}).tls
+    assert tas_tls is not None and tas_tls.settings.private_key_passphrase == "s3cret"
+    # Both given: the MM_TLS_* name wins, as upstream reads it first.
+    both = load_config(None, env_for(enc, ca(pki), MM_TLS_PRIVATE_KEY_PASSPHRASE="s3cret") | older)
+    assert both.tls is not None and both.tls.settings.key_cert_path == str(enc.cert)
+    assert any(w.startswith("MM_SVC_GRPC_CA_CERT_PATH is ignored: MM_TLS_KEY_CERT_PATH") for w in both.warnings)
+
+
+def test_metrics_never_ask_for_a_client_certificate(pki: dict[str, object]) -> None:
+    import ssl
+
+    cfg = load_config(None, env_for(cert(pki, "inst"), ca(pki), MM_TLS_CLIENT_AUTH="REQUIRE"))
+    assert cfg.tls is not None
+    assert cfg.tls.http_server_context().verify_mode == ssl.CERT_REQUIRED  # KServe REST: per MM_TLS_CLIENT_AUTH
+    assert cfg.tls.metrics_server_context().verify_mode == ssl.CERT_NONE
 
 
 def test_a_self_signed_certificate_is_its_own_trust(tmp_path: Path) -> None:
