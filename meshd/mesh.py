@@ -59,6 +59,7 @@ from meshd.kv.table import Table
 from meshd.kv.watch_trace import WatchTrace
 from meshd.loops.config_files import FileWatch
 from meshd.loops.disk_watch import DiskWatch
+from meshd.loops.dynamic_config import DynamicConfig
 from meshd.loops.inventory import Inventory
 from meshd.loops.leader import LeaderDuties, cluster_gauges
 from meshd.loops.runtime_watch import RuntimeWatch
@@ -679,9 +680,7 @@ class Instance:
             router,
         )
         self.background.append(asyncio.create_task(scaler.run(), name="copy scaling"))
-        from meshd.loops.dynamic_config import DynamicConfig  # upstream's run-time settings (config/)
-
-        dynamic = DynamicConfig(
+        dynamic = DynamicConfig(  # upstream's run-time settings (config/)
             self.store, prefix, cfg.log_each_invoke, cfg.scaleup_rpm_threshold, scaler, router, parts.invocations
         )
         self.background.append(asyncio.create_task(dynamic.run(), name="dynamic config"))
