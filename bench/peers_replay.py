@@ -11,7 +11,8 @@ peers.py sends them to one running system); loads of the warm-up are not counted
 - the simulator (sim.engine: meshd's own placement, load queue and cache code) at `--rate`
   requests per second, open loop (peers.py keeps 16 in flight; both systems ran it at
   50-85 req/s), 3 instances of K models, one loading thread each, the models' own load and
-  service times: `meshd` (RATE, the default), `meshd lru` (MESHD_EVICTION=lru), `upstream`;
+  service times: `meshd` (RATE, the default), `meshd lru` (MESHD_EVICTION=lru), `meshd
+  adaptive` (MESHD_EVICTION=adaptive), `upstream`;
 - order only, no time: an LRU of K models per serving process, each miss on a random one
   (Ray Serve's multiplexing: `max_num_models_per_replica` per replica, least recently used
   out first), and one LRU of 3K models (the whole capacity as one cache).
@@ -46,7 +47,12 @@ Replay = Callable[[list[list[str]], dict[str, DemoModel], int, int], list[int]]
 
 
 def sim_replay(policy_name: str, rate_rps: float) -> Replay:
-    policy = {"meshd": MESHD, "meshd lru": as_configured(Eviction.LRU), "upstream": UPSTREAM}[policy_name]
+    policy = {
+        "meshd": MESHD,
+        "meshd lru": as_configured(Eviction.LRU),
+        "meshd adaptive": as_configured(Eviction.ADAPTIVE),
+        "upstream": UPSTREAM,
+    }[policy_name]
 
     def replay(phases: list[list[str]], models: dict[str, DemoModel], per_process: int, seed: int) -> list[int]:
         ids = list(models)
@@ -127,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     replays: dict[str, Replay] = {
         "simulator: meshd (rate)": sim_replay("meshd", args.rate),
         "simulator: meshd lru": sim_replay("meshd lru", args.rate),
+        "simulator: meshd adaptive": sim_replay("meshd adaptive", args.rate),
         "simulator: upstream": sim_replay("upstream", args.rate),
         f"order only: LRU of {args.cache_models} per process, misses anywhere (Ray's multiplexing)": lru_replay(
             PROCESSES

@@ -186,8 +186,8 @@ SETTINGS: tuple[Setting, ...] = (
         "--eviction",
         "cache eviction order: rate (each copy's recent request rate per unit of memory and second of reload, "
         "see docs/simulator.md), lrfu (recent uses per unit and second, halved every two turnovers), "
-        "gdsf (uses per unit and second, no decay), lru (upstream's) or adaptive (rate or lru, whichever "
-        "of two shadow caches of the instance's requests missed less lately)",
+        "gdsf (uses per unit and second, no decay), lru (upstream's) or adaptive (rate's order or recency's, "
+        "whichever the fleet regrets less: the evicted models reloaded soon after, counted from the etcd records)",
         "rate",
     ),
     Setting(

@@ -50,6 +50,7 @@ from meshd.decisions.placement.liveness import departed_for_ms
 from meshd.decisions.placement.modelkey import at_max_copies
 from meshd.decisions.placement.view import ClusterView
 from meshd.decisions.publishing import Identity, RpmMeter, instance_record
+from meshd.decisions.regret import fleet_order, peer_tallies
 from meshd.kv.election import Election
 from meshd.kv.embedded import URL_FILE as ETCD_URL_FILE
 from meshd.kv.embedded import EmbeddedEtcd
@@ -408,6 +409,9 @@ class Instance:
             # The fleet's cache clock moves with peers' evictions as their records show them.
             step = fleet.step(peer_readings(instances.items(), cfg.instance_id))
             local.cache.follow_fleet(step.fleet_size, step.advance, step.floor)
+            regret = local.cache.regret
+            if regret is not None:  # the adaptive order follows the fleet's regret
+                local.cache.follow_order(fleet_order(regret, peer_tallies(instances.items(), cfg.instance_id)))
             rpm = meter.rpm(local.counters.served, now)  # forwarded requests are not load here
             # A runtime that does not answer takes no models: placement skips "shutting down" ones.
             stopping = self.shutting_down or not watch.up

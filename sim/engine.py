@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshd.core.records import USE_HISTORY_KEPT, InstanceRecord
-from meshd.decisions.cache import UNIT_BYTES, CacheEntry, Popularity, State, WeightedLRU
+from meshd.decisions.cache import UNIT_BYTES, Admission, CacheEntry, Popularity, State, WeightedLRU
 from meshd.decisions.fleet_clock import FleetClock
 from meshd.decisions.gate import Arrival, on_arrival, queue_bound
 from meshd.decisions.placement.disk import GIB, disk_value, pull_estimate_ms
@@ -116,6 +116,7 @@ from meshd.decisions.placement.serving import (
 )
 from meshd.decisions.placement.view import ClusterView, InstanceView
 from meshd.decisions.publishing import PUBLISH_MIN_INTERVAL_MS, Identity, RpmMeter, instance_record, publish_due
+from meshd.decisions.regret import Tally, fleet_order
 from sim.policies import Policy
 from sim.workloads import Workload
 
@@ -362,6 +363,7 @@ class Simulation:
         self.views: dict[str, InstanceView] = {}
         self.copies: list[dict[str, int]] = [{} for _ in cat.ids]  # model records: holder -> load start
         self.histories: list[tuple[float, ...]] = [()] * len(cat.ids)  # model records: uses on the fleet clock
+        self.evicted_by: list[tuple[int, float] | None] = [None] * len(cat.ids)  # ... and the adaptive order's note
         self.last_used: list[int] = [0] * len(cat.ids)
         self.events: list[tuple[int, int, int, int, float]] = []  # (done at, seq, instance, model, load ms)
         self.done: list[_Done] = []  # requests being served at gated copies
@@ -703,7 +705,7 @@ class Simulation:
             return True
         if self.policy.load_queue and (inst.loading >= self.fleet.loading_threads or inst.pending):
             return self._enqueue(inst, m, t, last_used, budget_ms)
-        admission = inst.cache.admit(self.ids[m], self.units[m], last_used, t, history=self.histories[m])
+        admission = self._admit(inst, m, last_used, t)
         if admission.admitted:
             inst.waiters[m] = []
             self._admitted(inst, m, t, admission.evicted)
@@ -773,7 +775,7 @@ class Simulation:
             del inst.patience[m]
             # Requests wait on it now: it is in use now (a background load keeps its older date).
             used = t if inst.waiters[m] else max(since, self.last_used[m])
-            admission = inst.cache.admit(self.ids[m], self.units[m], used, t, history=self.histories[m])
+            admission = self._admit(inst, m, used, t)
             if admission.admitted:
                 self.queued_at[(inst.index, m)] = since
                 self._admitted(inst, m, t, admission.evicted)
@@ -798,6 +800,17 @@ class Simulation:
                 self.result.failed += 1
                 self.result.failed_slow += t - arrived > FAST_REFUSAL_MS
 
+    def _admit(self, inst: _Instance, m: int, last_used: int, t: int) -> Admission:
+        """LocalModels._admit: the model's record gives its use history and, under the adaptive
+        order, which order evicted it last (charged for this reload; the copy's record write
+        then clears the note)."""
+        admission = inst.cache.admit(
+            self.ids[m], self.units[m], last_used, t, history=self.histories[m], evicted_by=self.evicted_by[m]
+        )
+        if admission.admitted:
+            self.evicted_by[m] = None
+        return admission
+
     def _admitted(self, inst: _Instance, m: int, t: int, evicted: tuple[CacheEntry, ...]) -> None:
         if evicted:
             inst.changed_since_publish = True  # LocalModels.on_change: evictions publish soon too
@@ -806,6 +819,8 @@ class Simulation:
             self.copies[v].pop(inst.instance_id, None)
             if self.policy.fleet_clock and victim.uses_at:  # written with the record's copy removal
                 self.histories[v] = victim.uses_at[-USE_HISTORY_KEPT:]  # as much as a record keeps
+                if victim.evicted_by >= 0 and inst.cache.regret is not None:
+                    self.evicted_by[v] = (victim.evicted_by, victim.evicted_clock)
             inst.gates.pop(v, None)  # it finishes what it holds, takes nothing new
             if self.counting:
                 self.result.evictions += 1
@@ -905,7 +920,7 @@ class Simulation:
         for b, (used, since) in list(inst.blocked.items()):  # room may have appeared (LocalModels._admit)
             # Requests waiting on it use it now (LocalModels._admit); a background load keeps its date.
             used = admission_date(max(used, self.last_used[b]), since, t) if inst.waiters.get(b) else used
-            admission = inst.cache.admit(self.ids[b], self.units[b], used, t, history=self.histories[b])
+            admission = self._admit(inst, b, used, t)
             if admission.admitted:
                 del inst.blocked[b]
                 self._admitted(inst, b, t, admission.evicted)
@@ -947,6 +962,10 @@ class Simulation:
                 me = inst.instance_id
                 step = inst.fleet_clock.step({i: (v.evicted, v.clock) for i, v in views.items() if i != me})
                 inst.cache.follow_fleet(step.fleet_size, step.advance, step.floor)
+                regret = inst.cache.regret
+                if regret is not None:  # ADAPTIVE: the order the fleet's regret says
+                    peers = (Tally.from_list(v.regret) for i, v in views.items() if i != me and v.regret is not None)
+                    inst.cache.follow_order(fleet_order(regret, peers))
 
     def _rate_check(self, t: int) -> None:
         """Scaler.check on every instance: copy scaling for each loaded copy."""

@@ -15,8 +15,9 @@
 - `meshd-unpriced`: `meshd` without placement by price (meshd before it, until 2026-11-27).
 - `meshd-own-clock`: `meshd` before issue 33: each cache's clock runs with its own evictions,
   and a model's use history stays with the instance that evicted it.
-- `meshd-adaptive`: `meshd` with ADAPTIVE eviction (RATE's key, the weight of its worth
-  against recency learnt from the evicted models that come back; issue 44).
+- `meshd-adaptive`: `meshd` with ADAPTIVE eviction (RATE's order or recency's, whichever the
+  fleet regrets less: evicted models that any instance reloads within a turnover, each charged
+  to the order that evicted it, through the records; issue 44).
 - `meshd-gdsf`: `meshd` with GDSF eviction (meshd's default before LRFU: counts that never decay).
 - `meshd-lrfu`: `meshd` with LRFU eviction (recent uses, halved every two turnovers: meshd's
   default from 2026-11-26 until RATE, the same day).

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshd.decisions.cache import Eviction, State, WeightedLRU
+from meshd.decisions.regret import fleet_order
 from sim.workloads import Epoch
 
 # LFUDA is left out: libcachesim 0.3.5's LFUDA did not finish at 1 % capacity here.
@@ -89,18 +90,29 @@ def meshd_hits(
     load_ms: Sequence[float] | None = None,
 ) -> bytearray:
     """meshd's cache over `requests` (model indexes), one request per ms: a hit touches, a
-    miss admits (evicting) and loads at once, as `LocalModels` drives it."""
+    miss admits (evicting) and loads at once, as `LocalModels` drives it. ADAPTIVE: a fleet of
+    one, its records' eviction notes kept here, its order chosen after each eviction from its own
+    tally (the daemon chooses at each publish)."""
     cache = WeightedLRU(capacity_units, eviction)
     names = [str(i) for i in range(len(units))]
     hits = bytearray(len(requests))
+    regret = cache.regret
+    notes: dict[str, tuple[int, float]] = {}
     for t, m in enumerate(requests, 1):
         mid = names[m]
         entry = cache.get(mid)
         if entry is not None and entry.state is State.LOADED:
             hits[t - 1] = 1
             cache.touch(mid, t)
-        elif entry is None and cache.admit(mid, units[m], t, t).admitted:
+        elif entry is None:
+            admission = cache.admit(mid, units[m], t, t, evicted_by=notes.pop(mid, None) if regret else None)
+            if not admission.admitted:
+                continue
             cache.set_state(mid, State.LOADED, t, load_ms[m] if load_ms is not None else None)
+            if regret is not None and admission.evicted:
+                for victim in admission.evicted:
+                    notes[victim.model_id] = (victim.evicted_by, victim.evicted_clock)
+                cache.follow_order(fleet_order(regret, ()))
     return hits
 
 

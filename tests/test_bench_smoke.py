@@ -98,6 +98,7 @@ def test_peers_replay_prints_every_replay_for_both_traces() -> None:
     assert names == [
         "simulator: meshd (rate)",
         "simulator: meshd lru",
+        "simulator: meshd adaptive",
         "simulator: upstream",
         "order only: LRU of 4 per process, misses anywhere (Ray's multiplexing)",
         "order only: one LRU of 12",

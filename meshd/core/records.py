@@ -185,6 +185,13 @@ NATIVE_ADDRESS = "meshdNative"  # host:port of the instance's native data plane 
 FLEET_EVICTED = "meshdEvicted"
 FLEET_CLOCK = "meshdClock"
 USE_HISTORY = "meshdUses"
+# The adaptive order's regret (meshd.decisions.regret): a model record notes which order evicted
+# its last copy and the fleet clock then (`["rate" | "recency", clock]`), for whichever instance
+# loads it next; an instance record carries its decayed evictions and charges per order
+# (`[RATE's evictions, RATE's charges, recency's evictions, recency's charges]`).
+EVICTED_BY = "meshdEvictedBy"
+REGRET = "meshdRegret"
+EVICTION_ORDERS = ("rate", "recency")  # meshd.decisions.regret.ORDERS
 # What the copy an instance evicts next is worth (log2, `WeightedLRU.victim_value`; absent
 # under LRU and GDSF): placement sends a load where it evicts the least (rank.cheapest).
 VICTIM_VALUE = "meshdVictim"
@@ -230,6 +237,29 @@ def newer_history(a: Sequence[float], b: Sequence[float]) -> bool:
     """Whether use history `a` says more than `b`: a later last use, or as late and more uses
     (two instances whose clocks have not moved apart yet write equal times)."""
     return bool(a) and (not b or (a[-1], len(a)) > (b[-1], len(b)))
+
+
+def eviction_note(extra: Mapping[str, Any]) -> tuple[int, float] | None:
+    """A model record's `meshdEvictedBy` as (order index, fleet clock); None when absent or
+    malformed (the reload then charges no order)."""
+    raw = extra.get(EVICTED_BY)
+    if not isinstance(raw, list) or len(raw) != 2 or raw[0] not in EVICTION_ORDERS:
+        return None
+    clock = _number(raw[1])
+    return None if clock is None else (EVICTION_ORDERS.index(raw[0]), clock)
+
+
+def regret_reading(extra: Mapping[str, Any]) -> tuple[float, float, float, float] | None:
+    """An instance record's `meshdRegret`; None when absent or malformed (four numbers, none
+    negative), so one bad record leaves the fleet's sums as the others make them."""
+    raw = extra.get(REGRET)
+    if not isinstance(raw, list) or len(raw) != 4:
+        return None
+    values = [_number(v) for v in raw]
+    if any(v is None or v < 0 for v in values):
+        return None
+    a, b, c, d = (v or 0.0 for v in values)
+    return (a, b, c, d)
 
 
 def fleet_reading(extra: Mapping[str, Any]) -> tuple[int, float]:

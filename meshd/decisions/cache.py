@@ -30,15 +30,14 @@ Five eviction orders (`Eviction`), one switch:
   priority is L + uses x load_ms / units, where L (the "inflation") is the priority of the
   last victim, so entries not used for a while age out. Its counts never decay while a copy
   is held, which costs it where popularity moves.
-- `ADAPTIVE` (issue 44): RATE's or recency's order, whichever would have missed less lately on
-  this cache's own requests: two shadow caches of its capacity (ids and sizes, no copies), one
-  LRU and one RATE, see every request it sees and count their misses (older ones halved every
-  8 turnovers); the cache follows the shadow that missed less, switching to recency when its
-  shadow missed 25 % less and back when RATE's missed 5 % less (set dueling). While it follows
-  recency its key is RATE's clock of the last use alone, so use histories keep being kept and a
-  switch back loses nothing. In a fleet RATE's shadow is as informed as the cache: it follows
-  the fleet clock and resumes a model from the history its record carries. `frequency_weight` says which
-  (1 RATE, 0 recency; the `meshd_eviction_frequency_weight` gauge).
+- `ADAPTIVE` (issue 44): RATE's order or recency's, whichever the fleet regrets less
+  (`meshd.decisions.regret`): each eviction notes which order chose its victim, a reload of
+  that model anywhere within a turnover charges that order, the fleet's tallies are summed
+  from the instances' records, and every cache follows the order with the lower regret per
+  eviction (recency once 20 % lower beyond a standard error); one admission in 200 evicts by
+  the other order, to keep learning about it. While it follows recency its key is RATE's clock of the last use alone,
+  so use histories keep being kept and a switch back loses nothing. `frequency_weight` says
+  which (1 RATE, 0 recency; the `meshd_eviction_frequency_weight` gauge).
 The counting orders keep the copies whose reloads would cost the most time per unit of
 memory they hold, and, unlike LRU, do not let a model used once push out one used a hundred
 times (the scan resistance that S3-FIFO and SIEVE get from quick demotion). Evicted models
@@ -57,6 +56,7 @@ from dataclasses import dataclass
 
 from meshd.core.records import newer_history
 from meshd.decisions.gate import Gate
+from meshd.decisions.regret import RATE, RECENCY, Regret
 
 UNIT_BYTES = 8192  # upstream ModelMesh's 8 KiB cache unit (SPEC §6)
 USE_SPELL_GAP_MS = 10_000  # uses further apart than upstream's rate-check interval are separate spells
@@ -99,23 +99,6 @@ RATE_HALF_LIFE_TURNOVERS = 4.0
 # the ones avoided first. The trade-off (more loads of the fast-loading models) is in
 # docs/policies.md, "A latency target".
 LATENCY_TARGET_WEIGHT = 4.0
-# ADAPTIVE: two shadow caches of the same capacity, one LRU and one RATE, see the requests this
-# cache sees (ids and sizes only: no copies); each counts its misses, older ones counting half
-# every ADAPTIVE_MEMORY_TURNOVERS turnovers of this cache's clock. The cache evicts in the order
-# of the one that missed less lately, and changes only when the other has missed a margin less
-# (set dueling, as in adaptive CPU cache insertion; LeCaR and ARC learn from ghosts instead):
-# ADAPTIVE_MARGIN back to RATE, ADAPTIVE_TO_RECENCY_MARGIN away from it. RATE needs less proof:
-# in a fleet the shadows see only the requests placed on this instance and not the use histories
-# records carry, which favour RATE. Measured (simulator, seed 1, docs/policies.md): at 5 % the
-# fleet lost 1-2 points of hit ratio to RATE on shifting and bursts; at 25 % none.
-# The memory is 8 turnovers, not 2: at 5 % capacity an instance holds 3-10 models, and over 2
-# turnovers the two shadows' counts differ by a few misses, so the cache switched on noise. With
-# 8 (seed 1, fleet, 5 %): Azure windows 2-4 0.429 / 0.357 / 0.267 against 0.421 / 0.343 / 0.248,
-# new-models 0.572 against 0.568, window 1 0.498 against 0.511; 10-30 % as RATE. The price: on
-# one cache it follows a change about 4x later (docs/policies.md, "An adaptive order").
-ADAPTIVE_MEMORY_TURNOVERS = 8.0
-ADAPTIVE_MARGIN = 0.05
-ADAPTIVE_TO_RECENCY_MARGIN = 0.25
 _LRFU_REBASE = 1 << 20  # half-lives of clock after which every clock is rebased (float precision)
 # A copy's reload cost is its load time, and one load's time is noisy (storage, contention):
 # once the fit below has LOAD_FIT_MIN_LOADS loads, the cost is the geometric mean of the load's
@@ -155,6 +138,8 @@ class CacheEntry:
     clock: float = 0.0  # LRFU, RATE: the cache's clock (units evicted) at the last use
     uses_at: tuple[float, ...] = ()  # RATE: the clock at each of the last RATE_USES_KEPT uses
     seq: int = 0  # admission order (ties in the eviction order go to the earlier admitted)
+    evicted_by: int = -1  # ADAPTIVE: the order that chose it as a victim (regret.RATE or RECENCY; -1: none)
+    evicted_clock: float = 0.0  # the cache's clock once it was evicted
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,14 +188,10 @@ class WeightedLRU:
         # clocks of its last uses), so a model that comes back resumes its count instead of
         # starting as a stranger.
         self._ghosts: dict[str, tuple[float, float, tuple[float, ...]]] = {}
-        # ADAPTIVE: the order it follows (`frequency_weight`: 1 RATE's, 0 recency's), the two
-        # shadow caches, their recent misses (decayed to `_misses_clock`).
+        # ADAPTIVE: the order it follows (`frequency_weight`: 1 RATE's, 0 recency's) and its
+        # part of the fleet's regret (None: another order).
         self.frequency_weight = 1.0
-        self._shadows: tuple[WeightedLRU, WeightedLRU] | None = None
-        if eviction is Eviction.ADAPTIVE:
-            self._shadows = (WeightedLRU(capacity_units, Eviction.LRU), WeightedLRU(capacity_units, Eviction.RATE))
-        self._misses = [0.0, 0.0]  # LRU's, RATE's
-        self._misses_clock = 0.0
+        self.regret = Regret() if eviction is Eviction.ADAPTIVE else None
 
     # ---- reads ---------------------------------------------------------------------
     def get(self, model_id: str) -> CacheEntry | None:
@@ -285,8 +266,6 @@ class WeightedLRU:
         entry = self._entries.get(model_id)
         if entry is None or uses < 1:
             return
-        if self._shadows is not None:
-            self._duel(model_id, entry.units, now_ms, uses)
         counted = self.eviction is not Eviction.LRU  # a use changes the key
         if self.eviction is Eviction.GDSF:
             entry.uses += uses
@@ -314,11 +293,14 @@ class WeightedLRU:
         now_ms: int,
         keep: frozenset[str] = frozenset(),
         history: Sequence[float] = (),
+        evicted_by: tuple[int, float] | None = None,
     ) -> Admission:
         """Reserve `units` for a new LOADING entry, evicting least-recently-used ones (never
         those in `keep`: a LoRA adapter's base, which it loads into). `history` (RATE): the
         model's recent uses on the fleet clock as its record keeps them, where the last
         instance to evict it wrote them; the newer of it and this cache's own ghost counts.
+        `evicted_by` (ADAPTIVE): the order that evicted it last and the fleet clock then, as its
+        record notes them; that order is charged for this reload (`regret.Regret.reloaded`).
 
         Nothing changes when it is refused: too big for the whole cache, or only entries
         that are still loading (or used more recently than the newcomer) could make room.
@@ -328,7 +310,14 @@ class WeightedLRU:
         if units > self.capacity_units:
             return Admission(False, reason=f"needs {units} units, the cache holds {self.capacity_units}")
         needed = units - self.free_units
-        victims = self._plan_eviction(needed, exclude=model_id, newer_than=last_used_ms, keep=keep)
+        order = RATE if self.frequency_weight else RECENCY
+        if self.regret is not None and needed > 0 and self.regret.explore():
+            order = 1 - order  # this admission evicts by the order not followed
+            self._reorder(order)
+            victims = self._plan_eviction(needed, exclude=model_id, newer_than=last_used_ms, keep=keep)
+            self._reorder(1 - order)
+        else:
+            victims = self._plan_eviction(needed, exclude=model_id, newer_than=last_used_ms, keep=keep)
         if victims is None:
             # Worth waiting only if loads in progress, once evictable, could make the room.
             loading = sum(e.units for e in self._entries.values() if e.state is State.LOADING)
@@ -343,10 +332,11 @@ class WeightedLRU:
             if loading + evictable >= needed:
                 return Admission(False, reason="no room until loads in progress finish", retryable=True)
             return Admission(False, reason="no room: the cache is full of more recently used models")
+        if self.regret is not None and evicted_by is not None:  # its age before it evicts anything
+            self.regret.reloaded(evicted_by[0], (self.clock - evicted_by[1]) / self.capacity_units)
         for victim in victims:
+            victim.evicted_by = order
             self._evict(victim)
-        if self._shadows is not None:
-            self._duel(model_id, units, now_ms, history=history)
         self._seq += 1
         entry = CacheEntry(model_id, units, last_used_ms, State.LOADING, now_ms, seq=self._seq)
         ghost = self._ghosts.pop(model_id, None)
@@ -391,6 +381,7 @@ class WeightedLRU:
         self._push(entry)
         victims = self._plan_eviction(-self.free_units, exclude=model_id, newer_than=None, keep=keep) or []
         for victim in victims:
+            victim.evicted_by = RATE if self.frequency_weight else RECENCY
             self._evict(victim)
         return tuple(victims)
 
@@ -418,6 +409,8 @@ class WeightedLRU:
     def _evict(self, victim: CacheEntry) -> None:
         if victim.state is State.LOADED:
             self.evicted_units += victim.units
+            if self.regret is not None and victim.evicted_by >= 0:
+                self.regret.evicted(victim.evicted_by, self.fleet_size)
         if self.eviction is not Eviction.LRU and victim.state is State.LOADED:
             ghosts = self._ghosts
             if self.eviction is Eviction.GDSF:
@@ -428,6 +421,7 @@ class WeightedLRU:
                 self.clock += victim.units / self.fleet_size
             while len(ghosts) > max(GHOSTS_MIN, GHOSTS_PER_ENTRY * len(self._entries)):
                 del ghosts[next(iter(ghosts))]  # the oldest ghost goes
+        victim.evicted_clock = self.clock
         self._drop(victim.model_id)
         if self.clock > _LRFU_REBASE * self._half_life:
             self._rebase()
@@ -438,8 +432,18 @@ class WeightedLRU:
         the clock is at least `floor` (a peer's clock, when this cache joins a running fleet)."""
         self.fleet_size = max(1, fleet_size)
         self.clock = max(self.clock, floor) + max(0.0, advance)
-        for shadow in self._shadows or ():  # ADAPTIVE: its shadows' clocks are the fleet's too
-            shadow.follow_fleet(fleet_size, advance, floor)
+
+    def follow_order(self, order: int) -> None:
+        """ADAPTIVE: evict by `order` (`regret.RATE` or `regret.RECENCY`) from now on, as the
+        fleet's regret says (`regret.fleet_order`)."""
+        if (1.0 if order == RATE else 0.0) != self.frequency_weight:
+            self._reorder(order)
+
+    def _reorder(self, order: int) -> None:
+        """ADAPTIVE: the heap in `order`'s keys (`frequency_weight` as `follow_order` sets it)."""
+        self.frequency_weight = 1.0 if order == RATE else 0.0
+        self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
+        heapq.heapify(self._heap)
 
     def _resumed(self, ghost: tuple[float, ...], history: Sequence[float]) -> tuple[float, ...]:
         """RATE: the uses a returning model resumes from: its ghost here or the history its
@@ -471,7 +475,6 @@ class WeightedLRU:
         self._ghosts = {
             m: (score, clock - shift, tuple(c - shift for c in at)) for m, (score, clock, at) in self._ghosts.items()
         }
-        self._misses_clock -= shift
         self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
         heapq.heapify(self._heap)
 
@@ -549,35 +552,6 @@ class WeightedLRU:
         if self.latency_target_ms and entry.load_ms > self.latency_target_ms:
             value *= LATENCY_TARGET_WEIGHT  # its reload would break the target
         return math.log2(value)
-
-    def _duel(self, model_id: str, units: int, now_ms: int, uses: int = 1, history: Sequence[float] = ()) -> None:
-        """ADAPTIVE: `uses` requests of `model_id` reach the shadow caches; each that misses counts
-        it; the order follows the one that missed less lately. RATE's shadow resumes a model from
-        the `history` its record carries, as the cache does."""
-        assert self._shadows is not None
-        misses = self._misses
-        decay = math.exp2((self._misses_clock - self.clock) / (ADAPTIVE_MEMORY_TURNOVERS * self.capacity_units))
-        if decay < 1.0:
-            misses[0] *= decay
-            misses[1] *= decay
-            self._misses_clock = self.clock
-        cost = self.load_fit.expected_ms(units)  # the reload cost RATE's shadow weighs (None: unknown)
-        for i, shadow in enumerate(self._shadows):
-            if model_id in shadow:
-                shadow.touch(model_id, now_ms, uses)
-            elif shadow.admit(model_id, units, now_ms, now_ms, history=history).admitted:
-                shadow.set_state(model_id, State.LOADED, now_ms, cost)
-                misses[i] += 1.0
-        lru, rate = misses
-        follow = self.frequency_weight
-        if follow and lru < rate * (1.0 - ADAPTIVE_TO_RECENCY_MARGIN):
-            follow = 0.0
-        elif not follow and rate < lru * (1.0 - ADAPTIVE_MARGIN):
-            follow = 1.0
-        if follow != self.frequency_weight:
-            self.frequency_weight = follow
-            self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
-            heapq.heapify(self._heap)
 
     def _push(self, entry: CacheEntry) -> None:
         heapq.heappush(self._heap, (self._key(entry), entry.seq, entry.model_id))

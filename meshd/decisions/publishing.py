@@ -22,7 +22,15 @@ from enum import Enum
 from typing import Any
 
 from meshd import __version__
-from meshd.core.records import DISK_TIER, EMPTY_LRU_TIME, FLEET_CLOCK, FLEET_EVICTED, VICTIM_VALUE, InstanceRecord
+from meshd.core.records import (
+    DISK_TIER,
+    EMPTY_LRU_TIME,
+    FLEET_CLOCK,
+    FLEET_EVICTED,
+    REGRET,
+    VICTIM_VALUE,
+    InstanceRecord,
+)
 from meshd.decisions.cache import WeightedLRU
 
 PUBLISH_MIN_INTERVAL_MS = 2_000  # upstream: >= 2 s apart
@@ -83,6 +91,8 @@ def instance_record(
     victim = cache.victim_value()
     if victim is not None:
         extra[VICTIM_VALUE] = round(victim, 3)
+    if cache.regret is not None:  # ADAPTIVE: its part of the fleet's regret
+        extra[REGRET] = cache.regret.tally().as_list()
     if disk is not None:
         extra[DISK_TIER] = disk
     return InstanceRecord(
@@ -130,10 +140,13 @@ _MATERIAL = operator.attrgetter(
 )
 
 
+_DRIFTING = frozenset((FLEET_CLOCK, VICTIM_VALUE, REGRET))  # the regret decays with every eviction
+
+
 def material(r: InstanceRecord) -> tuple[Any, ...]:
     """The record without the fields that drift with every request (LRU time, request rate, the
     next victim's value) or with peers' evictions (the fleet clock)."""
-    extra = {k: v for k, v in r.extra.items() if k != FLEET_CLOCK and k != VICTIM_VALUE}
+    extra = {k: v for k, v in r.extra.items() if k not in _DRIFTING}
     return (*_MATERIAL(r), extra)
 
 

@@ -12,6 +12,8 @@ from typing import TypeVar
 
 from meshd.core.errors import AlreadyExists, DataLoss, FailedPrecondition, NotFound, Unavailable
 from meshd.core.records import (
+    EVICTED_BY,
+    EVICTION_ORDERS,
     REGISTERED_LU,
     USE_HISTORY,
     USE_HISTORY_KEPT,
@@ -143,15 +145,23 @@ class Registry:
             if added and serving is not None and at_max_elsewhere(instance_id, rec, serving):
                 raise CopiesFull(model_id, instance_id, rec.instance_ids)
             rec.instance_ids[instance_id] = start_ms
+            rec.extra.pop(EVICTED_BY, None)  # this load was charged for it (one eviction, one charge)
             rec.failed_in.pop(instance_id, None)
             rec.fails.pop(instance_id, None)
             return rec
 
         return await self._update(self.models, model_id, fn) is not None
 
-    async def remove_copy(self, model_id: str, instance_id: str, history: Sequence[float] = ()) -> None:
+    async def remove_copy(
+        self,
+        model_id: str,
+        instance_id: str,
+        history: Sequence[float] = (),
+        evicted_by: tuple[int, float] | None = None,
+    ) -> None:
         """The instance's copy leaves the record; `history`: the evicted copy's recent uses on
-        the fleet clock, kept in the record unless it holds newer ones (`newer_history`)."""
+        the fleet clock, kept in the record unless it holds newer ones (`newer_history`);
+        `evicted_by`: the adaptive order's note (the order that chose it, the clock then)."""
 
         def fn(rec: ModelRecord | None) -> ModelRecord | Keep:
             if rec is None or instance_id not in rec.instance_ids:
@@ -160,6 +170,8 @@ class Registry:
             kept = use_history(rec.extra)
             if history and newer_history(history, kept):
                 rec.extra[USE_HISTORY] = [round(c, 3) for c in history[-USE_HISTORY_KEPT:]]
+            if evicted_by is not None:
+                rec.extra[EVICTED_BY] = [EVICTION_ORDERS[evicted_by[0]], round(evicted_by[1], 3)]
             return rec
 
         await self._update(self.models, model_id, fn)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from meshd.core.clock import Clock, wall_ms
 from meshd.core.errors import LoadFailed, MeshError, NotFound, ResourceExhausted, Unavailable
 from meshd.core.model_types import ADAPTER_SLOTS_FULL, base_model_of
-from meshd.core.records import ModelRecord, use_history
+from meshd.core.records import ModelRecord, eviction_note, use_history
 from meshd.decisions.cache import CacheEntry, Eviction, Popularity, State, WeightedLRU, adapter_slot_victim, to_units
 from meshd.decisions.gate import queue_bound
 from meshd.decisions.janitor import Repairs, plan_repairs
@@ -434,6 +434,7 @@ class LocalModels:
         to the load timeout) while loading entries fill it."""
         units = units or self.initial_units(record)
         history = use_history(record.extra)  # its uses before, as the last instance to evict it wrote
+        evicted_by = eviction_note(record.extra)  # ... and which order evicted it (ADAPTIVE's regret)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.queue.timeout_s
         began = self.clock()
@@ -441,7 +442,9 @@ class LocalModels:
             # Requests waiting on it use it now, at each try: copies touched while it waited
             # for room do not refuse it for good (a background load keeps its older date).
             last_used = admission_date(self._wanted_last_used.get(model_id, began), began, self.clock())
-            admission = self.cache.admit(model_id, units, last_used, self.clock(), self._keep(model_id), history)
+            admission = self.cache.admit(
+                model_id, units, last_used, self.clock(), self._keep(model_id), history, evicted_by
+            )
             if admission.admitted:
                 self._evict_all(admission.evicted)
                 return
@@ -694,9 +697,13 @@ class LocalModels:
         # An evicted copy's recent uses go with the record's copy removal (one write), for
         # whichever instance loads the model next (meshd.decisions.fleet_clock).
         history = entry.uses_at if entry is not None and entry.state is State.LOADED else ()
+        # ... and, under the adaptive order, which order evicted it (meshd.decisions.regret).
+        note = None
+        if history and entry is not None and entry.evicted_by >= 0:
+            note = (entry.evicted_by, entry.evicted_clock)
         if entry is not None:
             if not capped:
-                await self._quiet(self.registry.remove_copy(model_id, self.instance_id, history))
+                await self._quiet(self.registry.remove_copy(model_id, self.instance_id, history, note))
             if self.before_unload is not None:
                 await self._quiet(self.before_unload(model_id))
             waited = 0.0
@@ -718,7 +725,7 @@ class LocalModels:
                         await asyncio.sleep(CAPPED_UNLOAD_RETRY_S)
         finally:
             if capped:  # also when the runtime never confirmed: a record kept forever serves nobody
-                await self._quiet(self.registry.remove_copy(model_id, self.instance_id, history))
+                await self._quiet(self.registry.remove_copy(model_id, self.instance_id, history, note))
 
     def capped(self, model_id: str) -> bool:
         """Whether the model has a max copies (its key's policy)."""

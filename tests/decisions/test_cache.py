@@ -430,33 +430,89 @@ def request(cache: WeightedLRU, model_id: str, now: int) -> bool:
     return False
 
 
-def test_adaptive_follows_whichever_shadow_missed_less_and_comes_back() -> None:
+class OneRecordStore:
+    """What model records carry between evictions and loads for the adaptive order, for one
+    cache: each evicted model's note (the order that evicted it, the clock then)."""
+
+    def __init__(self, cache: WeightedLRU) -> None:
+        self.cache = cache
+        self.notes: dict[str, tuple[int, float]] = {}
+
+    def request(self, model_id: str, now: int) -> bool:
+        cache = self.cache
+        if model_id in cache:
+            cache.touch(model_id, now)
+            return True
+        admission = cache.admit(model_id, 1, now, now, evicted_by=self.notes.pop(model_id, None))
+        for victim in admission.evicted:
+            self.notes[victim.model_id] = (victim.evicted_by, victim.evicted_clock)
+        if admission.admitted:
+            cache.set_state(model_id, State.LOADED, now, 100.0)
+        return False
+
+
+def test_adaptive_follows_the_order_whose_evictions_come_back_less_and_returns() -> None:
     from meshd.decisions.cache import Eviction
+    from meshd.decisions.regret import RATE, RECENCY, fleet_order
 
     cache = WeightedLRU(3, Eviction.ADAPTIVE)
-    assert cache.frequency_weight == 1.0  # it starts as RATE
+    assert cache.regret is not None and cache.frequency_weight == 1.0  # it starts as RATE
+    cache.regret.explore_every = 4  # explore often: a short test
+    store = OneRecordStore(cache)
     now = 0
-    for _ in range(20):  # two models used often
-        for m in ("a", "b"):
-            now += 1
-            request(cache, m, now)
-    # Then the traffic moves to two others: RATE keeps the two that went cold and lets c and d
-    # push each other out; recency keeps c and d. The LRU shadow misses less: it is followed.
-    hits = []
-    for _ in range(30):
-        for m in ("c", "d"):
-            now += 1
-            hits.append(request(cache, m, now))
-    assert cache.frequency_weight == 0.0
-    assert {"c", "d"} <= {e.model_id for e in cache.entries()} and all(hits[-10:])
-    # Two hot models, each followed by two models used once: recency loses both, RATE keeps
-    # them. Back to RATE.
-    for scan in range(0, 120, 2):
-        for m in ("x", "y")[scan % 4 // 2], f"s{scan}", f"s{scan + 1}":
-            now += 1
-            request(cache, m, now)
+
+    def play(models: tuple[str, ...], rounds: int) -> list[bool]:
+        nonlocal now
+        hits = []
+        for _ in range(rounds):
+            for m in models:
+                now += 1
+                hits.append(store.request(m, now))
+            assert cache.regret is not None
+            cache.follow_order(fleet_order(cache.regret, []))  # a fleet of one: its own tally
+        return hits
+
+    # The hot pair moves on, again and again: RATE keeps the pair that went cold, so the new
+    # pair's models push each other out and come straight back (its evictions are charged);
+    # the admissions that explore evict the cold pair by recency, which never comes back.
+    for shift in range(6):
+        play((f"{shift}a", f"{shift}b"), 20)
+    assert cache.frequency_weight == 0.0  # recency is followed
+    tally = cache.regret.tally()
+    assert tally.charges[RATE] / tally.evictions[RATE] > tally.charges[RECENCY] / max(tally.evictions[RECENCY], 1)
+    play(("c", "d"), 3)
+    assert all(play(("c", "d"), 5))  # and the new pair stays
+    # Two hot models taking turns, each followed by a model used once: recency evicts the hot
+    # ones, which come back; RATE keeps them and its exploring evictions never come back.
+    hot_hits = []
+    for scan in range(400):
+        hot_hits += play((("x", "y")[scan % 2], f"s{scan}"), 1)[:1]
     assert cache.frequency_weight == 1.0
-    assert {"x", "y"} <= {e.model_id for e in cache.entries()}
+    # recency would miss every hot request here; RATE hits but after its exploring evictions
+    assert sum(hot_hits[-100:]) >= 50, hot_hits[-100:]
+
+
+def test_an_adaptive_reload_is_charged_to_the_order_that_evicted_it_by_its_age() -> None:
+    from meshd.decisions.cache import Eviction
+    from meshd.decisions.regret import RATE, RECENCY, REGRET_FLOOR
+
+    cache = WeightedLRU(2, Eviction.ADAPTIVE)
+    assert cache.regret is not None
+    for n, t in (("a", 1), ("b", 2)):
+        assert cache.admit(n, 1, t, t).admitted
+        cache.set_state(n, State.LOADED, t, 100.0)
+    evicted = cache.admit("c", 1, 3, 3).evicted
+    assert [(e.model_id, e.evicted_by) for e in evicted] == [("a", RATE)]
+    assert cache.regret.tally().evictions == (1.0, 0.0)
+    cache.follow_fleet(1, 1.0)  # half a turnover later (2 units)...
+    assert cache.admit("a", 1, 4, 4, evicted_by=(RECENCY, evicted[0].evicted_clock)).admitted
+    assert cache.regret.tally().charges == (0.0, pytest.approx(REGRET_FLOOR**0.5, rel=1e-3))  # decayed a little
+    cache.follow_fleet(1, 10.0)  # ... a reload a turnover or more after its eviction is not charged
+    cache.set_state("c", State.LOADED, 5, 100.0)
+    cache.set_state("a", State.LOADED, 5, 100.0)
+    assert cache.admit("d", 1, 6, 6, evicted_by=(RATE, evicted[0].evicted_clock)).admitted
+    assert cache.regret.tally().charges == (0.0, pytest.approx(REGRET_FLOOR**0.5, rel=1e-3))  # decayed a little
+    assert WeightedLRU(2, Eviction.RATE).regret is None  # the other orders keep no regret
 
 
 @pytest.mark.parametrize("order", ["rate", "lrfu", "gdsf"])

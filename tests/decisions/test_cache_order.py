@@ -24,7 +24,7 @@ from meshd.decisions.cache import (
     use_rate,
 )
 
-OP_NAMES = ["admit", "touch", "bulk", "load", "load_even", "resize", "remove", "busy", "idle", "fail"]
+OP_NAMES = ["admit", "touch", "bulk", "load", "load_even", "resize", "remove", "busy", "idle", "fail", "follow"]
 ops = st.lists(
     st.tuples(
         st.sampled_from(OP_NAMES),
@@ -35,12 +35,15 @@ ops = st.lists(
 )
 
 
-def sorted_plan(cache: WeightedLRU, needed: int, exclude: str, newer_than: int | None) -> list[str] | None:
-    """The specification: sort all evictable entries by (serving, key, admission order)."""
+def sorted_plan(
+    cache: WeightedLRU, needed: int, exclude: str, newer_than: int | None, weight: float | None = None
+) -> list[str] | None:
+    """The specification: sort all evictable entries by (serving, key, admission order);
+    `weight`: ADAPTIVE's order for this plan (None: the one it follows)."""
     if needed <= 0:
         return []
     cands = [e for e in cache.entries() if e.state is not State.LOADING and e.model_id != exclude]
-    cands.sort(key=lambda e: (e.inflight > 0, spec_key(cache, e), e.seq))
+    cands.sort(key=lambda e: (e.inflight > 0, spec_key(cache, e, weight), e.seq))
     out: list[str] = []
     freed = 0
     for e in cands:
@@ -53,7 +56,7 @@ def sorted_plan(cache: WeightedLRU, needed: int, exclude: str, newer_than: int |
     return out if freed >= needed else None
 
 
-def spec_key(cache: WeightedLRU, e: CacheEntry) -> tuple[float, ...]:
+def spec_key(cache: WeightedLRU, e: CacheEntry, weight: float | None = None) -> tuple[float, ...]:
     """Each order's key as its docs define it (LRFU: log of the decayed uses x cost per unit;
     RATE: log of the rate x cost per unit, decayed since the last use; ADAPTIVE: RATE's, or the
     clock of the last use alone)."""
@@ -67,8 +70,9 @@ def spec_key(cache: WeightedLRU, e: CacheEntry) -> tuple[float, ...]:
             assert 1 <= len(e.uses_at) <= RATE_USES_KEPT and e.uses_at[-1] == e.clock
             score = use_rate(e.uses_at, RATE_PRIOR_TURNOVERS * cache.capacity_units)
             half_life = RATE_HALF_LIFE_TURNOVERS * cache.capacity_units
-        # ADAPTIVE: RATE's, or recency on the same clock alone while it follows its LRU shadow
-        weight = cache.frequency_weight if cache.eviction is Eviction.ADAPTIVE else 1.0
+        # ADAPTIVE: RATE's, or recency on the same clock alone while it follows recency
+        if weight is None:
+            weight = cache.frequency_weight if cache.eviction is Eviction.ADAPTIVE else 1.0
         return (weight * math.log2(score * cost) + e.clock / half_life, e.last_used_ms)
     return (e.last_used_ms,)
 
@@ -95,6 +99,8 @@ def test_heap_order_matches_a_full_sort_over_long_seeded_runs(eviction: Eviction
 
 def run_ops(ops: list[tuple[str, int, int]], eviction: Eviction, capacity: int) -> None:
     cache = WeightedLRU(capacity, eviction)
+    if cache.regret is not None:  # explore often, so the other order's plans are checked too
+        cache.regret.explore_every = 7
     now = 1000
     for op, m, n in ops:
         now += n
@@ -103,7 +109,11 @@ def run_ops(ops: list[tuple[str, int, int]], eviction: Eviction, capacity: int) 
         if op == "admit":
             for used in (now, now - 50):  # a request, and a placement dated in the past
                 fits = mid not in cache and n <= capacity
-                expected = sorted_plan(cache, n - cache.free_units, mid, used) if fits else None
+                needed = n - cache.free_units
+                weight = None  # ADAPTIVE: an admission that explores evicts by the other order
+                if cache.regret is not None and needed > 0 and cache.regret.explores_next():
+                    weight = 1.0 - cache.frequency_weight
+                expected = sorted_plan(cache, needed, mid, used, weight) if fits else None
                 adm = cache.admit(mid, n, used, now)
                 if expected is not None:
                     assert adm.admitted and [e.model_id for e in adm.evicted] == expected
@@ -132,6 +142,8 @@ def run_ops(ops: list[tuple[str, int, int]], eviction: Eviction, capacity: int) 
             entry.inflight -= 1
         elif op == "fail" and entry is not None:
             cache.set_state(mid, State.FAILED, now)
+        elif op == "follow" and cache.regret is not None:  # ADAPTIVE: the fleet's regret moves it
+            cache.follow_order(n % 2)
         assert cache.used_units == sum(e.units for e in cache.entries())
         assert cache.loaded_summary(now) == scanned_summary(cache, now)
 

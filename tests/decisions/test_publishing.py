@@ -125,3 +125,20 @@ def test_a_victim_value_that_is_not_a_number_reads_as_none() -> None:
     assert victim_reading({VICTIM_VALUE: 1.5}) == 1.5
     for bad in ("1.5", True, float("nan"), None, [1]):
         assert victim_reading({VICTIM_VALUE: bad}) is None
+
+
+def test_the_adaptive_order_publishes_its_regret_tally_which_alone_does_not_make_a_publish_due() -> None:
+    from meshd.core.records import REGRET, regret_reading
+
+    assert REGRET not in instance_record(ME, WeightedLRU(4, Eviction.RATE), 2, 0, 0, False, 1000).extra
+    cache = WeightedLRU(1, Eviction.ADAPTIVE)
+    for n, t in (("a", 1), ("b", 2)):
+        cache.admit(n, 1, t, t)
+        cache.set_state(n, State.LOADED, t)
+    first = instance_record(ME, cache, 2, 0, 0, False, 1000)
+    assert regret_reading(first.extra) == (1.0, 0.0, 0.0, 0.0)  # one eviction, by RATE's order
+    assert cache.regret is not None
+    cache.regret.reloaded(0, 0.0)
+    charged = instance_record(ME, cache, 2, 0, 0, False, 1000)
+    assert regret_reading(charged.extra) == (1.0, 1.0, 0.0, 0.0)
+    assert not publish_due(first, charged, 1000, 30_000, False)  # it drifts: the next publish carries it

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from meshd.core.records import FLEET_CLOCK, FLEET_EVICTED, USE_HISTORY
+from meshd.core.records import EVICTED_BY, FLEET_CLOCK, FLEET_EVICTED, REGRET, USE_HISTORY
 from meshd.decisions.cache import to_units
 from meshd.kv.embedded import EmbeddedEtcd
 from meshd.runtimes.models import generate_models
@@ -67,3 +67,38 @@ def test_a_models_use_history_outlives_its_last_copy_and_the_next_instance_start
 
         wait_until(counted, 15, f"{iid}'s eviction count")
         assert isinstance(record("instances", iid).get(FLEET_CLOCK), int | float)
+
+
+def test_the_adaptive_order_notes_each_eviction_in_the_record_and_the_next_loader_is_charged(
+    start_node: NodeFactory, mesh: LocalMesh, etcd_server: EmbeddedEtcd, tmp_path: Path
+) -> None:
+    """Issue 44 on real processes: under MESHD_EVICTION=adaptive the instance that evicts a
+    model's last copy notes in its record which order chose it; the other instance that loads
+    it next charges that order (its record's tally says so) and clears the note; both publish
+    their tallies, which every instance sums to choose its order."""
+    settings: dict[str, str | int] = {"eviction": "adaptive"}
+    a, b = start_node("inst-a", 1, settings=settings), start_node("inst-b", 1, settings=settings)
+    m, x = generate_models(tmp_path / "models", 2, size_bytes=MODEL_SIZE)
+    for model in (m, x):
+        a.register(model)
+
+    def record(kind: str, name: str) -> dict[str, Any]:
+        key = upstream_key("", mesh.service, kind, name)
+        return under(etcd_server, key).get(key, {})
+
+    load_on(a, m.id)
+    load_on(a, x.id)  # room for one: m's last copy is evicted, by RATE's order (the start)
+    wait_until(lambda: not record("registry", m.id).get("instanceIds"), 15, "m's copy gone")
+    wait_until(lambda: EVICTED_BY in record("registry", m.id), 15, "m's eviction note")
+    order, clock = record("registry", m.id)[EVICTED_BY]
+    assert order == "rate" and isinstance(clock, int | float)
+
+    load_on(b, m.id)  # b charges RATE for it
+    assert close_enough(b.infer(m.id, ROWS), expected(m, ROWS))
+    wait_until(lambda: EVICTED_BY not in record("registry", m.id), 15, "the note cleared by b's copy")
+
+    def tally(iid: str) -> list[float]:
+        return list(record("instances", iid).get(REGRET) or [0, 0, 0, 0])
+
+    wait_until(lambda: tally(b.node.instance_id)[1] > 0, 30, "b's record: RATE charged for the reload")
+    wait_until(lambda: tally(a.node.instance_id)[0] >= 1, 30, "a's record: one eviction by RATE's order")

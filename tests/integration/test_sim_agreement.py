@@ -153,8 +153,8 @@ def test_the_simulator_and_a_real_mesh_agree_on_loads_and_hit_ratio(
         # one model's room per instance (5 in place of 4) must not agree, or the band could
         # pass anything. (A wrong policy is not the control: RATE's loads are only 10-20 % below
         # LRU's, too near the band for one real run to tell them apart.)
-        # ADAPTIVE too (issue 44): its shadows learn from what the fleet sees, so a simulator
-        # with the wrong fleet must not agree with it either. Figures: the note at REAL_RUN_BAND.
+        # ADAPTIVE too (issue 44): it learns from what the fleet reloads, so a simulator with
+        # the wrong fleet must not agree with it either. Figures: the note at REAL_RUN_BAND.
         wrong = [
             simulate(
                 replay,

@@ -20,7 +20,7 @@ from meshd.testing.procs import wait_until_async
 from tests.registry.rig import new_registry
 
 
-def local(instance_id: str, registry: Registry, now: list[int]) -> LocalModels:
+def local(instance_id: str, registry: Registry, now: list[int], eviction: Eviction = Eviction.RATE) -> LocalModels:
     return LocalModels(
         instance_id,
         registry,
@@ -28,7 +28,7 @@ def local(instance_id: str, registry: Registry, now: list[int]) -> LocalModels:
         runtime_info(1),  # room for one model
         failure_expiry_ms=900_000,
         clock=lambda: now[0],
-        eviction=Eviction.RATE,
+        eviction=eviction,
     )
 
 
@@ -98,3 +98,44 @@ async def test_an_older_history_does_not_replace_a_newer_one(two: tuple[LocalMod
         return r is not None and not r.instance_ids and use_history(r.extra) == (3.0, 12.0)
 
     await wait_until_async(newer, 5, "the newer history")
+
+
+async def test_an_adaptive_eviction_notes_its_order_and_the_next_load_is_charged_and_clears_it() -> None:
+    """Issue 44: the evicting instance writes which order chose the victim and the clock
+    then; the instance that loads the model next charges that order, and its copy's write
+    clears the note (one eviction, one charge)."""
+    from meshd.core.records import EVICTED_BY, eviction_note
+    from meshd.decisions.regret import RATE
+
+    store = MemoryStore()
+    ra, rb = await new_registry(store), await new_registry(store)
+    now = [10_000_000]
+    a, b = local("a", ra, now, Eviction.ADAPTIVE), local("b", rb, now, Eviction.ADAPTIVE)
+    try:
+        for m in ("m", "x"):
+            await ra.register(m, ModelInfo("demo", f"/{m}"), 1)
+        await a.ensure("m", ra.get("m"))  # type: ignore[arg-type]
+        await a.ensure("x", ra.get("x"))  # type: ignore[arg-type]  # evicts m, by RATE's order
+
+        def noted() -> bool:
+            rec = ra.get("m")
+            return rec is not None and not rec.instance_ids and eviction_note(rec.extra) is not None
+
+        await wait_until_async(noted, 5, "m's eviction note in its record")
+        assert eviction_note(ra.get("m").extra) == (RATE, a.cache.clock)  # type: ignore[union-attr]
+        assert a.cache.regret is not None and a.cache.regret.tally().evictions == (1.0, 0.0)
+        await asyncio.wait_for(rb.models.catch_up(), 5)
+        await b.ensure("m", rb.get("m"))  # type: ignore[arg-type]
+        assert b.cache.regret is not None and b.cache.regret.tally().charges[RATE] > 0.0
+
+        def cleared() -> bool:
+            rec = rb.get("m")
+            return rec is not None and "b" in rec.instance_ids and EVICTED_BY not in rec.extra
+
+        await wait_until_async(cleared, 5, "the note cleared by b's copy")
+    finally:
+        for lm, r in ((a, ra), (b, rb)):
+            await lm.close(deregister=False)
+            await r.models.stop()
+            await r.vmodels.stop()
+        await store.close()

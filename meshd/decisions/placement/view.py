@@ -12,7 +12,14 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from meshd.core.records import EMPTY_LRU_TIME, NATIVE_ADDRESS, InstanceRecord, fleet_reading, victim_reading
+from meshd.core.records import (
+    EMPTY_LRU_TIME,
+    NATIVE_ADDRESS,
+    InstanceRecord,
+    fleet_reading,
+    regret_reading,
+    victim_reading,
+)
 from meshd.decisions.placement.disk import DiskSet, disk_reading
 
 
@@ -37,6 +44,7 @@ class InstanceView:
     clock: float = 0.0  # its fleet clock
     victim_value: float | None = None  # log2 worth of the copy it evicts next (None: not published)
     disk: DiskSet | None = None  # the models on its runtime's disk tier (None: it has none)
+    regret: tuple[float, float, float, float] | None = None  # its adaptive order's tally (regret.Tally)
 
     @property
     def free(self) -> int:
@@ -70,6 +78,7 @@ class InstanceView:
             clock=clock,
             victim_value=victim_reading(r.extra),
             disk=disk_reading(r.extra),
+            regret=regret_reading(r.extra),
         )
 
 
