@@ -5,6 +5,7 @@ history never replaces a newer one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -32,20 +33,27 @@ def local(instance_id: str, registry: Registry, now: list[int], eviction: Evicti
     )
 
 
-@pytest.fixture
-async def two() -> AsyncIterator[tuple[LocalModels, LocalModels, Registry]]:
+@contextlib.asynccontextmanager
+async def pair(eviction: Eviction) -> AsyncIterator[tuple[LocalModels, LocalModels, Registry, Registry]]:
+    """Two instances, a and b, on one store, each with room for one model."""
     store = MemoryStore()
     ra, rb = await new_registry(store), await new_registry(store)
     now = [10_000_000]
-    a, b = local("a", ra, now), local("b", rb, now)
+    a, b = local("a", ra, now, eviction), local("b", rb, now, eviction)
     try:
-        yield a, b, ra
+        yield a, b, ra, rb
     finally:
         for lm, r in ((a, ra), (b, rb)):
             await lm.close(deregister=False)
             await r.models.stop()
             await r.vmodels.stop()
         await store.close()
+
+
+@pytest.fixture
+async def two() -> AsyncIterator[tuple[LocalModels, LocalModels, Registry]]:
+    async with pair(Eviction.RATE) as (a, b, ra, _):
+        yield a, b, ra
 
 
 async def test_the_history_outlives_the_last_copy_and_the_next_instance_starts_from_it(
@@ -107,11 +115,7 @@ async def test_an_adaptive_eviction_notes_its_order_and_the_next_load_is_charged
     from meshd.core.records import EVICTED_BY, eviction_note
     from meshd.decisions.regret import RATE
 
-    store = MemoryStore()
-    ra, rb = await new_registry(store), await new_registry(store)
-    now = [10_000_000]
-    a, b = local("a", ra, now, Eviction.ADAPTIVE), local("b", rb, now, Eviction.ADAPTIVE)
-    try:
+    async with pair(Eviction.ADAPTIVE) as (a, b, ra, rb):
         for m in ("m", "x"):
             await ra.register(m, ModelInfo("demo", f"/{m}"), 1)
         await a.ensure("m", ra.get("m"))  # type: ignore[arg-type]
@@ -133,9 +137,3 @@ async def test_an_adaptive_eviction_notes_its_order_and_the_next_load_is_charged
             return rec is not None and "b" in rec.instance_ids and EVICTED_BY not in rec.extra
 
         await wait_until_async(cleared, 5, "the note cleared by b's copy")
-    finally:
-        for lm, r in ((a, ra), (b, rb)):
-            await lm.close(deregister=False)
-            await r.models.stop()
-            await r.vmodels.stop()
-        await store.close()
