@@ -24,7 +24,7 @@ from meshd._proto.meshd import peer_pb2, peer_pb2_grpc
 from meshd._proto.mmesh import model_mesh_pb2 as mm
 from meshd._proto.mmesh import model_mesh_pb2_grpc as mm_grpc
 from meshd.testing.cluster import LocalMesh, Node
-from meshd.testing.llm import WIDE_SHAPE, LlmRuntimeArgs, add_llm_node, llamacpp_python, make_gguf
+from meshd.testing.llm import BUILD_TIMEOUT_S, WIDE_SHAPE, LlmRuntimeArgs, add_llm_node, llamacpp_python, make_gguf
 
 LLM_MODELS = ("llm-0", "llm-1", "llm-2")
 WIDE_MODEL = "llm-wide"
@@ -115,6 +115,21 @@ def kill_engine(model_id: str, node: Node) -> int:
 def llama_python() -> Path:
     """The llama.cpp venv's python (compiled on first use: ~9 min on 2 cores, then cached)."""
     return llamacpp_python()
+
+
+# Whichever test first asks for the llama.cpp venv builds it in its set-up, which counts toward
+# its timeout: a page test with the suite's 300 s timed out mid-build on a fresh machine (no
+# wheel to be had) and every later llama.cpp test failed with it (the session fixture's error).
+FIRST_BUILD_TIMEOUT_S = BUILD_TIMEOUT_S + 600
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "llama_python" not in getattr(item, "fixturenames", ()):
+            continue
+        marker = item.get_closest_marker("timeout")
+        if marker is None or not marker.args or marker.args[0] < FIRST_BUILD_TIMEOUT_S:
+            item.add_marker(pytest.mark.timeout(FIRST_BUILD_TIMEOUT_S))
 
 
 def register_models(lm: LlmMesh) -> None:
