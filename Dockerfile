@@ -1,5 +1,7 @@
 # One image for both containers of a meshd "pod": `meshd serve` and the reference runtime.
-FROM python:3.11-slim
+# Debian 13 (trixie): its HAProxy is 3.0 LTS. Debian 12's 2.6.12 resets a busy runtime connection on
+# gRPC trailers, so meshd would give it a connection per request (docs/native.md, "HAProxy versions").
+FROM python:3.11-slim-trixie
 WORKDIR /app
 COPY pyproject.toml README.md constraints.txt ./
 COPY meshd ./meshd

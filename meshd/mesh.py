@@ -83,8 +83,8 @@ from meshd.serving.invocations import LOCAL, Invocations, records_calls
 from meshd.serving.local import LocalModels
 from meshd.serving.native import setup as native_setup
 from meshd.serving.native.calls import CarriedCalls
-from meshd.serving.native.haproxy import HAProxy, HAProxyError
-from meshd.serving.native.haproxy_config import CarriedCall, Layout
+from meshd.serving.native.haproxy import HAProxy, HAProxyError, haproxy_version
+from meshd.serving.native.haproxy_config import CarriedCall, Layout, trailers_reset_bug
 from meshd.serving.native.haproxy_config import render as render_haproxy
 from meshd.serving.native.plane import NativePlane
 from meshd.serving.peers import Peers, dial_plaintext
@@ -714,6 +714,19 @@ class Instance:
         """HAProxy runs and takes its configuration: checked before the runtime is asked for
         anything (it purges its models then), so a mistake there changes nothing."""
         cfg = self.config
+        try:
+            version = await haproxy_version(cfg.haproxy)
+        except HAProxyError as e:
+            raise StartRefused(f"MESHD_DATAPLANE=native: {e}") from None
+        one_per_connection = trailers_reset_bug(version)
+        if one_per_connection:
+            log.warning(
+                "%s resets a busy HTTP/2 connection to the runtime when a response's trailers wait"
+                " behind data (HAProxy issue #2388, fixed in 2.9.1 and 3.0): each request gets a"
+                " connection of its own, at about half the throughput for small requests; HAProxy"
+                " 2.9.1 or later (3.0 LTS) carries them at full speed",
+                version.split(" - ")[0],
+            )
         directory = self.native_dir = native_setup.workdir()
         tls_files = native_setup.write_tls_files(cfg.tls, directory) if cfg.tls else None
         # Per-call records (metrics, invoke log) of natively carried calls, when calls are recorded.
@@ -729,6 +742,7 @@ class Instance:
             cfg.max_headers_size,
             cfg.max_msg_size,
             dual_stack=ipv6_available(),
+            request_per_connection=one_per_connection,
         )
         maps = [layout.methods_map, layout.local_map, layout.peers_map, layout.vmodels_map]
         self.haproxy = HAProxy(cfg.haproxy, render_haproxy(layout), directory, maps, layout.api_socket)

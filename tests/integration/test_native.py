@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from meshd.runtimes.models import (
     make_infer_request,
     write_echo_model,
 )
+from meshd.serving.native.haproxy_config import trailers_reset_bug
 from meshd.testing import haproxy
 from meshd.testing.procs import free_port, wait_until
 
@@ -302,10 +304,8 @@ def test_natively_carried_calls_keep_their_metrics_and_invoke_log(
     assert len(lines) == carried(c) and all(f"model={m.id}" in line for line in lines)
 
 
-def test_many_large_requests_at_once_all_complete(start_node: NodeFactory, tmp_path: Path) -> None:
-    # 64 concurrent 1 MiB echo calls on one connection: with a per-stream window larger than
-    # HAProxy's stream buffers, these once stalled HAProxy's HTTP/2 demultiplexer for good.
-    c = start_node(capacity_models=64)
+def many_large_requests(c: Client, tmp_path: Path, rounds: int = 1) -> None:
+    """64 concurrent 1 MiB echo calls on one connection, `rounds` times; all must complete."""
     echo = write_echo_model(tmp_path / "echo.json")
     info = mm.ModelInfo(type="demo", path=str(echo))
     req = mm.RegisterModelRequest(modelId="echo", modelInfo=info, loadNow=True, sync=True)
@@ -319,13 +319,65 @@ def test_many_large_requests_at_once_all_complete(start_node: NodeFactory, tmp_p
     before = carried(c)
     request = make_echo_request("echo", 1 << 20)
     options = [("grpc.max_send_message_length", 8 << 20), ("grpc.max_receive_message_length", 8 << 20)]
-    with grpc.insecure_channel(c.node.target, options=options) as channel:
-        infer = channel.unary_unary(
-            "/inference.GRPCInferenceService/ModelInfer",
-            request_serializer=lambda r: r.SerializeToString(),
-            response_deserializer=lambda b: b,
-        )
-        futures = [infer.future(request, metadata=(("mm-model-id", "echo"),), timeout=60) for _ in range(64)]
-        sizes = [len(f.result()) for f in futures]
-    assert all(size > 1 << 20 for size in sizes)
-    wait_until(lambda: carried(c) >= before + 64, 10, "the counters")
+    for _ in range(rounds):
+        with grpc.insecure_channel(c.node.target, options=options) as channel:
+            infer = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=lambda r: r.SerializeToString(),
+                response_deserializer=lambda b: b,
+            )
+            futures = [infer.future(request, metadata=(("mm-model-id", "echo"),), timeout=60) for _ in range(64)]
+            sizes = [len(f.result()) for f in futures]
+        assert all(size > 1 << 20 for size in sizes)
+    wait_until(lambda: carried(c) >= before + 64 * rounds, 10, "the counters")
+
+
+def runtime_connections(c: Client) -> int:
+    """How many connections this node's HAProxy has opened to its runtime (`show stat`)."""
+    pid = haproxy.child_of(c.node.meshd.proc.pid)
+    assert pid is not None
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    config = Path(args[args.index(b"-f") + 1].decode())
+    api = next(line.split()[2] for line in config.read_text().splitlines() if line.strip().startswith("stats socket"))
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(api)
+        s.sendall(b"show stat\n")
+        out = b"".join(iter(lambda: s.recv(65536), b"")).decode()
+    header, *rows = out.lstrip("# ").splitlines()
+    fields = header.split(",")
+    for row in rows:
+        values = dict(zip(fields, row.split(","), strict=False))
+        if values.get("pxname") == "be_local" and values.get("svname") == "rt":
+            return int(values["connect"] or 0)
+    raise AssertionError(f"no be_local/rt row in: {out[:500]}")
+
+
+def test_many_large_requests_at_once_all_complete(start_node: NodeFactory, tmp_path: Path) -> None:
+    # With a per-stream window larger than HAProxy's stream buffers, these once stalled HAProxy's
+    # HTTP/2 demultiplexer for good. On an HAProxy with the trailers bug (Debian 12's 2.6.12),
+    # the runtime connection carrying them was reset now and then, with every stream on it:
+    # the test HAProxy is one without it (meshd.testing.haproxy), which reuses its connections.
+    c = start_node(capacity_models=64)
+    many_large_requests(c, tmp_path)
+    assert runtime_connections(c) < 64  # streams share connections
+
+
+@pytest.fixture(scope="session")
+def haproxy_with_trailers_bug() -> str:
+    """Debian 12's HAProxy (2.6.12), fetched from its package: one with the trailers bug."""
+    found = haproxy.fetch()
+    if found is None:
+        pytest.skip("no apt-get here to fetch Debian's HAProxy package")
+    line = haproxy.version(found) or ""
+    if not trailers_reset_bug(line):
+        pytest.skip(f"Debian's HAProxy here is {line}, without the trailers bug")
+    return found
+
+
+def test_an_haproxy_with_the_trailers_bug_opens_a_connection_per_request(
+    start_node: NodeFactory, tmp_path: Path, haproxy_with_trailers_bug: str
+) -> None:
+    c = start_node(capacity_models=64, settings={"haproxy": haproxy_with_trailers_bug})
+    assert "HAProxy issue #2388" in c.node.meshd.log_tail(200)  # said at start-up, with the cost
+    many_large_requests(c, tmp_path, rounds=3)
+    assert runtime_connections(c) >= 64 * 3  # one per request

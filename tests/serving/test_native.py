@@ -22,6 +22,7 @@ from meshd.serving.native.haproxy_config import (
     map_key_ok,
     parse_table,
     render,
+    trailers_reset_bug,
 )
 from meshd.serving.native.plane import split_address
 from meshd.serving.native.routes import (
@@ -192,7 +193,9 @@ def _check(haproxy: str, text: str, tmp: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("variant", ["plain", "deadline", "tls", "mtls", "unix-runtime", "log", "ipv6", "ipv6-tls"])
+@pytest.mark.parametrize(
+    "variant", ["plain", "deadline", "tls", "mtls", "unix-runtime", "log", "ipv6", "ipv6-tls", "per-connection"]
+)
 def test_every_rendered_configuration_is_valid_for_haproxy(haproxy_path: str, tmp_path: Path, variant: str) -> None:
     pem = tmp_path / "cert-key.pem"
     ca = TestCA(tmp_path, "ca")
@@ -208,9 +211,33 @@ def test_every_rendered_configuration_is_valid_for_haproxy(haproxy_path: str, tm
         "log": {"log_socket": str(tmp_path / "log.sock")},
         "ipv6": {"listen": haproxy_listen(18033, dual_stack=True), "runtime": haproxy_address("[::1]:8085")},
         "ipv6-tls": {"listen": haproxy_listen(18033, dual_stack=True), "tls": tls},
+        "per-connection": {"request_per_connection": True, "tls": tls},
     }[variant]
     text = render(_layout(tmp_path, **kw))
     _check(haproxy_path, text, tmp_path)
     assert "noreuseport" in text  # a taken port fails start-up
+    servers = [line for line in text.splitlines() if line.strip().startswith("server ")]
+    # the runtime and its Python backup, each peer slot and its backup, the Python path itself
+    assert len(servers) == 2 + 2 * 16 + 1
+    assert all((" max-reuse 0" in line) == (variant == "per-connection") for line in servers), servers
     assert ("grpc-timeout) eq 0" in text) == (variant == "deadline")
-    assert ("verify required" in text) == (variant in ("mtls", "tls", "ipv6-tls"))  # peers are always verified
+    # peers are always verified
+    assert ("verify required" in text) == (variant in ("mtls", "tls", "ipv6-tls", "per-connection"))
+
+
+@pytest.mark.parametrize(
+    ("line", "bug"),
+    [
+        ("HAProxy version 2.6.12-1+deb12u3 2025/10/03 - https://haproxy.org/", True),  # Debian 12
+        ("HA-Proxy version 2.0.14 2020/04/02 - https://haproxy.org/", True),  # the older spelling
+        ("HAProxy version 2.8.5-1ubuntu3 2024/04/01 - https://haproxy.org/", True),
+        ("HAProxy version 2.9.0 2023/12/01 - https://haproxy.org/", True),
+        ("HAProxy version 2.9.1 2023/12/15 - https://haproxy.org/", False),  # the fix
+        ("HAProxy version 2.10-dev0 2023/12/01 - https://haproxy.org/", False),
+        ("HAProxy version 3.0.11-9e587df 2025/06/02 - https://haproxy.org/", False),  # Debian 13
+        ("HAProxy version 3.2.0 2025/05/28 - https://haproxy.org/", False),
+        ("something else entirely", True),  # unknown: the safe configuration
+    ],
+)
+def test_which_haproxy_gets_a_connection_per_request(line: str, bug: bool) -> None:
+    assert trailers_reset_bug(line) is bug

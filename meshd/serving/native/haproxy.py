@@ -40,7 +40,12 @@ def find_haproxy(setting: str) -> str | None:
 
 
 async def haproxy_version(executable: str) -> str:
-    code, out = await run([executable, "-v"], CHECK_TIMEOUT_S)
+    """`haproxy -v`'s first line ("HAProxy version 2.6.12-1+deb12u3 2025/10/03 - ..."); HAProxyError
+    when it does not run."""
+    try:
+        code, out = await run([executable, "-v"], CHECK_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise HAProxyError(f"{executable} does not run: {e}") from None
     first = out.splitlines()[:1]
     if code != 0 or not first:
         raise HAProxyError(f"{executable} -v failed: {out.strip()[:300]}")

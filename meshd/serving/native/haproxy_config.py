@@ -102,6 +102,29 @@ class Layout:
     # which enforces it exactly (HAProxy measures headers in its own way).
     max_headers_bytes: int = 8 << 10
     max_message_bytes: int = 16 << 20  # MM_SVC_GRPC_MAX_MSG_SIZE: larger requests take the Python path
+    # Each request on a server connection of its own (`max-reuse 0`): for an HAProxy whose
+    # HTTP/2 backend resets a busy connection on trailers (see trailers_reset_bug).
+    request_per_connection: bool = False
+
+
+_VERSION = re.compile(r"HA-?Proxy version (\d+)\.(\d+)(?:\.(\d+))?")
+# The first release of each branch without the bug (upstream commit 682f73b, HAProxy issue
+# #2388): 2.9.1, and 3.0 onwards. Later 2.4-2.8 releases carry a backport, but which is not known
+# here, so every 2.8 and older counts as having it: safe, at the cost of connection reuse.
+TRAILERS_FIXED_IN = (2, 9, 1)
+
+
+def trailers_reset_bug(version_line: str) -> bool:
+    """Whether this HAProxy (its `haproxy -v` first line) resets a whole HTTP/2 server connection,
+    with every stream on it, when a response's trailers arrive while that stream still holds
+    data the client has not taken and the connection's receive buffer is full: gRPC responses
+    always end in trailers, so a runtime answering many large responses at once on one
+    connection loses some of them ("Stream removed", RST_STREAM 7). Unknown versions: yes."""
+    m = _VERSION.search(version_line)
+    if m is None:
+        return True
+    version = (int(m[1]), int(m[2]), int(m[3] or 0))
+    return version < TRAILERS_FIXED_IN
 
 
 # A vmodel resolved by the frontend reaches the runtime (or the peer) as its concrete model, as
@@ -127,7 +150,9 @@ def render(layout: Layout) -> str:
             bind_tls += f" ca-file {layout.tls.client_trust} verify required"
     else:
         bind_tls = " proto h2"
-    python = f"server py {layout.python} proto h2"
+    # HTTP/2 to every server; without connection reuse where this HAProxy needs it.
+    h2 = "proto h2 max-reuse 0" if layout.request_per_connection else "proto h2"
+    python = f"server py {layout.python} {h2}"
     lines = [
         "global",
         f"  stats socket {layout.api_socket} mode 600 level admin",
@@ -200,7 +225,7 @@ def render(layout: Layout) -> str:
         "  retry-on conn-failure empty-response",
         "  option redispatch 1",
         "  retries 1",
-        f"  server rt {layout.runtime} proto h2 check inter 1s observe layer7 error-limit 1 on-error mark-down",
+        f"  server rt {layout.runtime} {h2} check inter 1s observe layer7 error-limit 1 on-error mark-down",
         f"  {python} backup",
         f"backend {COUNTERS_TABLE}",
         f"  stick-table type string len {TABLE_KEY_LEN} size 1m expire 1d store http_req_cnt,conn_cur",
@@ -217,7 +242,7 @@ def render(layout: Layout) -> str:
             "  retry-on conn-failure empty-response",
             "  option redispatch 1",
             "  retries 1",
-            f"  server peer 127.0.0.1:1 proto h2 disabled{_peer_ssl(layout.tls)}"
+            f"  server peer 127.0.0.1:1 {h2} disabled{_peer_ssl(layout.tls)}"
             " check inter 1s observe layer7 error-limit 1 on-error mark-down",
             f"  {python} backup",
         ]

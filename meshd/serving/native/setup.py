@@ -57,6 +57,7 @@ def layout(
     max_headers_bytes: int,
     max_message_bytes: int,
     dual_stack: bool = False,
+    request_per_connection: bool = False,
 ) -> Layout:
     return Layout(
         listen=haproxy_listen(listen_port, dual_stack),
@@ -72,6 +73,7 @@ def layout(
         log_socket=str(log_socket) if log_socket is not None else None,
         max_headers_bytes=max_headers_bytes,
         max_message_bytes=max_message_bytes,
+        request_per_connection=request_per_connection,
     )
 
 
