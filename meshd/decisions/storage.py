@@ -340,11 +340,14 @@ def within(root: str, target: str) -> bool:
 
 @dataclass(frozen=True)
 class Listed:
-    """One object a store listed: its key, size and ETag (or checksum) when given."""
+    """One object a store listed: its key, size and ETag (or checksum) when given, and what
+    its GETs send so that they fail (HTTP 412) once the object is no longer the one listed
+    (`version`: S3's and a web server's ETag, GCS's generation, Azure's ETag; "": none)."""
 
     key: str
     size: int
     etag: str = ""
+    version: str = ""
 
 
 @dataclass(frozen=True)
@@ -355,6 +358,7 @@ class FilePlan:
     local: str  # relative to the model's directory, starting with the model's local name
     size: int
     etag: str = ""
+    version: str = ""  # Listed.version
 
 
 @dataclass(frozen=True)
@@ -383,7 +387,7 @@ def plan_files(prefix: str, listed: Sequence[Listed], name: str | None = None) -
     exact = [o for o in listed if o.key == prefix and prefix]
     if exact and not (exact[0].size == 0 and any(k.startswith(under) for k in keys)):
         o = exact[0]
-        return ModelPlan((FilePlan(o.key, name, o.size, o.etag),), name)
+        return ModelPlan((FilePlan(o.key, name, o.size, o.etag, o.version),), name)
     files = []
     for o in listed:
         if not o.key.startswith(under) or o.key.endswith("/"):
@@ -391,7 +395,7 @@ def plan_files(prefix: str, listed: Sequence[Listed], name: str | None = None) -
         if o.size == 0 and any(k.startswith(o.key + "/") for k in keys):
             continue
         rel = safe_relpath(o.key[len(under) :])
-        files.append(FilePlan(o.key, f"{name}/{rel}", o.size, o.etag))
+        files.append(FilePlan(o.key, f"{name}/{rel}", o.size, o.etag, o.version))
     files.sort(key=lambda f: f.local)
     _check_no_clash(files)
     return ModelPlan(tuple(files), name)

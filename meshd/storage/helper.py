@@ -842,8 +842,8 @@ class StorageHelper:
         done: list[int],
         digest: hashlib._Hash | None,
     ) -> None:
-        resp = store.get(f.key, part, f.etag if "-" in f.etag or len(f.etag) == 32 else "")
-        if resp.status == 412:  # If-Match: the object's ETag is no longer the listed one
+        resp = store.get(f.key, part, f.version)
+        if resp.status == 412:  # the object is no longer the listed one (its ETag, its generation)
             store.transport.abandon(resp)
             raise ObjectChanged(f"{f.key!r} changed since it was listed (HTTP 412)", f.key)
         check_status(resp, f"{f.key!r}" + (f" bytes {part.start}-{part.end}" if part else ""))

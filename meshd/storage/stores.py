@@ -32,7 +32,10 @@ class Store(Protocol):
 
     def list_objects(self, path: str) -> list[Listed]: ...
 
-    def get(self, key: str, part: Part | None, etag: str = "") -> Response: ...
+    def get(self, key: str, part: Part | None, version: str = "") -> Response:
+        """GET the object (or `part` of it); with `version` (its `Listed.version`) the store
+        answers 412 once the object is another than the one listed."""
+        ...
 
 
 def _flag(value: object) -> bool:
@@ -90,6 +93,12 @@ def open_store(source: Source, timeout_s: float) -> Store:
 
 def _range_headers(part: Part | None) -> dict[str, str]:
     return {"Range": part.header()} if part is not None else {}
+
+
+def _if_match(version: str) -> dict[str, str]:
+    """The object must still be the one listed (`Listed.version`): else 412, and the pull lists
+    again, rather than join parts of two versions of a file."""
+    return {"If-Match": f'"{version}"'} if version else {}
 
 
 T = TypeVar("T")
@@ -187,11 +196,8 @@ class S3Store:
                 return found
             token = more
 
-    def get(self, key: str, part: Part | None, etag: str = "") -> Response:
-        headers = _range_headers(part)
-        if etag:
-            headers["If-Match"] = f'"{etag}"'  # the object must not change under a pull
-        return self._request(key, None, headers)
+    def get(self, key: str, part: Part | None, version: str = "") -> Response:
+        return self._request(key, None, {**_range_headers(part), **_if_match(version)})
 
 
 def _s3_page(body: bytes) -> tuple[list[Listed], str | None]:
@@ -200,14 +206,12 @@ def _s3_page(body: bytes) -> tuple[list[Listed], str | None]:
     ns = root.tag.partition("}")[0] + "}" if root.tag.startswith("{") else ""
     if root.tag != f"{ns}ListBucketResult":
         raise ValueError(f"a <{root.tag[len(ns) :]}> answer")
-    items = [
-        Listed(
-            item.findtext(f"{ns}Key", ""),
-            int(item.findtext(f"{ns}Size", "0")),
-            item.findtext(f"{ns}ETag", "").strip('"'),
-        )
-        for item in root.iter(f"{ns}Contents")
-    ]
+    items = []
+    for item in root.iter(f"{ns}Contents"):
+        etag = item.findtext(f"{ns}ETag", "").strip('"')
+        # Sent back as If-Match only in the shapes S3 gives (an MD5, or a multipart's "-N").
+        version = etag if "-" in etag or len(etag) == 32 else ""
+        items.append(Listed(item.findtext(f"{ns}Key", ""), int(item.findtext(f"{ns}Size", "0")), etag, version))
     if root.findtext(f"{ns}IsTruncated", "false") != "true":
         return items, None
     token = root.findtext(f"{ns}NextContinuationToken", "")
@@ -305,7 +309,7 @@ class HTTPStore:
         self.transport.discard(resp)
         length = resp.header("Content-Length")
         if resp.status == 200 and length.isdigit():
-            return [Listed(path.strip("/"), int(length), resp.header("ETag").strip('"'))]
+            return [_web_listed(path, int(length), resp)]
         resp = self.transport.request("GET", url, self.headers, follow=True)
         check_status(resp, f"the GET of {path!r}", ok=(200,))
         length = resp.header("Content-Length")
@@ -314,7 +318,7 @@ class HTTPStore:
             size = int(length)
         else:
             size = self._count(resp)
-        return [Listed(path.strip("/"), size, resp.header("ETag").strip('"'))]
+        return [_web_listed(path, size, resp)]
 
     def _count(self, resp: Response) -> int:
         """The length of a body that does not say it (chunked, or up to the close), read to
@@ -325,8 +329,18 @@ class HTTPStore:
             size += n
         return size
 
-    def get(self, key: str, part: Part | None, etag: str = "") -> Response:
-        return self.transport.request("GET", self._url(key), {**self.headers, **_range_headers(part)}, follow=True)
+    def get(self, key: str, part: Part | None, version: str = "") -> Response:
+        headers = {**self.headers, **_range_headers(part), **_if_match(version)}
+        return self.transport.request("GET", self._url(key), headers, follow=True)
+
+
+def _web_listed(path: str, size: int, resp: Response) -> Listed:
+    """A web server's file as its HEAD (or GET) describes it. Its ETag is sent back as If-Match
+    only when strong (RFC 9110: a weak one never matches); servers that ignore If-Match on a
+    GET (Python's http.server) detect nothing, which is no worse than not asking."""
+    etag = resp.header("ETag")
+    strong = etag.startswith('"') and etag.endswith('"') and len(etag) > 2
+    return Listed(path.strip("/"), size, etag.strip('"'), etag.strip('"') if strong else "")
 
 
 # ---- Hugging Face Hub ----------------------------------------------------------------
@@ -376,7 +390,7 @@ class HFStore:
     def _resolve_url(self, key: str) -> str:
         return f"{self.endpoint}/{self.repo}/resolve/{quote(self.revision, safe='')}/{quote(key, safe='/')}"
 
-    def get(self, key: str, part: Part | None, etag: str = "") -> Response:
+    def get(self, key: str, part: Part | None, version: str = "") -> Response:
         with self._lock:
             url = self._resolved.get(key)
         headers = {**self.headers, **_range_headers(part)}
@@ -439,7 +453,7 @@ class GCSStore:
         found: list[Listed] = []
         page = ""
         while True:
-            query = {"prefix": path, "fields": "items(name,size,md5Hash),nextPageToken"}
+            query = {"prefix": path, "fields": "items(name,size,md5Hash,generation),nextPageToken"}
             if page:
                 query["pageToken"] = page
             url = f"{self.endpoint}/storage/v1/b/{quote(self.bucket, safe='')}/o?{urlencode(query)}"
@@ -451,8 +465,10 @@ class GCSStore:
             if not page:
                 return found
 
-    def get(self, key: str, part: Part | None, etag: str = "") -> Response:
+    def get(self, key: str, part: Part | None, version: str = "") -> Response:
         url = f"{self.endpoint}/download/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(key, safe='')}?alt=media"
+        if version:  # GCS answers 412 once the live object is another generation
+            url += f"&ifGenerationMatch={quote(version, safe='')}"
         return self.transport.request("GET", url, {**self._auth(), **_range_headers(part)})
 
 
@@ -464,7 +480,9 @@ def _gcs_page(body: bytes) -> tuple[list[Listed], str]:
     items = []
     for item in answer.get("items", []):
         md5 = base64.b64decode(item["md5Hash"]).hex() if item.get("md5Hash") else ""
-        items.append(Listed(str(item["name"]), int(item.get("size", 0)), md5))
+        generation = str(item.get("generation", ""))
+        version = generation if generation.isdigit() else ""
+        items.append(Listed(str(item["name"]), int(item.get("size", 0)), md5, version))
     return items, str(answer.get("nextPageToken", ""))
 
 
@@ -560,7 +578,7 @@ class AzureStore:
         ms = sorted((k.lower(), v) for k, v in headers.items() if k.lower().startswith("x-ms-"))
         resource = f"/{self.account}{urlsplit(self.endpoint).path}{path}"
         resource += "".join(f"\n{k.lower()}:{v}" for k, v in sorted(query.items()))
-        fields = ["GET", "", "", "", "", "", "", "", "", "", "", headers.get("Range", "")]
+        fields = ["GET", "", "", "", "", "", "", "", headers.get("If-Match", ""), "", "", headers.get("Range", "")]
         to_sign = "\n".join([*fields, *(f"{k}:{v}" for k, v in ms), resource])
         digest = hmac.new(base64.b64decode(self.account_key), to_sign.encode(), hashlib.sha256).digest()
         return f"SharedKey {self.account}:{base64.b64encode(digest).decode()}"
@@ -580,9 +598,9 @@ class AzureStore:
             if not marker:
                 return found
 
-    def get(self, key: str, part: Part | None, etag: str = "") -> Response:
+    def get(self, key: str, part: Part | None, version: str = "") -> Response:
         path = f"/{quote(self.container, safe='')}/{quote(key, safe='/~')}"
-        return self._request(path, {}, _range_headers(part))
+        return self._request(path, {}, {**_range_headers(part), **_if_match(version)})
 
 
 def _azure_page(body: bytes) -> tuple[list[Listed], str]:
@@ -595,5 +613,6 @@ def _azure_page(body: bytes) -> tuple[list[Listed], str]:
         props = blob.find("Properties")
         size = props.findtext("Content-Length", "0") if props is not None else "0"
         md5 = props.findtext("Content-MD5", "") if props is not None else ""
-        items.append(Listed(blob.findtext("Name", ""), int(size), base64.b64decode(md5).hex() if md5 else ""))
+        etag = (props.findtext("Etag", "") if props is not None else "").strip('"')
+        items.append(Listed(blob.findtext("Name", ""), int(size), base64.b64decode(md5).hex() if md5 else "", etag))
     return items, root.findtext("NextMarker", "") or ""

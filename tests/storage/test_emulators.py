@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,7 +84,7 @@ async def test_gcs_folder_model_with_ranged_parts(gcs: str, tmp_path: Path) -> N
 
 
 async def test_gcs_object_changed_since_it_was_listed_is_listed_again(gcs: str, tmp_path: Path) -> None:
-    # GCS gets no If-Match: the listed md5Hash is what shows the object changed.
+    # This emulator ignores ifGenerationMatch: the listed md5Hash is what shows the object changed.
     assert put(gcs, "/gbkt/c/w.bin", blob(100 * KIB, 1)) == 200
     helper = StorageHelper(settings(tmp_path))
     await helper.start()
@@ -91,6 +92,32 @@ async def test_gcs_object_changed_since_it_was_listed_is_listed_again(gcs: str, 
     assert put(gcs, "/gbkt/c/w.bin", blob(100 * KIB, 2)) == 200  # the same size, other bytes
     pulled = await helper.pull("gc", "gs://gbkt/c/w.bin", "")
     assert pulled is not None and content(pulled.local_path) == blob(100 * KIB, 2)
+
+
+def test_gcs_listing_gives_the_generation_that_the_gets_send(gcs: str) -> None:
+    """Each GET sends the listed generation as ifGenerationMatch (real GCS answers 412 once the
+    object is another generation; this emulator ignores the parameter, so only the listing's
+    generation and a GET that still succeeds with it are checked here)."""
+    from meshd.storage.stores import GCSStore
+
+    assert put(gcs, "/gbkt/g/w.bin", blob(10 * KIB)) == 200
+    store = GCSStore({"bucket": "gbkt"}, 10)
+    try:
+        [listed] = store.list_objects("g/w.bin")
+        assert listed.version.isdigit()
+        sent: list[str] = []
+        request = store.transport.request
+
+        def recorded(method: str, url: str, *args: Any, **kw: Any) -> Any:
+            sent.append(url)
+            return request(method, url, *args, **kw)
+
+        store.transport.request = recorded  # type: ignore[method-assign]
+        resp = store.get("g/w.bin", None, listed.version)
+        assert resp.status == 200 and sent[-1].endswith(f"&ifGenerationMatch={listed.version}")
+        store.transport.discard(resp)
+    finally:
+        store.transport.close()
 
 
 class TokenEndpoint:
@@ -249,6 +276,38 @@ async def test_azure_blob_with_a_connection_string(azurite: str, tmp_path: Path)
     with pytest.raises(StorageError) as e:
         await helper.pull("az2", "a/m", json.dumps({"storage_key": "wrong"}))
     assert e.value.kind == "auth" and AZURITE_KEY not in str(e.value)
+
+
+@pytest.mark.slow  # Azurite
+def test_azure_gets_are_refused_412_once_the_blob_is_another_than_listed(azurite: str) -> None:
+    """The listed ETag goes back as If-Match (signed with Shared Key): a blob rewritten since
+    the listing answers 412, whole or a range of it, so a pull lists again rather than join
+    two versions (a blob uploaded in blocks lists no Content-MD5 to check instead)."""
+    from meshd.decisions.storage_plan import Part
+    from meshd.storage.stores import AzureStore
+
+    assert _azure_put(azurite, "/models", b"", "restype=container", blob_type=False) == 201
+    assert _azure_put(azurite, "/models/c/w.bin", blob(100 * KIB, 1)) == 201
+    conn = f"AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};BlobEndpoint={azurite};"
+    store = AzureStore({"container": "models", "connection_string": conn}, 10)
+    try:
+        [listed] = store.list_objects("c/w.bin")
+        assert listed.version
+        for part, ok in ((None, 200), (Part(0, 1023), 206)):
+            resp = store.get("c/w.bin", part, listed.version)
+            assert resp.status == ok  # the signature covers If-Match: Azurite checks it
+            store.transport.discard(resp)
+        assert _azure_put(azurite, "/models/c/w.bin", blob(100 * KIB, 2)) == 201  # the same size
+        for part in (None, Part(0, 1023)):
+            resp = store.get("c/w.bin", part, listed.version)
+            assert resp.status == 412
+            store.transport.discard(resp)
+        [relisted] = store.list_objects("c/w.bin")
+        resp = store.get("c/w.bin", None, relisted.version)
+        assert relisted.version != listed.version and resp.status == 200
+        store.transport.discard(resp)
+    finally:
+        store.transport.close()
 
 
 # ---- Azure Blob with a service principal (Azurite over HTTPS, OAuth on) ---------------

@@ -570,6 +570,41 @@ async def test_an_object_changed_since_it_was_listed_is_listed_again(tmp_path: P
             assert pulled.disk_size_bytes == size
 
 
+@pytest.mark.parametrize("kind", ["s3", "http"])
+async def test_an_object_rewritten_between_the_parts_of_a_pull_is_pulled_whole_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The same size, other bytes, after the first part is served: the next part's If-Match
+    fails (412), the pull lists again and the file is the new one whole, never half of each."""
+    from meshd.testing import objserver
+
+    root = tmp_path / "srv"
+    (root / "bkt" / "m").mkdir(parents=True)
+    target = root / "bkt" / "m" / "w"
+    target.write_bytes(blob(900 * KIB, 1))  # 4 parts of 256 KiB
+    serve = objserver._Handler._file
+    rewritten = threading.Event()
+
+    def serve_then_rewrite(self: objserver._Handler, path: Path, head: bool) -> None:
+        serve(self, path, head)
+        if not head and path == target.resolve() and self.headers.get("Range") and not rewritten.is_set():
+            rewritten.set()
+            target.write_bytes(blob(900 * KIB, 2))
+
+    monkeypatch.setattr(objserver._Handler, "_file", serve_then_rewrite)
+    with ObjectServer(root) as srv:
+        params: dict[str, object] = {"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"}
+        if kind == "http":
+            params = {"type": "http", "url": f"{srv.url}/bkt"}
+        write_config(tmp_path, "k", params)
+        helper = await started(settings(tmp_path, parts_in_flight=1))  # parts one after another
+        pulled = await helper.pull("m", "m/w", json.dumps({"storage_key": "k"}))
+        assert rewritten.is_set()
+        assert pulled is not None and content(pulled.local_path) == blob(900 * KIB, 2)
+        ranged = [h for h in srv.headers_seen if h.get("Range")]
+        assert ranged and all(h.get("If-Match") for h in ranged)
+
+
 async def test_a_failed_pull_drops_its_listing(tmp_path: Path) -> None:
     root = tmp_path / "srv"
     (root / "bkt" / "m").mkdir(parents=True)
