@@ -92,6 +92,7 @@ from _shared import (  # noqa: E402 - bench/ is on sys.path
 
 from meshd._proto.inference import grpc_predict_v2_pb2 as pb  # noqa: E402
 from meshd._proto.mmesh import model_mesh_pb2 as mm  # noqa: E402
+from meshd.decisions.cache import Eviction  # noqa: E402
 from meshd.demo import percentile, zipf_weights  # noqa: E402
 from meshd.runtimes import model_work  # noqa: E402
 from meshd.runtimes.models import (  # noqa: E402
@@ -971,7 +972,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--meshd-eviction",
-        choices=("", "rate", "lru", "gdsf", "lrfu", "adaptive"),
+        choices=("", *(e.value for e in Eviction)),
         default="",
         help="meshd's eviction order (MESHD_EVICTION; default: meshd's own, rate)",
     )

@@ -186,15 +186,18 @@ SETTINGS: tuple[Setting, ...] = (
         "--eviction",
         "cache eviction order: rate (each copy's recent request rate per unit of memory and second of reload, "
         "see docs/simulator.md), lrfu (recent uses per unit and second, halved every two turnovers), "
-        "gdsf (uses per unit and second, no decay), lru (upstream's) or adaptive (rate's order or recency's, "
-        "whichever the fleet regrets less: the evicted models reloaded soon after, counted from the etcd records)",
+        "gdsf (uses per unit and second, no decay), lru (upstream's), adaptive (rate's order or recency's, "
+        "whichever the fleet regrets less: the evicted models reloaded soon after, counted from the etcd records) "
+        "or rate-capped (rate, a silent model worth no more than the rate its silence implies: for hot sets "
+        "that move wholesale)",
         "rate",
     ),
     Setting(
         "latency_target_ms",
         "MESHD_LATENCY_TARGET_MS",
         "--latency-target-ms",
-        "opt-in (rate, lrfu, adaptive): copies whose reload would take longer than this are worth 4x to keep (0: none)",
+        "opt-in (rate, lrfu, adaptive, rate-capped): copies whose reload would take longer than this are worth 4x "
+        "to keep (0: none)",
         "0",
     ),
     Setting(

@@ -18,6 +18,8 @@
 - `meshd-adaptive`: `meshd` with ADAPTIVE eviction (RATE's order or recency's, whichever the
   fleet regrets less: evicted models that any instance reloads within a turnover, each charged
   to the order that evicted it, through the records; issue 44).
+- `meshd-capped`: `meshd` with CAPPED eviction (RATE, a silent model's worth capped by the
+  rate its silence implies: `MESHD_EVICTION=rate-capped`).
 - `meshd-gdsf`: `meshd` with GDSF eviction (meshd's default before LRFU: counts that never decay).
 - `meshd-lrfu`: `meshd` with LRFU eviction (recent uses, halved every two turnovers: meshd's
   default from 2026-11-26 until RATE, the same day).
@@ -68,10 +70,24 @@ MESHD_LRFU = Policy("meshd-lrfu", eviction=Eviction.LRFU, spread_recent_loads=Tr
 MESHD_ADAPTIVE = Policy(
     "meshd-adaptive", eviction=Eviction.ADAPTIVE, spread_recent_loads=True, load_queue=True, fleet_clock=True
 )
+MESHD_CAPPED = Policy(
+    "meshd-capped", eviction=Eviction.CAPPED, spread_recent_loads=True, load_queue=True, fleet_clock=True
+)
 MESHD_FIFO = Policy("meshd-fifo", eviction=Eviction.GDSF, spread_recent_loads=True)  # meshd before issue 24
 RANDOM = Policy("random", random_placement=True)
 
-_ALL = (UPSTREAM, MESHD, MESHD_ADAPTIVE, MESHD_UNPRICED, MESHD_OWN_CLOCK, MESHD_LRFU, MESHD_GDSF, MESHD_FIFO, RANDOM)
+_ALL = (
+    UPSTREAM,
+    MESHD,
+    MESHD_ADAPTIVE,
+    MESHD_CAPPED,
+    MESHD_UNPRICED,
+    MESHD_OWN_CLOCK,
+    MESHD_LRFU,
+    MESHD_GDSF,
+    MESHD_FIFO,
+    RANDOM,
+)
 POLICIES = {p.name: p for p in _ALL}
 
 

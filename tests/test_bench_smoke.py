@@ -99,6 +99,7 @@ def test_peers_replay_prints_every_replay_for_both_traces() -> None:
         "simulator: meshd (rate)",
         "simulator: meshd lru",
         "simulator: meshd adaptive",
+        "simulator: meshd rate-capped",
         "simulator: upstream",
         "order only: LRU of 4 per process, misses anywhere (Ray's multiplexing)",
         "order only: one LRU of 12",

@@ -124,6 +124,7 @@ def test_eviction_switch() -> None:
     assert load_config(None, {"MESHD_EVICTION": "LRU"}).eviction is Eviction.LRU  # upstream's, one setting away
     assert load_config(None, {"MESHD_EVICTION": "gdsf"}).eviction is Eviction.GDSF
     assert load_config(None, {"MESHD_EVICTION": "adaptive"}).eviction is Eviction.ADAPTIVE
+    assert load_config(None, {"MESHD_EVICTION": " Rate-Capped "}).eviction is Eviction.CAPPED
     with pytest.raises(ConfigError, match="lru, gdsf, lrfu"):
         load_config(None, {"MESHD_EVICTION": "arc"})
 

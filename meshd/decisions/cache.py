@@ -4,7 +4,7 @@ Pure: no I/O, no asyncio; time comes in as arguments (ms). The mechanism that ow
 runtime (`meshd.serving.local`) asks it what to admit and what to evict, then does the loads and
 unloads. The simulator drives exactly this class.
 
-Five eviction orders (`Eviction`), one switch:
+Six eviction orders (`Eviction`), one switch:
 - `LRU` (upstream's): by each entry's last-used time, which may be set "in
   the past" (a model registered without a recent use must not push out models in active use).
 - `RATE` (meshd's, the daemon's default): an entry's value is its request rate x its load time
@@ -15,6 +15,13 @@ Five eviction orders (`Eviction`), one switch:
   than by how recently it was used; one that goes quiet still ages out. On one cache it misses
   less than LRFU on every simulator preset; in the fleet it loads less on four and as much on
   the fifth (docs/simulator.md).
+- `CAPPED` (`rate-capped`): RATE, except that a model silent for longer than the median
+  interval of its rate is worth no more than the rate that silence implies (`SILENCE_USES`
+  over the silence, in the cache's clock): a Poisson process of rate r is silent for ln 2 / r
+  or longer half the time, so a longer silence says the rate has fallen, and the model that
+  was hot goes when it stops being used rather than some turnovers later. For workloads whose
+  hot set moves wholesale; RATE where popularity holds (docs/policies.md, "A capped rate").
+  Its order changes as silences lengthen, so it has no heap: each eviction scans the cache.
 - `LRFU` (meshd's default before RATE): each use counts, and each count halves every time
   the cache has evicted twice its capacity (a clock that runs with the cache's turnover, not
   with wall time, so the memory fits a busy instance and a quiet one alike); an entry's value is
@@ -73,6 +80,7 @@ class Eviction(enum.Enum):
     LRFU = "lrfu"
     RATE = "rate"
     ADAPTIVE = "adaptive"
+    CAPPED = "rate-capped"
 
 
 GHOSTS_MIN = 64  # GDSF and LRFU remember at least this many evicted models' uses
@@ -94,6 +102,11 @@ RATE_USES_KEPT = 8
 RATE_PRIOR_USES = 2.0
 RATE_PRIOR_TURNOVERS = 8.0
 RATE_HALF_LIFE_TURNOVERS = 4.0
+# CAPPED: a model silent for a clock span g is worth at most SILENCE_USES / g uses per unit of
+# clock: the rate whose median interval is g (ln 2 / rate). Measured (simulator, seed 1,
+# docs/policies.md): above every fixed order on `switching`, the peers bench's shift trace
+# loaded as LRU does, 0.3-0.9 points below RATE where popularity holds.
+SILENCE_USES = math.log(2)
 # MESHD_LATENCY_TARGET_MS (opt-in): a copy whose reload would take longer than the target is
 # worth this many times its value to RATE and LRFU, so the misses that break the target are
 # the ones avoided first. The trade-off (more loads of the fast-loading models) is in
@@ -154,7 +167,7 @@ class WeightedLRU:
     """The cache; named for upstream's order, its default here (the daemon configures RATE by default)."""
 
     def __init__(self, capacity_units: int, eviction: Eviction = Eviction.LRU, latency_target_ms: float = 0.0) -> None:
-        """`latency_target_ms` (RATE and LRFU; 0: none): copies whose reload would take longer
+        """`latency_target_ms` (RATE, LRFU, ADAPTIVE, CAPPED; 0: none): copies whose reload would take longer
         are worth `LATENCY_TARGET_WEIGHT` times as much (`MESHD_LATENCY_TARGET_MS`)."""
         if capacity_units < 1:
             raise ValueError("cache capacity must be at least one unit")
@@ -171,8 +184,8 @@ class WeightedLRU:
         # any instance are on one scale. 1: the cache's own turnover alone.
         self.fleet_size = 1
         self.evicted_units = 0  # units of loaded copies this cache has evicted, ever (its record says)
-        # RATE's use histories and key, ADAPTIVE's too
-        self._rates = eviction is Eviction.RATE or eviction is Eviction.ADAPTIVE
+        # RATE's use histories and key, ADAPTIVE's and CAPPED's too
+        self._rates = eviction in (Eviction.RATE, Eviction.ADAPTIVE, Eviction.CAPPED)
         turnovers = RATE_HALF_LIFE_TURNOVERS if self._rates else LRFU_HALF_LIFE_TURNOVERS
         self._half_life = turnovers * capacity_units
         self._prior_span = RATE_PRIOR_TURNOVERS * capacity_units
@@ -236,12 +249,17 @@ class WeightedLRU:
         victim = self._next_victim()
         if victim is None:
             return None
+        if self.eviction is Eviction.CAPPED:
+            return self._log_worth(victim)
         return self._log_value(victim) + (victim.clock - self.clock) / self._half_life
 
     def _next_victim(self) -> CacheEntry | None:
         """The first loaded entry in eviction order (None: nothing loaded)."""
         if not self._loaded:
             return None
+        if self.eviction is Eviction.CAPPED:
+            loaded = (e for e in self._entries.values() if e.state is State.LOADED)
+            return min(loaded, key=self._worth_key, default=None)
         # The heap's top, past stale items (dropped here for good) and loads in progress
         # (pushed back). No scan of every entry.
         heap = self._heap
@@ -475,8 +493,9 @@ class WeightedLRU:
         self._ghosts = {
             m: (score, clock - shift, tuple(c - shift for c in at)) for m, (score, clock, at) in self._ghosts.items()
         }
-        self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
-        heapq.heapify(self._heap)
+        if self.eviction is not Eviction.CAPPED:  # CAPPED keeps no heap
+            self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
+            heapq.heapify(self._heap)
 
     def _drop(self, model_id: str) -> CacheEntry | None:
         entry = self._entries.pop(model_id, None)
@@ -497,6 +516,8 @@ class WeightedLRU:
         """
         if needed <= 0:
             return []
+        if self.eviction is Eviction.CAPPED:
+            return self._plan_by_worth(needed, exclude, newer_than, keep)
         # Pop in eviction order; idle entries first, then (sorted) those serving requests.
         # Everything valid that was popped goes back: planning changes nothing.
         heap = self._heap
@@ -533,10 +554,46 @@ class WeightedLRU:
             heapq.heappush(heap, item)
         return victims if freed >= needed else None
 
+    def _plan_by_worth(
+        self, needed: int, exclude: str, newer_than: int | None, keep: frozenset[str]
+    ) -> list[CacheEntry] | None:
+        """CAPPED's `_plan_eviction`: the same rules, over every entry sorted by its worth now."""
+        victims: list[CacheEntry] = []
+        freed = 0
+        ranked = sorted(
+            (
+                (e.inflight > 0, self._worth_key(e), e)
+                for e in self._entries.values()
+                if e.state is not State.LOADING and e.model_id != exclude and e.model_id not in keep
+            ),
+            key=lambda item: (item[0], item[1]),
+        )
+        for _busy, _worth, entry in ranked:
+            if freed >= needed:
+                break
+            if newer_than is not None and entry.last_used_ms > newer_than:
+                continue
+            victims.append(entry)
+            freed += entry.units
+        return victims if freed >= needed else None
+
+    def _worth_key(self, entry: CacheEntry) -> tuple[float, int, int]:
+        return (self._log_worth(entry), entry.last_used_ms, entry.seq)
+
+    def _log_worth(self, entry: CacheEntry) -> float:
+        """CAPPED: log2 of what the entry is worth now: RATE's value decayed to the cache's
+        clock, or, once its silence is longer than its rate's median interval, the value at
+        the rate that silence implies (SILENCE_USES over it)."""
+        decayed = self._log_value(entry) + (entry.clock - self.clock) / self._half_life
+        silence = self.clock - entry.clock
+        if silence <= 0:
+            return decayed
+        return min(decayed, self._log_value(entry, SILENCE_USES / silence))
+
     def _key(self, entry: CacheEntry) -> tuple[float, ...]:
         if self.eviction is Eviction.GDSF:
             return (entry.priority, entry.last_used_ms)
-        if self.eviction is Eviction.LRFU or self.eviction is Eviction.RATE:
+        if self.eviction in (Eviction.LRFU, Eviction.RATE, Eviction.CAPPED):
             # score x cost per unit, decayed to a common clock; in logs, so the order of two
             # entries does not change while neither is used (both decay at the same rate).
             return (self._log_value(entry) + entry.clock / self._half_life, entry.last_used_ms)
@@ -546,14 +603,17 @@ class WeightedLRU:
             return (entry.clock / self._half_life, entry.last_used_ms)
         return (entry.last_used_ms,)
 
-    def _log_value(self, entry: CacheEntry) -> float:
-        """RATE, LRFU, ADAPTIVE: log2 of the entry's score x reload cost per unit, at its last use."""
-        value = entry.score * _cost_per_unit(entry)
+    def _log_value(self, entry: CacheEntry, score: float | None = None) -> float:
+        """RATE, LRFU, ADAPTIVE, CAPPED: log2 of the entry's score (or `score`) x reload cost
+        per unit, at its last use."""
+        value = (entry.score if score is None else score) * _cost_per_unit(entry)
         if self.latency_target_ms and entry.load_ms > self.latency_target_ms:
             value *= LATENCY_TARGET_WEIGHT  # its reload would break the target
         return math.log2(value)
 
     def _push(self, entry: CacheEntry) -> None:
+        if self.eviction is Eviction.CAPPED:
+            return  # no heap: its order changes as silences lengthen (`_plan_by_worth`)
         heapq.heappush(self._heap, (self._key(entry), entry.seq, entry.model_id))
         if len(self._heap) > 4 * len(self._entries) + 64:  # drop the stale items now and then
             self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]

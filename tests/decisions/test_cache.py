@@ -530,3 +530,85 @@ def test_load_times_under_the_floor_do_not_decide_which_copy_goes(order: str) ->
     assert [e.model_id for e in cache.admit("new", 1, 12, 12).evicted] == ["cold"]
     entry = cache.get("hot")
     assert entry is not None and entry.measured_ms == MIN_LOAD_COST_MS
+
+
+def _silenced_hot_model_survives(order: str) -> tuple[int | None, bool]:
+    """A model used 8 times, then never again, while one-off models stream through a cache of
+    3 and a steady model is used every second admission: after how many admissions the hot
+    model is gone (None: never, in 60), and whether the steady one was ever evicted."""
+    from meshd.decisions.cache import Eviction
+
+    cache = WeightedLRU(3, Eviction(order))
+    now = 0
+
+    def load(model_id: str) -> tuple[str, ...]:
+        nonlocal now
+        now += 1
+        admission = cache.admit(model_id, 1, now, now)
+        assert admission.admitted
+        cache.set_state(model_id, State.LOADED, now, 100.0)
+        return tuple(e.model_id for e in admission.evicted)
+
+    load("hot")
+    for _ in range(7):
+        now += 1
+        cache.touch("hot", now)
+    load("steady")
+    for _ in range(3):  # in use before the stream begins
+        now += 1
+        cache.touch("steady", now)
+    gone_after = None
+    steady_evicted = False
+    for k in range(60):
+        evicted = load(f"once-{k}")
+        if "hot" in evicted:
+            gone_after = k + 1
+        if "steady" in evicted:
+            steady_evicted = True
+            load("steady")
+        elif k % 2:
+            now += 1
+            cache.touch("steady", now)
+    return gone_after, steady_evicted
+
+
+def test_rate_capped_lets_a_model_that_went_quiet_go_once_its_silence_outlasts_its_rate() -> None:
+    # RATE keeps the model that was hot for about log2(its rate / a newcomer's) half-lives
+    # (4 turnovers each) after its last use; the capped order as soon as its silence is past
+    # the median interval of the rate a newcomer has (ln 2 over the prior's rate: ~8 units).
+    rate_gone, rate_steady_evicted = _silenced_hot_model_survives("rate")
+    capped_gone, capped_steady_evicted = _silenced_hot_model_survives("rate-capped")
+    assert capped_gone is not None and capped_gone <= 12, capped_gone
+    assert rate_gone is None or rate_gone > 2 * capped_gone, (rate_gone, capped_gone)
+    # a model in steady use, silent no longer than its own rate predicts, is never the victim
+    assert not capped_steady_evicted and not rate_steady_evicted
+
+
+def test_rate_capped_victim_value_and_age_are_its_next_victims() -> None:
+    from meshd.decisions.cache import SILENCE_USES, Eviction
+
+    cache = WeightedLRU(4, Eviction.CAPPED)
+    for t, m in enumerate(("a", "b", "c"), start=1):
+        assert cache.admit(m, 1, t, t).admitted
+        cache.set_state(m, State.LOADED, t, 100.0)
+    for t in range(4, 12):
+        cache.touch("a", t)  # a: dense use, then silence
+    assert cache.admit("d", 1, 12, 12).admitted
+    cache.set_state("d", State.LOADED, 12, 100.0)
+    for t, m in enumerate(("e", "f", "g", "h", "i", "j"), start=13):  # turnover: the clock moves
+        evicted = cache.admit(m, 1, t, t).evicted
+        cache.set_state(m, State.LOADED, t, 100.0)
+        assert len(evicted) == 1
+    victim = min(
+        (e for e in cache.entries() if e.state is State.LOADED),
+        key=lambda e: (cache._log_worth(e), e.last_used_ms, e.seq),
+    )
+    assert cache.victim_value() == pytest.approx(cache._log_worth(victim))
+    assert cache.lru_ms(100) == victim.last_used_ms
+    planned = cache.victims_for("k", 1, 100)
+    assert planned is not None and [e.model_id for e in planned] == [victim.model_id]
+    # the cap: a silent entry is worth no more than SILENCE_USES over its silence
+    for e in cache.entries():
+        silence = cache.clock - e.clock
+        if silence > 0:
+            assert cache._log_worth(e) <= math.log2(SILENCE_USES / silence * 100.0) + 1e-9

@@ -1,4 +1,5 @@
-"""The cache's eviction order (kept in a heap) agrees with sorting every entry, whatever happens."""
+"""The cache's eviction order (kept in a heap; CAPPED's by a scan) agrees with sorting every
+entry by its order's definition, whatever happens."""
 
 from __future__ import annotations
 
@@ -62,6 +63,16 @@ def spec_key(cache: WeightedLRU, e: CacheEntry, weight: float | None = None) -> 
     clock of the last use alone)."""
     if cache.eviction is Eviction.GDSF:
         return (e.priority, e.last_used_ms)
+    if cache.eviction is Eviction.CAPPED:  # RATE's value now, at most ln 2 uses over its silence
+        cost = e.load_ms / e.units if e.load_ms > 0 else DEFAULT_LOAD_MS_PER_UNIT
+        half_life = RATE_HALF_LIFE_TURNOVERS * cache.capacity_units
+        rate = use_rate(e.uses_at, RATE_PRIOR_TURNOVERS * cache.capacity_units) * 2 ** (
+            (e.clock - cache.clock) / half_life
+        )
+        silence = cache.clock - e.clock
+        if silence > 0:
+            rate = min(rate, math.log(2) / silence)
+        return (math.log2(rate * cost), e.last_used_ms)
     if cache.eviction in (Eviction.LRFU, Eviction.RATE, Eviction.ADAPTIVE):
         cost = e.load_ms / e.units if e.load_ms > 0 else DEFAULT_LOAD_MS_PER_UNIT
         if cache.eviction is Eviction.LRFU:

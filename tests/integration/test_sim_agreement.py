@@ -1,7 +1,7 @@
 """The simulator against a real mesh: three meshd instances with reference runtimes play a
 short Zipf trace; the simulator replays the same trace (same arrival times, same instance
 for each request) on the same fleet; their loads agree within a fixed band (`agrees`). A
-negative control runs in the suite: the LRU and the adaptive meshes' runs replayed on a fleet
+negative control runs in the suite: the LRU, adaptive and capped meshes' runs replayed on a fleet
 with one model's more room per instance (a quarter more cache) must not agree.
 
 The real run's figures are counted, not estimated: loads are the runtimes' own count of
@@ -148,13 +148,15 @@ def test_the_simulator_and_a_real_mesh_agree_on_loads_and_hit_ratio(
     print(report)
     assert failed == 0, report
     assert agrees(real_loads, [r.loads for r in runs]), report
-    if eviction is Eviction.LRU or eviction is Eviction.ADAPTIVE:
+    if eviction in (Eviction.LRU, Eviction.ADAPTIVE, Eviction.CAPPED):
         # The negative control: the same real run against a simulator whose fleet is wrong by
         # one model's room per instance (5 in place of 4) must not agree, or the band could
         # pass anything. (A wrong policy is not the control: RATE's loads are only 10-20 % below
         # LRU's, too near the band for one real run to tell them apart.)
         # ADAPTIVE too (issue 44): it learns from what the fleet reloads, so a simulator with
-        # the wrong fleet must not agree with it either. Figures: the note at REAL_RUN_BAND.
+        # the wrong fleet must not agree with it either. CAPPED too: its order moves with the
+        # cache's clock, so a fleet with the wrong room must not pass. Figures: the note at
+        # REAL_RUN_BAND.
         wrong = [
             simulate(
                 replay,
