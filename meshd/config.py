@@ -188,7 +188,7 @@ SETTINGS: tuple[Setting, ...] = (
         "see docs/simulator.md), lrfu (recent uses per unit and second, halved every two turnovers), "
         "gdsf (uses per unit and second, no decay), lru (upstream's), adaptive (rate's order or recency's, "
         "whichever the fleet regrets less: the evicted models reloaded soon after, counted from the etcd records) "
-        "or rate-capped (rate, a silent model worth no more than the rate its silence implies: for hot sets "
+        "or rate-capped (rate, a silent model's worth weighed by the odds that its rate still holds: for hot sets "
         "that move wholesale)",
         "rate",
     ),

@@ -18,8 +18,8 @@
 - `meshd-adaptive`: `meshd` with ADAPTIVE eviction (RATE's order or recency's, whichever the
   fleet regrets less: evicted models that any instance reloads within a turnover, each charged
   to the order that evicted it, through the records; issue 44).
-- `meshd-capped`: `meshd` with CAPPED eviction (RATE, a silent model's worth capped by the
-  rate its silence implies: `MESHD_EVICTION=rate-capped`).
+- `meshd-capped`: `meshd` with CAPPED eviction (RATE, a silent model's worth weighed by the
+  odds that its rate still holds after its silence: `MESHD_EVICTION=rate-capped`).
 - `meshd-gdsf`: `meshd` with GDSF eviction (meshd's default before LRFU: counts that never decay).
 - `meshd-lrfu`: `meshd` with LRFU eviction (recent uses, halved every two turnovers: meshd's
   default from 2026-11-26 until RATE, the same day).

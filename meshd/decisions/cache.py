@@ -15,13 +15,15 @@ Six eviction orders (`Eviction`), one switch:
   than by how recently it was used; one that goes quiet still ages out. On one cache it misses
   less than LRFU on every simulator preset; in the fleet it loads less on four and as much on
   the fifth (docs/simulator.md).
-- `CAPPED` (`rate-capped`): RATE, except that a model silent for longer than the median
-  interval of its rate is worth no more than the rate that silence implies (`SILENCE_USES`
-  over the silence, in the cache's clock): a Poisson process of rate r is silent for ln 2 / r
-  or longer half the time, so a longer silence says the rate has fallen, and the model that
-  was hot goes when it stops being used rather than some turnovers later. For workloads whose
-  hot set moves wholesale; RATE where popularity holds (docs/policies.md, "A capped rate").
-  Its order changes as silences lengthen, so it has no heap: each eviction scans the cache.
+- `CAPPED` (`rate-capped`): RATE, its value weighed by the odds that the model's rate still
+  holds after its silence. Rates end at random, at a hazard of one per `RATE_HOLD_TURNOVERS`
+  turnovers; a Poisson process of rate r is silent for a span g with probability exp(-r g);
+  so after a silence g the rate still holds with probability 1 / (1 + h g exp(r g)), h the
+  hazard (in the cache's clock). A model in use at its rate keeps its value; a hot one that
+  went quiet loses it within a few of its own intervals rather than some turnovers later; a
+  cold one, whose silences are long anyway, is barely touched. For workloads whose hot set
+  moves wholesale (docs/policies.md, "A capped rate"). Its order changes as silences
+  lengthen, so it has no heap: each eviction scans the cache.
 - `LRFU` (meshd's default before RATE): each use counts, and each count halves every time
   the cache has evicted twice its capacity (a clock that runs with the cache's turnover, not
   with wall time, so the memory fits a busy instance and a quiet one alike); an entry's value is
@@ -102,11 +104,11 @@ RATE_USES_KEPT = 8
 RATE_PRIOR_USES = 2.0
 RATE_PRIOR_TURNOVERS = 8.0
 RATE_HALF_LIFE_TURNOVERS = 4.0
-# CAPPED: a model silent for a clock span g is worth at most SILENCE_USES / g uses per unit of
-# clock: the rate whose median interval is g (ln 2 / rate). Measured (simulator, seed 1,
-# docs/policies.md): above every fixed order on `switching`, the peers bench's shift trace
-# loaded as LRU does, 0.3-0.9 points below RATE where popularity holds.
-SILENCE_USES = math.log(2)
+# CAPPED: a model's rate is taken to end at random, at a hazard of one per this many turnovers
+# of the cache (its value is weighed by the odds the rate still holds after its silence).
+# Swept over 16-128 on the peers replay and three presets (seed 1) and set at 64; checked on
+# seeds 2-3 and the Azure windows (docs/policies.md, "A capped rate").
+RATE_HOLD_TURNOVERS = 64.0
 # MESHD_LATENCY_TARGET_MS (opt-in): a copy whose reload would take longer than the target is
 # worth this many times its value to RATE and LRFU, so the misses that break the target are
 # the ones avoided first. The trade-off (more loads of the fast-loading models) is in
@@ -189,6 +191,14 @@ class WeightedLRU:
         turnovers = RATE_HALF_LIFE_TURNOVERS if self._rates else LRFU_HALF_LIFE_TURNOVERS
         self._half_life = turnovers * capacity_units
         self._prior_span = RATE_PRIOR_TURNOVERS * capacity_units
+        self._hold_span = RATE_HOLD_TURNOVERS * capacity_units  # CAPPED: one over the hazard
+        # CAPPED keeps no heap (its order moves with the clock) but each entry's RATE key (as the
+        # heap orders keep it) and its next victim with the clock it was found at, kept while no
+        # entry's key or state changes against it: placement asks every instance for it on each
+        # miss (`victim_value`), and a scan per ask made the 1M-request simulation 3x slower.
+        self._rate_keys: dict[str, float] = {}
+        self._victim: tuple[float, CacheEntry, tuple[float, int, int]] | None = None
+        self._failed = 0  # entries in State.FAILED (CAPPED's plan takes its next victim alone when none)
         self.load_fit = LoadTimeFit()
         self._loaded = 0  # entries in State.LOADED
         self._entries: dict[str, CacheEntry] = {}
@@ -249,8 +259,8 @@ class WeightedLRU:
         victim = self._next_victim()
         if victim is None:
             return None
-        if self.eviction is Eviction.CAPPED:
-            return self._log_worth(victim)
+        if self._victim is not None:  # CAPPED: its worth, found with it
+            return self._victim[2][0]
         return self._log_value(victim) + (victim.clock - self.clock) / self._half_life
 
     def _next_victim(self) -> CacheEntry | None:
@@ -258,8 +268,11 @@ class WeightedLRU:
         if not self._loaded:
             return None
         if self.eviction is Eviction.CAPPED:
-            loaded = (e for e in self._entries.values() if e.state is State.LOADED)
-            return min(loaded, key=self._worth_key, default=None)
+            if self._victim is None or self._victim[0] != self.clock:
+                loaded = [(self._worth_key(e), e) for e in self._entries.values() if e.state is State.LOADED]
+                key, victim = min(loaded, key=lambda item: item[0])
+                self._victim = (self.clock, victim, key)
+            return self._victim[1]
         # The heap's top, past stale items (dropped here for good) and loads in progress
         # (pushed back). No scan of every entry.
         heap = self._heap
@@ -409,6 +422,7 @@ class WeightedLRU:
         if entry is None:
             return
         self._loaded += (state is State.LOADED) - (entry.state is State.LOADED)
+        self._failed += (state is State.FAILED) - (entry.state is State.FAILED)
         entry.state = state
         entry.since_ms = now_ms
         if load_ms is not None and math.isfinite(load_ms) and load_ms > 0:
@@ -418,6 +432,8 @@ class WeightedLRU:
             entry.load_ms = self.load_fit.smoothed_ms(entry.units, load_ms)
             _recost(entry, old_cost)
             self._push(entry)
+        if self.eviction is Eviction.CAPPED:
+            self._offer(entry)
         if state is State.FAILED:
             self.resize(model_id, 1)
 
@@ -493,7 +509,10 @@ class WeightedLRU:
         self._ghosts = {
             m: (score, clock - shift, tuple(c - shift for c in at)) for m, (score, clock, at) in self._ghosts.items()
         }
-        if self.eviction is not Eviction.CAPPED:  # CAPPED keeps no heap
+        if self.eviction is Eviction.CAPPED:  # no heap: its keys and next victim
+            self._rate_keys = {m: self._key(e)[0] for m, e in self._entries.items()}
+            self._victim = None
+        else:
             self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
             heapq.heapify(self._heap)
 
@@ -502,6 +521,11 @@ class WeightedLRU:
         if entry is not None:
             self.used_units -= entry.units
             self._loaded -= entry.state is State.LOADED
+            self._failed -= entry.state is State.FAILED
+            if self.eviction is Eviction.CAPPED:
+                del self._rate_keys[model_id]
+                if self._victim is not None and self._victim[1] is entry:
+                    self._victim = None
         return entry
 
     def _plan_eviction(
@@ -558,6 +582,17 @@ class WeightedLRU:
         self, needed: int, exclude: str, newer_than: int | None, keep: frozenset[str]
     ) -> list[CacheEntry] | None:
         """CAPPED's `_plan_eviction`: the same rules, over every entry sorted by its worth now."""
+        victim = self._next_victim()
+        if (  # the usual case, without a sort: the next victim alone makes the room
+            victim is not None
+            and not self._failed
+            and victim.units >= needed
+            and victim.inflight == 0
+            and victim.model_id != exclude
+            and victim.model_id not in keep
+            and (newer_than is None or victim.last_used_ms <= newer_than)
+        ):
+            return [victim]
         victims: list[CacheEntry] = []
         freed = 0
         ranked = sorted(
@@ -582,13 +617,16 @@ class WeightedLRU:
 
     def _log_worth(self, entry: CacheEntry) -> float:
         """CAPPED: log2 of what the entry is worth now: RATE's value decayed to the cache's
-        clock, or, once its silence is longer than its rate's median interval, the value at
-        the rate that silence implies (SILENCE_USES over it)."""
-        decayed = self._log_value(entry) + (entry.clock - self.clock) / self._half_life
+        clock, times the probability that its rate r still holds after its silence g,
+        1 / (1 + h g exp(r g)) with h one over `RATE_HOLD_TURNOVERS` turnovers."""
+        decayed = self._rate_keys[entry.model_id] - self.clock / self._half_life
         silence = self.clock - entry.clock
         if silence <= 0:
             return decayed
-        return min(decayed, self._log_value(entry, SILENCE_USES / silence))
+        # log of the odds that the rate ended: ln(h g) + r g; its softplus is -ln P(holds)
+        odds = math.log(silence / self._hold_span) + entry.score * silence
+        ended = odds + math.log1p(math.exp(-odds)) if odds > 0 else math.log1p(math.exp(odds))
+        return decayed - ended / math.log(2)
 
     def _key(self, entry: CacheEntry) -> tuple[float, ...]:
         if self.eviction is Eviction.GDSF:
@@ -612,12 +650,27 @@ class WeightedLRU:
         return math.log2(value)
 
     def _push(self, entry: CacheEntry) -> None:
-        if self.eviction is Eviction.CAPPED:
-            return  # no heap: its order changes as silences lengthen (`_plan_by_worth`)
+        if self.eviction is Eviction.CAPPED:  # no heap: its order changes as silences lengthen
+            self._rate_keys[entry.model_id] = self._key(entry)[0]
+            self._offer(entry)
+            return
         heapq.heappush(self._heap, (self._key(entry), entry.seq, entry.model_id))
         if len(self._heap) > 4 * len(self._entries) + 64:  # drop the stale items now and then
             self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
             heapq.heapify(self._heap)
+
+    def _offer(self, entry: CacheEntry) -> None:
+        """CAPPED: `entry`'s key or state changed; the next victim found at this clock still
+        stands unless it was this entry (found again when asked) or this one is now worth less."""
+        found = self._victim
+        if found is None or found[0] != self.clock:
+            return
+        if found[1] is entry:
+            self._victim = None
+        elif entry.state is State.LOADED:
+            key = self._worth_key(entry)
+            if key < found[2]:
+                self._victim = (self.clock, entry, key)
 
 
 def use_rate(uses_at: Sequence[float], prior_span: float, prior_uses: float = RATE_PRIOR_USES) -> float:

@@ -574,8 +574,8 @@ def _silenced_hot_model_survives(order: str) -> tuple[int | None, bool]:
 
 def test_rate_capped_lets_a_model_that_went_quiet_go_once_its_silence_outlasts_its_rate() -> None:
     # RATE keeps the model that was hot for about log2(its rate / a newcomer's) half-lives
-    # (4 turnovers each) after its last use; the capped order as soon as its silence is past
-    # the median interval of the rate a newcomer has (ln 2 over the prior's rate: ~8 units).
+    # (4 turnovers each) after its last use; the capped order once its silence has made the
+    # odds that its rate ended long (a few of its own intervals: here ~12 units of clock).
     rate_gone, rate_steady_evicted = _silenced_hot_model_survives("rate")
     capped_gone, capped_steady_evicted = _silenced_hot_model_survives("rate-capped")
     assert capped_gone is not None and capped_gone <= 12, capped_gone
@@ -585,7 +585,7 @@ def test_rate_capped_lets_a_model_that_went_quiet_go_once_its_silence_outlasts_i
 
 
 def test_rate_capped_victim_value_and_age_are_its_next_victims() -> None:
-    from meshd.decisions.cache import SILENCE_USES, Eviction
+    from meshd.decisions.cache import RATE_HOLD_TURNOVERS, Eviction
 
     cache = WeightedLRU(4, Eviction.CAPPED)
     for t, m in enumerate(("a", "b", "c"), start=1):
@@ -607,8 +607,13 @@ def test_rate_capped_victim_value_and_age_are_its_next_victims() -> None:
     assert cache.lru_ms(100) == victim.last_used_ms
     planned = cache.victims_for("k", 1, 100)
     assert planned is not None and [e.model_id for e in planned] == [victim.model_id]
-    # the cap: a silent entry is worth no more than SILENCE_USES over its silence
-    for e in cache.entries():
+    # the bound: RATE's value times the odds its rate r holds over a silence g, at a hazard h of
+    # one per RATE_HOLD_TURNOVERS turnovers: 1 / (1 + h g exp(r g))
+    hazard = 1.0 / (RATE_HOLD_TURNOVERS * cache.capacity_units)
+    silent = [e for e in cache.entries() if cache.clock > e.clock]
+    assert silent
+    for e in silent:
         silence = cache.clock - e.clock
-        if silence > 0:
-            assert cache._log_worth(e) <= math.log2(SILENCE_USES / silence * 100.0) + 1e-9
+        rate_value = cache._log_value(e) - silence / cache._half_life
+        holds = 1.0 / (1.0 + hazard * silence * math.exp(e.score * silence))
+        assert cache._log_worth(e) == pytest.approx(rate_value + math.log2(holds))

@@ -16,6 +16,7 @@ from meshd.decisions.cache import (
     DEFAULT_LOAD_MS_PER_UNIT,
     LRFU_HALF_LIFE_TURNOVERS,
     RATE_HALF_LIFE_TURNOVERS,
+    RATE_HOLD_TURNOVERS,
     RATE_PRIOR_TURNOVERS,
     RATE_USES_KEPT,
     CacheEntry,
@@ -25,7 +26,20 @@ from meshd.decisions.cache import (
     use_rate,
 )
 
-OP_NAMES = ["admit", "touch", "bulk", "load", "load_even", "resize", "remove", "busy", "idle", "fail", "follow"]
+OP_NAMES = [
+    "admit",
+    "touch",
+    "bulk",
+    "load",
+    "load_even",
+    "resize",
+    "remove",
+    "busy",
+    "idle",
+    "fail",
+    "follow",
+    "fleet",
+]
 ops = st.lists(
     st.tuples(
         st.sampled_from(OP_NAMES),
@@ -63,16 +77,16 @@ def spec_key(cache: WeightedLRU, e: CacheEntry, weight: float | None = None) -> 
     clock of the last use alone)."""
     if cache.eviction is Eviction.GDSF:
         return (e.priority, e.last_used_ms)
-    if cache.eviction is Eviction.CAPPED:  # RATE's value now, at most ln 2 uses over its silence
+    if cache.eviction is Eviction.CAPPED:  # RATE's value now x the odds its rate still holds
         cost = e.load_ms / e.units if e.load_ms > 0 else DEFAULT_LOAD_MS_PER_UNIT
         half_life = RATE_HALF_LIFE_TURNOVERS * cache.capacity_units
-        rate = use_rate(e.uses_at, RATE_PRIOR_TURNOVERS * cache.capacity_units) * 2 ** (
-            (e.clock - cache.clock) / half_life
-        )
+        rate = use_rate(e.uses_at, RATE_PRIOR_TURNOVERS * cache.capacity_units)
+        log_value = math.log2(rate * cost) + (e.clock - cache.clock) / half_life
         silence = cache.clock - e.clock
-        if silence > 0:
-            rate = min(rate, math.log(2) / silence)
-        return (math.log2(rate * cost), e.last_used_ms)
+        if silence > 0:  # P(holds) = 1 / (1 + h g e^(r g)), in logs (e^(r g) overflows)
+            ended = math.log(silence / (RATE_HOLD_TURNOVERS * cache.capacity_units)) + rate * silence
+            log_value -= (max(ended, 0.0) + math.log1p(math.exp(-abs(ended)))) / math.log(2)
+        return (log_value, e.last_used_ms)
     if cache.eviction in (Eviction.LRFU, Eviction.RATE, Eviction.ADAPTIVE):
         cost = e.load_ms / e.units if e.load_ms > 0 else DEFAULT_LOAD_MS_PER_UNIT
         if cache.eviction is Eviction.LRFU:
@@ -155,6 +169,8 @@ def run_ops(ops: list[tuple[str, int, int]], eviction: Eviction, capacity: int) 
             cache.set_state(mid, State.FAILED, now)
         elif op == "follow" and cache.regret is not None:  # ADAPTIVE: the fleet's regret moves it
             cache.follow_order(n % 2)
+        elif op == "fleet":  # peers evicted: the clock moves with no eviction here (CAPPED's order moves)
+            cache.follow_fleet(2, n / 2)
         assert cache.used_units == sum(e.units for e in cache.entries())
         assert cache.loaded_summary(now) == scanned_summary(cache, now)
 
