@@ -114,7 +114,7 @@ RAY_START_TIMEOUT_S = 180.0
 MIB = 1 << 20
 TRACES = ("zipf", "shift")
 SYSTEMS = ("meshd", "meshd-lru", "ray", "ray-grpc")  # ray: Serve's HTTP ingress; ray-grpc: its gRPC ingress
-MESHD_SYSTEMS = {"meshd": "", "meshd-lru": "lru"}  # -> eviction order ("": --meshd-eviction, default rate)
+MESHD_SYSTEMS = {"meshd": "", "meshd-lru": "lru"}  # -> eviction order ("": --meshd-eviction, default rate-capped)
 GRPC_MODEL_HEADER = "multiplexed_model_id"  # where Serve's gRPC ingress reads the model id
 
 
@@ -879,7 +879,8 @@ def report(
         f"{meshd_capacity(args, workload) / MIB:.0f} MiB; Ray max_num_models_per_replica "
         f"{args.cache_models}); meshd loading threads "
         f"{args.meshd_loading_threads or 'runtime default (2)'} (Ray: 1 per replica, its multiplex lock); "
-        f"model sizes {args.model_sizes}; meshd eviction {args.meshd_eviction or 'default (rate)'}, meshd-lru lru; "
+        f"model sizes {args.model_sizes}; "
+        f"meshd eviction {args.meshd_eviction or 'default (rate-capped)'}, meshd-lru lru; "
         f"meshd metrics on; zipf {args.zipf:g}; concurrency {args.concurrency}; "
         f"{len(workload.warmup)} warm-up, {args.requests} per trace, seed {args.seed}"
     )

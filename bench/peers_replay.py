@@ -11,8 +11,8 @@ peers.py sends them to one running system); loads of the warm-up are not counted
 - the simulator (sim.engine: meshd's own placement, load queue and cache code) at `--rate`
   requests per second, open loop (peers.py keeps 16 in flight; both systems ran it at
   50-85 req/s), 3 instances of K models, one loading thread each, the models' own load and
-  service times: `meshd` (RATE, the default), `meshd lru` (MESHD_EVICTION=lru), `meshd
-  adaptive` (MESHD_EVICTION=adaptive), `meshd rate-capped` (MESHD_EVICTION=rate-capped), `upstream`;
+  service times: `meshd` (rate-capped, the default), `meshd rate` (MESHD_EVICTION=rate), `meshd
+  lru` (MESHD_EVICTION=lru), `meshd adaptive` (MESHD_EVICTION=adaptive), `upstream`;
 - order only, no time: an LRU of K models per serving process, each miss on a random one
   (Ray Serve's multiplexing: `max_num_models_per_replica` per replica, least recently used
   out first), and one LRU of 3K models (the whole capacity as one cache).
@@ -51,7 +51,7 @@ def sim_replay(policy_name: str, rate_rps: float) -> Replay:
         "meshd": MESHD,
         "meshd lru": as_configured(Eviction.LRU),
         "meshd adaptive": as_configured(Eviction.ADAPTIVE),
-        "meshd rate-capped": as_configured(Eviction.CAPPED),
+        "meshd rate": as_configured(Eviction.RATE),
         "upstream": UPSTREAM,
     }[policy_name]
 
@@ -132,10 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         workload = peers.build_workload(Path(tmp), workload_args)
     phases = [[p.model_id for p in workload.warmup], *([p.model_id for p in workload.traces[t]] for t in TRACES)]
     replays: dict[str, Replay] = {
-        "simulator: meshd (rate)": sim_replay("meshd", args.rate),
+        "simulator: meshd (rate-capped)": sim_replay("meshd", args.rate),
+        "simulator: meshd rate": sim_replay("meshd rate", args.rate),
         "simulator: meshd lru": sim_replay("meshd lru", args.rate),
         "simulator: meshd adaptive": sim_replay("meshd adaptive", args.rate),
-        "simulator: meshd rate-capped": sim_replay("meshd rate-capped", args.rate),
         "simulator: upstream": sim_replay("upstream", args.rate),
         f"order only: LRU of {args.cache_models} per process, misses anywhere (Ray's multiplexing)": lru_replay(
             PROCESSES

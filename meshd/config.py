@@ -184,13 +184,12 @@ SETTINGS: tuple[Setting, ...] = (
         "eviction",
         "MESHD_EVICTION",
         "--eviction",
-        "cache eviction order: rate (each copy's recent request rate per unit of memory and second of reload, "
-        "see docs/simulator.md), lrfu (recent uses per unit and second, halved every two turnovers), "
-        "gdsf (uses per unit and second, no decay), lru (upstream's), adaptive (rate's order or recency's, "
-        "whichever the fleet regrets less: the evicted models reloaded soon after, counted from the etcd records) "
-        "or rate-capped (rate, a silent model's worth weighed by the odds that its rate still holds: for hot sets "
-        "that move wholesale)",
-        "rate",
+        "cache eviction order: rate-capped (each copy's recent request rate per unit of memory and second of "
+        "reload, a silent model's weighed by the odds that its rate still holds: see docs/policies.md), rate (the "
+        "rate alone), lrfu (recent uses per unit and second, halved every two turnovers), "
+        "gdsf (uses per unit and second, no decay), lru (upstream's) or adaptive (rate's order or recency's, "
+        "whichever the fleet regrets less: the evicted models reloaded soon after, counted from the etcd records)",
+        "rate-capped",
     ),
     Setting(
         "latency_target_ms",
@@ -458,7 +457,7 @@ class Config:
     max_inflight_per_copy: int = 0
     conc_scaleup_bandwidth_pct: int = 90
     request_timeout_ms: int = 0
-    eviction: Eviction = Eviction.RATE
+    eviction: Eviction = Eviction.CAPPED
     latency_target_ms: int = 0  # 0: none
     load_queue: bool = True  # MESHD_LOAD_QUEUE=value; False: fifo (upstream's)
     llm_routing: bool = True  # MESHD_LLM_ROUTING=load; False: inflight (as any inference)

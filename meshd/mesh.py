@@ -885,6 +885,7 @@ class Instance:
                 loads_in_progress=q.in_progress,
                 upstream_instances=upstream,
                 eviction_frequency_weight=cache.frequency_weight if cache.eviction is Eviction.ADAPTIVE else None,
+                eviction_odds_overruled=cache.overruled,
             )
 
         def leader() -> ClusterStats | None:

@@ -2,8 +2,9 @@
 
 - `upstream`: ModelMesh's defaults: weighted LRU eviction, PLACEMENT_ORDER ranking with the
   near-best random pick (CacheMissForwardingLB), upstream's copy scaling.
-- `meshd`: meshd's own choices: RATE eviction (each copy's recent request rate per unit and
-  second of reload, `meshd.decisions.cache`),
+- `meshd`: meshd's own choices: rate-capped eviction (each copy's recent request rate per unit
+  and second of reload, weighed by the odds that a silent model's rate still holds,
+  `meshd.decisions.cache`; RATE alone until 2026-11-30),
   and the placement spread of recent loads (`RecentPlacements`) on top of upstream's ranking.
   And the load queue of `meshd.decisions.placement.loading` (issue 24): room taken when a load
   starts, the most valuable load first, misses beyond load capacity refused at once. And the
@@ -12,14 +13,15 @@
   And placement by price (`meshd.decisions.placement.rank.cheapest`, issue 33): a load goes to
   one of the three instances, where it starts soonest, whose next victim is worth least, and
   stays there only if that is still so when it arrives.
-- `meshd-unpriced`: `meshd` without placement by price (meshd before it, until 2026-11-27).
-- `meshd-own-clock`: `meshd` before issue 33: each cache's clock runs with its own evictions,
+- `meshd-unpriced`: `meshd` without placement by price (meshd before it, until 2026-11-27; RATE
+  eviction, as then).
+- `meshd-own-clock`: `meshd` before issue 33 (RATE eviction): each cache's clock runs with its own evictions,
   and a model's use history stays with the instance that evicted it.
 - `meshd-adaptive`: `meshd` with ADAPTIVE eviction (RATE's order or recency's, whichever the
   fleet regrets less: evicted models that any instance reloads within a turnover, each charged
   to the order that evicted it, through the records; issue 44).
-- `meshd-capped`: `meshd` with CAPPED eviction (RATE, a silent model's worth weighed by the
-  odds that its rate still holds after its silence: `MESHD_EVICTION=rate-capped`).
+- `meshd-rate`: `meshd` with RATE eviction (`MESHD_EVICTION=rate`: the rate without the odds;
+  meshd's default from 2026-11-26 until 2026-11-30).
 - `meshd-gdsf`: `meshd` with GDSF eviction (meshd's default before LRFU: counts that never decay).
 - `meshd-lrfu`: `meshd` with LRFU eviction (recent uses, halved every two turnovers: meshd's
   default from 2026-11-26 until RATE, the same day).
@@ -50,7 +52,7 @@ class Policy:
 
 
 UPSTREAM = Policy("upstream")
-MESHD = Policy("meshd", eviction=Eviction.RATE, spread_recent_loads=True, load_queue=True, fleet_clock=True)
+MESHD = Policy("meshd", eviction=Eviction.CAPPED, spread_recent_loads=True, load_queue=True, fleet_clock=True)
 # meshd before placement by price (issue 33): the fleet clock, loads placed without prices.
 MESHD_UNPRICED = Policy(
     "meshd-unpriced",
@@ -70,9 +72,7 @@ MESHD_LRFU = Policy("meshd-lrfu", eviction=Eviction.LRFU, spread_recent_loads=Tr
 MESHD_ADAPTIVE = Policy(
     "meshd-adaptive", eviction=Eviction.ADAPTIVE, spread_recent_loads=True, load_queue=True, fleet_clock=True
 )
-MESHD_CAPPED = Policy(
-    "meshd-capped", eviction=Eviction.CAPPED, spread_recent_loads=True, load_queue=True, fleet_clock=True
-)
+MESHD_RATE = Policy("meshd-rate", eviction=Eviction.RATE, spread_recent_loads=True, load_queue=True, fleet_clock=True)
 MESHD_FIFO = Policy("meshd-fifo", eviction=Eviction.GDSF, spread_recent_loads=True)  # meshd before issue 24
 RANDOM = Policy("random", random_placement=True)
 
@@ -80,7 +80,7 @@ _ALL = (
     UPSTREAM,
     MESHD,
     MESHD_ADAPTIVE,
-    MESHD_CAPPED,
+    MESHD_RATE,
     MESHD_UNPRICED,
     MESHD_OWN_CLOCK,
     MESHD_LRFU,

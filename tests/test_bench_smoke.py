@@ -96,10 +96,10 @@ def test_peers_replay_prints_every_replay_for_both_traces() -> None:
     ]
     names = [r[0] for r in rows[1:]]
     assert names == [
-        "simulator: meshd (rate)",
+        "simulator: meshd (rate-capped)",
+        "simulator: meshd rate",
         "simulator: meshd lru",
         "simulator: meshd adaptive",
-        "simulator: meshd rate-capped",
         "simulator: upstream",
         "order only: LRU of 4 per process, misses anywhere (Ray's multiplexing)",
         "order only: one LRU of 12",
@@ -209,3 +209,27 @@ def test_llm_routing_bench_smoke() -> None:
     # The simulator's figures for the same calls, beside the real ones.
     simulated = {r[0] for r in (line.split() for line in proc.stdout.splitlines()) if r and r[0].startswith("sim:")}
     assert simulated == {"sim:load", "sim:inflight"}, proc.stdout
+
+
+def test_eviction_moves_prints_the_gauge_before_and_after_the_switch() -> None:
+    """Issue 44: the default order's overruled share on `switching`, one cell per seed."""
+    proc = run_bench("eviction_moves.py", ["--seeds", "1,2", "--capacities", "0.2", "--requests", "20000"])
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines() if line.startswith("| ")
+    ]
+    assert rows[0] == ["capacity", "seed 1", "seed 2"] and [r[0] for r in rows[2:]] == ["20%"], proc.stdout
+    for text in rows[2][1:]:
+        found = re.fullmatch(r"(\d\.\d\d) -> (\d\.\d\d); (\d+|-) / (\d+|-) min; ([+-]\d+\.\d) %", text)
+        assert found, text
+        before, after = float(found[1]), float(found[2])
+        assert 0.0 <= before <= 1.0 and 0.0 <= after <= 1.0
+
+
+def test_eviction_moves_refuses_bad_arguments() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "eviction_moves.py"), "--capacities", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--capacities" in proc.stderr

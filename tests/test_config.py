@@ -119,7 +119,7 @@ def test_data_plane_settings(tmp_path: object) -> None:
 def test_eviction_switch() -> None:
     from meshd.decisions.cache import Eviction
 
-    assert load_config(None, {}).eviction is Eviction.RATE  # meshd's order is the default
+    assert load_config(None, {}).eviction is Eviction.CAPPED  # meshd's order is the default
     assert load_config(None, {"MESHD_EVICTION": "lrfu"}).eviction is Eviction.LRFU
     assert load_config(None, {"MESHD_EVICTION": "LRU"}).eviction is Eviction.LRU  # upstream's, one setting away
     assert load_config(None, {"MESHD_EVICTION": "gdsf"}).eviction is Eviction.GDSF

@@ -89,7 +89,7 @@ def test_meshd_side_quick() -> None:
             assert row[8] == "0" and row[9] == "0", row  # errors, wrong answers
             assert int(row[6]) > 0, row  # loads happened
     assert "kill run:" in proc.stdout
-    assert "meshd eviction default (rate), meshd-lru lru" in proc.stdout
+    assert "meshd eviction default (rate-capped), meshd-lru lru" in proc.stdout
 
 
 @pytest.mark.slow

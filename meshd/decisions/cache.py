@@ -7,7 +7,7 @@ unloads. The simulator drives exactly this class.
 Six eviction orders (`Eviction`), one switch:
 - `LRU` (upstream's): by each entry's last-used time, which may be set "in
   the past" (a model registered without a recent use must not push out models in active use).
-- `RATE` (meshd's, the daemon's default): an entry's value is its request rate x its load time
+- `RATE` (meshd's; the daemon's default until 2026-11-30): an entry's value is its request rate x its load time
   per unit, the rate estimated from the cache's clock at its last 8 uses (the densest run of
   them that ends at the last use, with a prior of 2 uses over 8 turnovers, so a model used once
   or twice is not taken for a hot one), halved every 4 turnovers without a use. A steadily
@@ -15,15 +15,17 @@ Six eviction orders (`Eviction`), one switch:
   than by how recently it was used; one that goes quiet still ages out. On one cache it misses
   less than LRFU on every simulator preset; in the fleet it loads less on four and as much on
   the fifth (docs/simulator.md).
-- `CAPPED` (`rate-capped`): RATE, its value weighed by the odds that the model's rate still
+- `CAPPED` (`rate-capped`, the daemon's default): RATE, its value weighed by the odds that the model's rate still
   holds after its silence. Rates end at random, at a hazard of one per `RATE_HOLD_TURNOVERS`
   turnovers; a Poisson process of rate r is silent for a span g with probability exp(-r g);
   so after a silence g the rate still holds with probability 1 / (1 + h g exp(r g)), h the
   hazard (in the cache's clock). A model in use at its rate keeps its value; a hot one that
   went quiet loses it within a few of its own intervals rather than some turnovers later; a
-  cold one, whose silences are long anyway, is barely touched. For workloads whose hot set
-  moves wholesale (docs/policies.md, "A capped rate"). Its order changes as silences
-  lengthen, so it has no heap: each eviction scans the cache.
+  cold one, whose silences are long anyway, is barely touched. `overruled` says how often its
+  victim is not RATE's (the `meshd_eviction_odds_overruled` gauge). Within 0.1-0.5 points of
+  RATE's hit ratio where popularity holds, above it where the hot set moves (docs/policies.md,
+  "A capped rate"). Its order changes as silences lengthen, so it has no heap: the next victim is
+  found by a scan, kept until the clock moves or an entry changes.
 - `LRFU` (meshd's default before RATE): each use counts, and each count halves every time
   the cache has evicted twice its capacity (a clock that runs with the cache's turnover, not
   with wall time, so the memory fits a busy instance and a quiet one alike); an entry's value is
@@ -109,6 +111,8 @@ RATE_HALF_LIFE_TURNOVERS = 4.0
 # Swept over 16-128 on the peers replay and three presets (seed 1) and set at 64; checked on
 # seeds 2-3 and the Azure windows (docs/policies.md, "A capped rate").
 RATE_HOLD_TURNOVERS = 64.0
+_LN2 = math.log(2)
+OVERRULED_EVICTIONS = 64  # CAPPED's `overruled`: a moving average over about this many evictions
 # MESHD_LATENCY_TARGET_MS (opt-in): a copy whose reload would take longer than the target is
 # worth this many times its value to RATE and LRFU, so the misses that break the target are
 # the ones avoided first. The trade-off (more loads of the fast-loading models) is in
@@ -192,13 +196,19 @@ class WeightedLRU:
         self._half_life = turnovers * capacity_units
         self._prior_span = RATE_PRIOR_TURNOVERS * capacity_units
         self._hold_span = RATE_HOLD_TURNOVERS * capacity_units  # CAPPED: one over the hazard
-        # CAPPED keeps no heap (its order moves with the clock) but each entry's RATE key (as the
-        # heap orders keep it) and its next victim with the clock it was found at, kept while no
-        # entry's key or state changes against it: placement asks every instance for it on each
-        # miss (`victim_value`), and a scan per ask made the 1M-request simulation 3x slower.
+        # CAPPED has no heap of its own order (it moves with the clock; its heap holds RATE's,
+        # for `overruled`) but keeps each entry's RATE key and its next victim with the clock it
+        # was found at, kept while no entry's key or state changes against it: placement asks
+        # every instance for it on each miss (`victim_value`), and a scan per ask made the
+        # 1M-request simulation 3x slower.
         self._rate_keys: dict[str, float] = {}
         self._victim: tuple[float, CacheEntry, tuple[float, int, int]] | None = None
         self._failed = 0  # entries in State.FAILED (CAPPED's plan takes its next victim alone when none)
+        # CAPPED: the share of its recent evictions (a moving average over about
+        # `OVERRULED_EVICTIONS`) whose victim was not RATE's next one: copies the odds judged
+        # gone quiet, which RATE alone would have kept (what it has learnt of the traffic: the
+        # `meshd_eviction_odds_overruled` gauge). RATE's order is kept in the heap for it.
+        self.overruled = 0.0 if eviction is Eviction.CAPPED else None
         self.load_fit = LoadTimeFit()
         self._loaded = 0  # entries in State.LOADED
         self._entries: dict[str, CacheEntry] = {}
@@ -269,12 +279,38 @@ class WeightedLRU:
             return None
         if self.eviction is Eviction.CAPPED:
             if self._victim is None or self._victim[0] != self.clock:
-                loaded = [(self._worth_key(e), e) for e in self._entries.values() if e.state is State.LOADED]
-                key, victim = min(loaded, key=lambda item: item[0])
-                self._victim = (self.clock, victim, key)
+                self._victim = self._scan_victim()
             return self._victim[1]
-        # The heap's top, past stale items (dropped here for good) and loads in progress
-        # (pushed back). No scan of every entry.
+        return self._heap_top()
+
+    def _scan_victim(self) -> tuple[float, CacheEntry, tuple[float, int, int]]:
+        """CAPPED: (clock, the loaded entry of least `_worth_key`, that key): `_log_worth` inlined,
+        to the same arithmetic, and a key built only for an entry that may win. This scan is
+        most of the order's cost (`bench/sim_speed.py`)."""
+        clock = self.clock
+        shift = clock / self._half_life
+        span = self._hold_span
+        keys = self._rate_keys
+        log, log1p, exp = math.log, math.log1p, math.exp
+        found: CacheEntry | None = None
+        least = math.inf
+        tie = (0, 0)
+        for e in self._entries.values():
+            if e.state is not State.LOADED:
+                continue
+            worth = keys[e.model_id] - shift
+            silence = clock - e.clock
+            if silence > 0:
+                odds = log(silence / span) + e.score * silence
+                worth = worth - (odds + log1p(exp(-odds)) if odds > 0 else log1p(exp(odds))) / _LN2
+            if worth < least or (worth == least and (e.last_used_ms, e.seq) < tie):
+                found, least, tie = e, worth, (e.last_used_ms, e.seq)
+        assert found is not None  # called only with a loaded entry
+        return (clock, found, (least, tie[0], tie[1]))
+
+    def _heap_top(self) -> CacheEntry | None:
+        """The heap's top, past stale items (dropped here for good) and loads in progress
+        (pushed back). No scan of every entry."""
         heap = self._heap
         kept: list[tuple[tuple[float, ...], int, str]] = []
         found: CacheEntry | None = None
@@ -367,6 +403,9 @@ class WeightedLRU:
             self.regret.reloaded(evicted_by[0], (self.clock - evicted_by[1]) / self.capacity_units)
         for victim in victims:
             victim.evicted_by = order
+            if self.overruled is not None and victim.state is State.LOADED:
+                overruled = self._heap_top() is not victim
+                self.overruled += (overruled - self.overruled) / OVERRULED_EVICTIONS
             self._evict(victim)
         self._seq += 1
         entry = CacheEntry(model_id, units, last_used_ms, State.LOADING, now_ms, seq=self._seq)
@@ -509,12 +548,11 @@ class WeightedLRU:
         self._ghosts = {
             m: (score, clock - shift, tuple(c - shift for c in at)) for m, (score, clock, at) in self._ghosts.items()
         }
-        if self.eviction is Eviction.CAPPED:  # no heap: its keys and next victim
+        if self.eviction is Eviction.CAPPED:  # its keys and next victim
             self._rate_keys = {m: self._key(e)[0] for m, e in self._entries.items()}
             self._victim = None
-        else:
-            self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
-            heapq.heapify(self._heap)
+        self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
+        heapq.heapify(self._heap)
 
     def _drop(self, model_id: str) -> CacheEntry | None:
         entry = self._entries.pop(model_id, None)
@@ -626,7 +664,7 @@ class WeightedLRU:
         # log of the odds that the rate ended: ln(h g) + r g; its softplus is -ln P(holds)
         odds = math.log(silence / self._hold_span) + entry.score * silence
         ended = odds + math.log1p(math.exp(-odds)) if odds > 0 else math.log1p(math.exp(odds))
-        return decayed - ended / math.log(2)
+        return decayed - ended / _LN2
 
     def _key(self, entry: CacheEntry) -> tuple[float, ...]:
         if self.eviction is Eviction.GDSF:
@@ -650,10 +688,9 @@ class WeightedLRU:
         return math.log2(value)
 
     def _push(self, entry: CacheEntry) -> None:
-        if self.eviction is Eviction.CAPPED:  # no heap: its order changes as silences lengthen
+        if self.eviction is Eviction.CAPPED:  # its order changes as silences lengthen: no heap of it
             self._rate_keys[entry.model_id] = self._key(entry)[0]
-            self._offer(entry)
-            return
+            self._offer(entry)  # (the heap below holds RATE's order, for `overruled`)
         heapq.heappush(self._heap, (self._key(entry), entry.seq, entry.model_id))
         if len(self._heap) > 4 * len(self._entries) + 64:  # drop the stale items now and then
             self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]

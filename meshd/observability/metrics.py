@@ -148,6 +148,7 @@ class InstanceStats:
     loads_in_progress: int = 0  # loading threads taken
     upstream_instances: int = 0  # upstream (Java) instance records in the registry: never routed to
     eviction_frequency_weight: float | None = None  # MESHD_EVICTION=adaptive: what it learnt (else none)
+    eviction_odds_overruled: float | None = None  # MESHD_EVICTION=rate-capped: what it learnt (else none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,6 +428,9 @@ class _Gauges(Collector):
             if s.eviction_frequency_weight is not None:
                 name = "meshd_eviction_frequency_weight"
                 yield GaugeMetricFamily(name, _DOCS[name], value=s.eviction_frequency_weight)
+            if s.eviction_odds_overruled is not None:
+                name = "meshd_eviction_odds_overruled"
+                yield GaugeMetricFamily(name, _DOCS[name], value=s.eviction_odds_overruled)
         c = self.cluster()
         if c is not None:
             yield GaugeMetricFamily("modelmesh_models_loaded_total", _DOCS["loaded"], value=c.models_loaded)
@@ -460,6 +464,7 @@ _DOCS = {
     "modelmesh_instance_loads_in_progress": "Number of loading threads in use in pod",
     "meshd_upstream_instances": "Upstream (Java) ModelMesh instance records seen in this mesh's registry (never used)",
     "meshd_eviction_frequency_weight": "Adaptive eviction: weight of frequency against recency (0 LRU, 1 RATE)",
+    "meshd_eviction_odds_overruled": "Rate-capped eviction: share of recent evictions RATE would not have made",
     "loaded": "Total number of models with at least one loaded copy",
     "failed": "Total number of models with one or more recent load failures",
     "managed": "Total number of models managed",

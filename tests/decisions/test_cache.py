@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -532,31 +533,40 @@ def test_load_times_under_the_floor_do_not_decide_which_copy_goes(order: str) ->
     assert entry is not None and entry.measured_ms == MIN_LOAD_COST_MS
 
 
+def _hot_and_steady(order: str) -> tuple[WeightedLRU, Callable[[str], tuple[str, ...]], Callable[[str], None]]:
+    """A cache of 3 units under `order` holding a model used 8 times in a row ("hot") and one
+    used 4 times after it ("steady"); with `load` (admit and load a model of 1 unit, one clock
+    tick on: returns what it evicted) and `use` (one request, one tick on)."""
+    from meshd.decisions.cache import Eviction
+
+    cache = WeightedLRU(3, Eviction(order))
+    now = [0]
+
+    def load(model_id: str) -> tuple[str, ...]:
+        now[0] += 1
+        admission = cache.admit(model_id, 1, now[0], now[0])
+        assert admission.admitted
+        cache.set_state(model_id, State.LOADED, now[0], 100.0)
+        return tuple(e.model_id for e in admission.evicted)
+
+    def use(model_id: str) -> None:
+        now[0] += 1
+        cache.touch(model_id, now[0])
+
+    load("hot")
+    for _ in range(7):
+        use("hot")
+    load("steady")
+    for _ in range(3):  # in use before the stream begins
+        use("steady")
+    return cache, load, use
+
+
 def _silenced_hot_model_survives(order: str) -> tuple[int | None, bool]:
     """A model used 8 times, then never again, while one-off models stream through a cache of
     3 and a steady model is used every second admission: after how many admissions the hot
     model is gone (None: never, in 60), and whether the steady one was ever evicted."""
-    from meshd.decisions.cache import Eviction
-
-    cache = WeightedLRU(3, Eviction(order))
-    now = 0
-
-    def load(model_id: str) -> tuple[str, ...]:
-        nonlocal now
-        now += 1
-        admission = cache.admit(model_id, 1, now, now)
-        assert admission.admitted
-        cache.set_state(model_id, State.LOADED, now, 100.0)
-        return tuple(e.model_id for e in admission.evicted)
-
-    load("hot")
-    for _ in range(7):
-        now += 1
-        cache.touch("hot", now)
-    load("steady")
-    for _ in range(3):  # in use before the stream begins
-        now += 1
-        cache.touch("steady", now)
+    _cache, load, use = _hot_and_steady(order)
     gone_after = None
     steady_evicted = False
     for k in range(60):
@@ -567,8 +577,7 @@ def _silenced_hot_model_survives(order: str) -> tuple[int | None, bool]:
             steady_evicted = True
             load("steady")
         elif k % 2:
-            now += 1
-            cache.touch("steady", now)
+            use("steady")
     return gone_after, steady_evicted
 
 
@@ -617,3 +626,33 @@ def test_rate_capped_victim_value_and_age_are_its_next_victims() -> None:
         rate_value = cache._log_value(e) - silence / cache._half_life
         holds = 1.0 / (1.0 + hazard * silence * math.exp(e.score * silence))
         assert cache._log_worth(e) == pytest.approx(rate_value + math.log2(holds))
+
+
+def test_rate_capped_counts_the_evictions_where_the_odds_overrule_rate() -> None:
+    # The `meshd_eviction_odds_overruled` gauge: a moving average over about
+    # OVERRULED_EVICTIONS evictions of whether the victim was not RATE's next one. One-off
+    # models stream through a cache of 3 beside a steady model: both orders take the oldest
+    # one-off; then the capped order takes the hot model that went quiet, which RATE keeps.
+    from meshd.decisions.cache import OVERRULED_EVICTIONS, Eviction
+
+    assert WeightedLRU(3, Eviction.RATE).overruled is None  # only the capped order has odds
+    cache, load, use = _hot_and_steady("rate-capped")
+    evictions = 0
+    for k in range(60):
+        evicted = load(f"once-{k}")
+        evictions += len(evicted)
+        if "hot" in evicted:
+            break
+        assert cache.overruled == 0.0, (k, evicted)  # the oldest one-off: RATE's victim too
+        if k % 2:
+            use("steady")
+    else:
+        raise AssertionError("the hot model was never evicted")
+    assert evictions > 2
+    assert cache.overruled == pytest.approx(1 / OVERRULED_EVICTIONS)
+    # each later eviction that agrees with RATE weighs it down by the same moving average
+    before = cache.overruled
+    assert before is not None
+    evicted = load("once-last")
+    assert evicted and not any(m in ("hot", "steady") for m in evicted)
+    assert cache.overruled == pytest.approx(before * (1 - 1 / OVERRULED_EVICTIONS))

@@ -129,6 +129,10 @@ def test_metrics_and_invoke_log_after_traffic(start_node: NodeFactory, models: l
     for series, client in ((ma, a), (mb, b)):
         assert total(series, "modelmesh_instance_models_total") == len(client.runtime_loaded())
         assert total(series, "modelmesh_instance_capacity_bytes") > 0
+        # the default order (rate-capped) says how often its odds overruled RATE: nothing has
+        # been evicted here, so never (the gauge is there, at 0)
+        assert series["meshd_eviction_odds_overruled"] == [({}, 0.0)]
+        assert "meshd_eviction_frequency_weight" not in series
     leaders = [port for port, s in ((pa, ma), (pb, mb)) if "modelmesh_models_managed_total" in s]
     assert len(leaders) == 1
     # The leader's mirror of the records may trail the failure record by a moment.

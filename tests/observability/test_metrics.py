@@ -178,8 +178,12 @@ def test_gauges_are_read_at_scrape_time_and_cluster_ones_only_on_the_leader() ->
     assert values["modelmesh_instance_models_total"] == 3
     assert "modelmesh_models_managed_total" not in values
     assert "meshd_eviction_frequency_weight" not in values  # not the adaptive order: no such gauge
+    assert "meshd_eviction_odds_overruled" not in values  # nor the capped one
     stats = replace(stats, eviction_frequency_weight=0.625)
     assert {s.name: s.value for s in samples(m.exposition())}["meshd_eviction_frequency_weight"] == 0.625
+    stats = replace(stats, eviction_frequency_weight=None, eviction_odds_overruled=0.75)
+    values = {s.name: s.value for s in samples(m.exposition())}
+    assert values["meshd_eviction_odds_overruled"] == 0.75 and "meshd_eviction_frequency_weight" not in values
     leading[0] = ClusterStats(models_managed=5, models_loaded=4, models_with_failure=1)
     values = {s.name: s.value for s in samples(m.exposition())}
     assert (
