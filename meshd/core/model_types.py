@@ -42,6 +42,7 @@ def triton_backend(model_type: str) -> str | None:
     known = TRITON_BACKENDS.get(model_type)
     return known[0] if known else None
 
+
 # Model types served by an LLM engine (`meshd llm-runtime`): OpenAI calls and KServe text
 # completions go to these; a model of any other type is a tensor model, and an OpenAI call
 # naming it is answered 400 before anything loads. "lora" is an adapter on a base model.
