@@ -248,7 +248,8 @@ def exported_samples() -> set[str]:
     """Every sample name meshd's /metrics shows once each metric has a value (the leader's
     gauges included), read from the real exposition."""
     m = build_metrics(MetricsConfig())
-    m.watch_instance(lambda: InstanceStats(lru_ms=0, now_ms=1000, capacity_units=8, used_units=4, models=1))
+    stats = InstanceStats(lru_ms=0, now_ms=1000, capacity_units=8, used_units=4, models=1, eviction_odds_overruled=0.2)
+    m.watch_instance(lambda: stats)
     m.watch_cluster(lambda: ClusterStats(models_managed=1, models_loaded=1, models_with_failure=0))
     m.api_request("/inference.GRPCInferenceService/ModelInfer", "OK", 1.0, 10, 10, "m", "")
     m.invoke_model("/inference.GRPCInferenceService/ModelInfer", "OK", 1.0, "m")
@@ -271,7 +272,7 @@ def test_grafana_dashboard_plots_only_exported_metrics() -> None:
     exprs += [v["query"] for v in dash["templating"]["list"] if v.get("type") == "query"]
     assert exprs
     labels = {"gen_ai_operation_name", "gen_ai_request_model", "gen_ai_token_type"}
-    used = {n for expr in exprs for n in re.findall(r"\b(?:modelmesh|gen_ai)_[a-z_]+", expr)} - labels
+    used = {n for expr in exprs for n in re.findall(r"\b(?:modelmesh|gen_ai|meshd)_[a-z_]+", expr)} - labels
     samples = exported_samples()
     assert used <= samples, sorted(used - samples)
     # Every metric of SPEC §8 is exported; the dashboard covers the request path, loads,
@@ -283,6 +284,8 @@ def test_grafana_dashboard_plots_only_exported_metrics() -> None:
     assert "modelmesh_models_managed_total" in plotted and "modelmesh_instance_used_bytes" in plotted
     # Language models: time to first token, time per output token, tokens (issue 43).
     assert {"gen_ai_server_time_to_first_token_seconds", "gen_ai_client_token_usage"} <= plotted
+    # What the default eviction order learnt (issue 44).
+    assert "meshd_eviction_odds_overruled" in plotted
 
 
 def test_prometheus_scrapes_each_compose_pod_on_the_metrics_port() -> None:
