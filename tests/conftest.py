@@ -14,7 +14,7 @@ from meshd.testing import haproxy, procs
 from meshd.testing.etcd import start_test_etcd
 
 DATA_PLANES = ("python", "native")
-LOGS_SHOWN = 4  # children whose log tails a failed test's report carries, latest first
+LOGS_SHOWN = 8  # children whose log tails a failed test's report carries, latest first (a three-instance test runs six)
 LOG_LINES = 40
 _FIRST_CHILD = pytest.StashKey[int]()
 
