@@ -62,7 +62,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sim", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    p.add_argument("--preset", choices=[*PRESETS, "all"], default="all", help="synthetic workload (default: all)")
+    p.add_argument(
+        "--preset",
+        type=presets,
+        default=list(PRESETS),
+        help=f"synthetic workloads, comma-separated, or 'all' (default): {', '.join(PRESETS)}",
+    )
     p.add_argument("--trace", type=Path, help="replay a CSV trace instead of a preset")
     p.add_argument(
         "--azure", type=Path, metavar="DIR", help="replay the Azure Functions 2019 trace in DIR (sim/azure.py)"
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cat = w.catalogue(args.models, random.Random(args.seed), size_sigma=args.size_sigma, service_ms=args.service_ms)
         cat = w.with_load_speed(cat, args.load_mib_per_s)
-        names = list(PRESETS) if args.preset == "all" else [args.preset]
+        names = args.preset
         if args.rates:
             try:
                 args.out.mkdir(parents=True, exist_ok=True)
@@ -202,6 +207,21 @@ def main(argv: list[str] | None = None) -> int:
     for wl in workloads:
         run_workload(wl, args, policies)
     return 0
+
+
+def presets(text: str) -> list[str]:
+    """`zipf,bursts` or `all`: the presets to run, in the order given, each once."""
+    out: list[str] = []
+    for part in (x.strip() for x in text.split(",")):
+        if part == "all":
+            out.extend(n for n in PRESETS if n not in out)
+        elif part in PRESETS:
+            out.extend([part] if part not in out else [])
+        elif part:
+            raise argparse.ArgumentTypeError(f"unknown preset {part!r}: one of {', '.join(PRESETS)} or all")
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected presets, got {text!r}")
+    return out
 
 
 def windows(text: str) -> list[int]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.__main__ import main
+from sim.__main__ import main, presets
 
 
 def test_tiny_run_writes_table_and_replays_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -49,6 +49,8 @@ def test_tiny_run_writes_table_and_replays_a_trace(tmp_path: Path, capsys: pytes
         (["--alpha", "inf"], "--alpha must be in (0, 10]"),
         (["--size-sigma", "nan"], "--size-sigma must be in [0, 3]"),
         (["--size-sigma", "50"], "--size-sigma must be in [0, 3]"),
+        (["--preset", "zipf,flat"], "unknown preset 'flat'"),
+        (["--preset", ","], "expected presets"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(argv: list[str], message: str) -> None:
@@ -68,3 +70,10 @@ def test_the_large_models_preset_runs_on_three_instances_with_a_client_deadline(
     assert "| large-models | 10% | upstream |" in text and "| large-models | 10% | meshd |" in text
     assert main([*args, "--instances", "2", "--out", str(out), "--no-plots"]) == 0
     assert "2 instances" in (out / "large-models.md").read_text()
+
+
+def test_presets_are_named_in_a_list_or_all() -> None:
+    assert presets("daily, zipf,daily") == ["daily", "zipf"]  # in the order given, each once
+    every = presets("all")
+    assert every[:5] == ["zipf", "shifting", "bursts", "daily", "new-models"] and "large-models" in every
+    assert presets("zipf,all") == ["zipf", *(n for n in every if n != "zipf")]
