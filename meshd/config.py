@@ -20,6 +20,7 @@ from typing import TypeVar
 from meshd.core import hostport
 from meshd.decisions.cache import Eviction
 from meshd.decisions.ids import instance_id_problem
+from meshd.decisions.load_deadline import DEFAULT_PULL_DEADLINE_MS
 from meshd.decisions.placement.constraints import TypeConstraints
 from meshd.decisions.publishing import numeric_version
 from meshd.kv import target as kv_target
@@ -220,6 +221,14 @@ SETTINGS: tuple[Setting, ...] = (
         "--load-wait-limit-ms",
         "load queue (value): longest a load may wait for a loading thread before misses are refused",
         "10000",
+    ),
+    Setting(
+        "pull_deadline_ms",
+        "MESHD_PULL_DEADLINE_MS",
+        "--pull-deadline-ms",
+        "longest a load may run while the runtime's disk tier shows its model's pull running (the loading "
+        "timeout counts only the time not spent pulling; 0: it counts the pull too, as upstream's; docs/storage.md)",
+        "7200000",
     ),
     Setting(
         "data_plane",
@@ -462,6 +471,7 @@ class Config:
     load_queue: bool = True  # MESHD_LOAD_QUEUE=value; False: fifo (upstream's)
     llm_routing: bool = True  # MESHD_LLM_ROUTING=load; False: inflight (as any inference)
     load_wait_limit_ms: int = 10_000
+    pull_deadline_ms: int = DEFAULT_PULL_DEADLINE_MS
     data_plane: str = "python"  # resolved: "python" or "native" (MESHD_DATAPLANE=auto picks one)
     haproxy: str = ""  # the HAProxy executable found, when data_plane is native
     tls: meshtls.MeshTls | None = None
@@ -671,6 +681,7 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         load_queue=_choice(name("load_queue"), need("load_queue"), ("value", "fifo")) == "value",
         llm_routing=_choice(name("llm_routing"), need("llm_routing"), ("load", "inflight")) == "load",
         load_wait_limit_ms=_int(name("load_wait_limit_ms"), need("load_wait_limit_ms"), 100),
+        pull_deadline_ms=_int(name("pull_deadline_ms"), need("pull_deadline_ms"), 0),
         data_plane=plane[0],
         haproxy=plane[1],
         tls=_tls(raw, advertise),

@@ -377,6 +377,7 @@ class Instance:
             metrics=self.metrics,
             load_queue=cfg.load_queue,
             load_wait_limit_ms=cfg.load_wait_limit_ms,
+            pull_deadline_ms=cfg.pull_deadline_ms,
         )
         # The runtime purged its models before READY: any copy records naming us are stale.
         await self.local.reconcile()

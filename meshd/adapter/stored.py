@@ -101,8 +101,18 @@ class DiskTier(disk_pb2_grpc.DiskTierServicer):  # type: ignore[misc]
             )
             for m in inv.models
         ]
+        pulls = [
+            disk_pb2.Pull(
+                model_id=p.model_id,
+                bytes_done=p.bytes_done,
+                bytes_total=p.bytes_total,
+                elapsed_ms=p.elapsed_ms,
+                idle_ms=p.idle_ms,
+            )
+            for p in inv.pulls
+        ]
         return disk_pb2.DiskInventoryResponse(
-            models=models, budget_bytes=inv.budget_bytes, used_bytes=inv.used_bytes, version=inv.version
+            models=models, budget_bytes=inv.budget_bytes, used_bytes=inv.used_bytes, version=inv.version, pulls=pulls
         )
 
 

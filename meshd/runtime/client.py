@@ -15,6 +15,7 @@ import grpc
 from meshd._proto.meshd import disk_pb2, disk_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
+from meshd.decisions.load_deadline import PULL_POLL_MS, PullSeen, load_cut_at_ms, pull_seen
 from meshd.runtime.endpoints import open_channel
 
 log = logging.getLogger(__name__)
@@ -75,12 +76,29 @@ class RuntimeNotReady(Exception):
     pass
 
 
+class LoadTimedOut(Exception):
+    """The load ran past its time (`decisions.load_deadline`) and was cancelled."""
+
+    def __init__(self, elapsed_s: float, pulled_s: float) -> None:
+        self.elapsed_s = elapsed_s
+        self.pulled_s = pulled_s
+        pulling = f" ({pulled_s:.1f}s of it pulling)" if pulled_s else ""
+        super().__init__(f"timed out after {elapsed_s:.1f}s{pulling}")
+
+
+def _retrieve(f: asyncio.Future[rt.LoadModelResponse]) -> None:
+    """Read a cut call's outcome, so asyncio does not report it as never retrieved."""
+    if not f.cancelled():
+        f.exception()
+
+
 class RuntimeClient:
     def __init__(self, mgmt_endpoint: str, max_message_bytes: int) -> None:
         self.endpoint = mgmt_endpoint
         self.channel = open_channel(mgmt_endpoint, max_message_bytes)
         self.stub = rt_grpc.ModelRuntimeStub(self.channel)
         self.disk_stub = disk_pb2_grpc.DiskTierStub(self.channel)
+        self.disk_tier: bool | None = None  # None until diskInventory answers or is UNIMPLEMENTED
 
     async def close(self) -> None:
         await self.channel.close()
@@ -104,10 +122,60 @@ class RuntimeClient:
             log.info("waiting for runtime at %s (%s)", self.endpoint, last)
             await asyncio.sleep(interval_s)
 
-    async def load(self, model_id: str, model_type: str, path: str, key: str, timeout_s: float) -> LoadedModel:
+    async def load(
+        self, model_id: str, model_type: str, path: str, key: str, timeout_s: float, longest_s: float = 0.0
+    ) -> LoadedModel:
+        """loadModel within `timeout_s`, not counting the time the runtime's disk tier shows the
+        model's pull taking, up to `longest_s` in all (`decisions.load_deadline`; 0 or a runtime
+        without a tier: `timeout_s` flat). Raises LoadTimedOut when cut, AioRpcError otherwise."""
         req = rt.LoadModelRequest(modelId=model_id, modelType=model_type, modelPath=path, modelKey=key)
-        resp = await self.stub.loadModel(req, timeout=timeout_s)
+        if longest_s <= timeout_s or self.disk_tier is False:
+            started = time.monotonic()
+            try:
+                resp = await self.stub.loadModel(req, timeout=timeout_s)
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise LoadTimedOut(time.monotonic() - started, 0.0) from None
+                raise
+        else:
+            resp = await self._load_watching_pull(req, int(timeout_s * 1000), int(longest_s * 1000))
         return LoadedModel(resp.sizeInBytes, resp.maxConcurrency)
+
+    async def _load_watching_pull(
+        self, req: rt.LoadModelRequest, timeout_ms: int, longest_ms: int
+    ) -> rt.LoadModelResponse:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        call = self.stub.loadModel(req, timeout=longest_ms / 1000 + 1)  # meshd cuts it first
+        answer: asyncio.Future[rt.LoadModelResponse] = asyncio.ensure_future(call)
+        seen = PullSeen()
+        try:
+            while True:
+                elapsed_ms = int((loop.time() - started) * 1000)
+                cut_ms = load_cut_at_ms(timeout_ms, longest_ms, seen, elapsed_ms, PULL_POLL_MS)
+                if elapsed_ms >= cut_ms:
+                    raise LoadTimedOut(elapsed_ms / 1000, seen.pulled_ms / 1000)
+                wait_ms = cut_ms - elapsed_ms if self.disk_tier is False else min(cut_ms - elapsed_ms, PULL_POLL_MS)
+                done, _ = await asyncio.wait({answer}, timeout=wait_ms / 1000)
+                if done:
+                    return answer.result()
+                if self.disk_tier is not False:
+                    seen = await self._look_at_pull(req.modelId, seen)
+        finally:
+            if not answer.done():
+                call.cancel()  # cut, or this load was cancelled: the runtime stops loading
+                answer.add_done_callback(_retrieve)
+
+    async def _look_at_pull(self, model_id: str, seen: PullSeen) -> PullSeen:
+        try:
+            inv = await self.disk_inventory()
+        except grpc.aio.AioRpcError:
+            return seen  # no answer this time: what was seen holds until the next look
+        if inv is None:
+            return seen
+        running = next((p.elapsed_ms for p in inv.pulls if p.model_id == model_id), None)
+        finished = next((m.pull_ms for m in inv.models if m.model_id == model_id), None)
+        return pull_seen(seen, running, finished)
 
     async def unload(self, model_id: str) -> None:
         """Unload; NOT_FOUND counts as success (SPEC §1)."""
@@ -151,8 +219,10 @@ class RuntimeClient:
             )
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.disk_tier = False
                 return None
             raise
+        self.disk_tier = True
         return resp
 
     async def model_size(self, model_id: str) -> int | None:

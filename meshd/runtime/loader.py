@@ -27,7 +27,7 @@ from meshd.core.errors import LoadFailed, Unavailable
 from meshd.decisions.placement.loading import DEFAULT_MEAN_LOAD_MS, next_load, update_mean_load_ms
 from meshd.decisions.placement.serving import AssumeLoaded, assume_loaded_ms
 from meshd.observability.metrics import NO_METRICS, Metrics
-from meshd.runtime.client import LoadedModel, RuntimeClient, RuntimeInfo
+from meshd.runtime.client import LoadedModel, LoadTimedOut, RuntimeClient, RuntimeInfo
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,15 @@ class LoadQueue:
         info: RuntimeInfo,
         after_failure: Callable[[str], None],
         metrics: Metrics = NO_METRICS,
+        *,
+        pull_deadline_ms: int = 0,
     ) -> None:
+        """`pull_deadline_ms`: a load may run past the loading timeout while the runtime's disk
+        tier shows its model's pull running, up to this long (`decisions.load_deadline`; 0: never)."""
         self.client = client
         self.metrics = metrics
         self.timeout_s = info.loading_timeout_ms / 1000
+        self.longest_s = pull_deadline_ms / 1000
         self.threads = info.max_loading_concurrency
         self.after_failure = after_failure
         self._free = self.threads
@@ -129,13 +134,16 @@ class LoadQueue:
         self.in_progress += 1
         started = time.monotonic()
         try:
-            loaded = await self.client.load(model_id, model_type, path, key, self.timeout_s)
+            loaded = await self.client.load(model_id, model_type, path, key, self.timeout_s, self.longest_s)
             took_ms = (time.monotonic() - started) * 1000
             self.metrics.load(took_ms, model_id)
             self.mean_load_ms = update_mean_load_ms(self.mean_load_ms, took_ms, self.finished)
             self.finished += 1
             self.assume_loaded.record(model_type, took_ms)
             return dataclasses.replace(loaded, load_ms=took_ms)
+        except LoadTimedOut as e:
+            self.after_failure(model_id)
+            raise LoadFailed(f"load of {model_id} {e}") from None
         except grpc.aio.AioRpcError as e:
             self.after_failure(model_id)
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -109,6 +109,7 @@ class LocalModels:
         metrics: Metrics = NO_METRICS,
         load_queue: bool = False,
         load_wait_limit_ms: int = DEFAULT_LOAD_WAIT_LIMIT_MS,
+        pull_deadline_ms: int = 0,
     ) -> None:
         """`max_queue_per_copy`: requests that may wait for a copy whose runtime limits its
         concurrency (upstream MM_MAX_INFLIGHT_PER_MODEL_COPY: 0 auto, < 0 unbounded).
@@ -116,13 +117,17 @@ class LocalModels:
         room only once it has a loading thread, the most valuable waiting load goes first,
         and a miss is refused at once (RESOURCE_EXHAUSTED) when its load could not start
         within `load_wait_limit_ms`, or when the queue is under pressure and the model is
-        colder than what it would evict. False: upstream's queue (admit, then wait in turn)."""
+        colder than what it would evict. False: upstream's queue (admit, then wait in turn).
+        `pull_deadline_ms`: a load may run past the loading timeout while its pull runs, up to
+        this long (`decisions.load_deadline`; 0: never)."""
         self.instance_id = instance_id
         self.registry = registry
         self.runtime = runtime
         self.info = info
         self.metrics = metrics
-        self.queue = LoadQueue(runtime, info, lambda model_id: self._unload_later(model_id), metrics)
+        self.queue = LoadQueue(
+            runtime, info, lambda model_id: self._unload_later(model_id), metrics, pull_deadline_ms=pull_deadline_ms
+        )
         self.cache = WeightedLRU(to_units(info.capacity_bytes), eviction, latency_target_ms)
         self.failure_expiry_ms = failure_expiry_ms
         self.max_queue_per_copy = max_queue_per_copy

@@ -10,7 +10,7 @@ The API the runtimes build on (`StorageHelper`):
     size = await helper.predict_size(model_id, model_path, model_key)   # None: a local path
     pulled = await helper.pull(model_id, model_path, model_key)         # Pulled | None
     helper.release(model_id)                   # the runtime unloaded it: files stay, evictable
-    helper.inventory()                         # Inventory: what the disk holds
+    helper.inventory()                         # Inventory: what the disk holds, the pulls running
     await helper.close()
 Failures raise `StorageError` (model, store, object, kind), never naming a credential.
 

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from meshd.decisions.storage import (
@@ -154,17 +154,31 @@ class DiskModel:
 
 
 @dataclass(frozen=True)
+class PullProgress:
+    """A pull running now: bytes so far of the listing's total (0 of 0 while listing), how long
+    it has run and since its last byte (meshd keeps a load pulling past its timeout)."""
+
+    model_id: str
+    bytes_done: int
+    bytes_total: int
+    elapsed_ms: int
+    idle_ms: int
+
+
+@dataclass(frozen=True)
 class Inventory:
     models: tuple[DiskModel, ...]
     budget_bytes: int
     used_bytes: int
     version: int
+    pulls: tuple[PullProgress, ...] = ()
 
 
 @dataclass
 class _Progress:
     total: int
     done: int = 0
+    arrived: int = 0  # bytes read off the wire, a retried part's again: may pass `total`
     last_ms: float = field(default_factory=lambda: time.monotonic() * 1000)
     lock: threading.Lock = field(default_factory=threading.Lock)
     failed: BaseException | None = None
@@ -173,6 +187,20 @@ class _Progress:
         with self.lock:
             self.done += n
             self.last_ms = time.monotonic() * 1000
+
+    def heard(self, n: int) -> None:
+        """Bytes arrived (written later, then counted in `done`): what inventory() reports."""
+        with self.lock:
+            self.arrived += n
+            self.last_ms = time.monotonic() * 1000
+
+
+@dataclass
+class _Running:
+    """A pull from its start (listing included); its bytes' progress once the download begins."""
+
+    started_ms: float = field(default_factory=lambda: time.monotonic() * 1000)
+    progress: _Progress | None = None
 
 
 def _now_ms() -> int:
@@ -192,6 +220,7 @@ class StorageHelper:
         self.tier = DiskTier(budget)
         self._held: set[str] = set()
         self._pulls: dict[str, asyncio.Future[Pulled]] = {}
+        self._progress: dict[str, _Running] = {}  # under _lock: the pulls running, for inventory()
         self._plans: dict[str, tuple[str, ModelPlan, float]] = {}  # model: (source, plan, when listed)
         self._lock = threading.Lock()
         self._started = False
@@ -278,6 +307,8 @@ class StorageHelper:
             loop = asyncio.get_running_loop()
             running = loop.create_future()
             self._pulls[model_id] = running
+            with self._lock:
+                self._progress[model_id] = _Running()
 
             async def run() -> None:
                 assert running is not None
@@ -287,6 +318,8 @@ class StorageHelper:
                     running.set_exception(e)
                 finally:
                     self._pulls.pop(model_id, None)
+                    with self._lock:
+                        self._progress.pop(model_id, None)
 
             task = loop.create_task(run())
             running.add_done_callback(lambda _f: task)  # keep the task referenced until done
@@ -306,14 +339,25 @@ class StorageHelper:
         await asyncio.to_thread(shutil.rmtree, self.root / model_id, True)
 
     def inventory(self) -> Inventory:
+        now = time.monotonic() * 1000
         with self._lock:
             entries = [e for e in self.tier.entries() if e.complete]
-            return Inventory(
+            running = list(self._progress.items())
+            inventory = Inventory(
                 tuple(DiskModel(e.model_id, e.size_bytes, e.pull_ms, e.last_used_ms) for e in entries),
                 self.tier.budget_bytes,
                 self.tier.used_bytes,
                 self.tier.version,
             )
+        pulls = []
+        for model_id, r in running:
+            done = total = 0
+            last = r.started_ms
+            if r.progress is not None:
+                with r.progress.lock:
+                    done, total, last = min(r.progress.arrived, r.progress.total), r.progress.total, r.progress.last_ms
+            pulls.append(PullProgress(model_id, done, total, int(now - r.started_ms), int(max(0.0, now - last))))
+        return replace(inventory, pulls=tuple(pulls))
 
     # ---- internals ---------------------------------------------------------------------
     def _read_config(self, name: str) -> Mapping[str, object] | None:
@@ -599,6 +643,9 @@ class StorageHelper:
         GET; else each file fetched in one GET is created by the worker that fetches it (one of
         many parts: still here)."""
         progress = _Progress(sum(f.size for f in files))
+        with self._lock:
+            if (r := self._progress.get(model_id)) is not None:
+                r.progress = progress
         tasks: list[_Task] = []
         parted: list[tuple[FilePlan, Path]] = []  # files of many parts: checked after them all
         parents: set[Path] = set()
@@ -866,7 +913,7 @@ class StorageHelper:
                 return
             want = min(len(buf), size - written)
             try:
-                n = store.transport.read_into(resp, view[:want])
+                n = store.transport.read_into(resp, view[:want], progress.heard)
             except TransferError:
                 store.transport.abandon(resp)
                 raise

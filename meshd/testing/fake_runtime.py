@@ -77,7 +77,9 @@ class FakeRuntime:
         self.loaded.clear()  # a runtime answering READY has purged its models (SPEC §1)
         return runtime_info()
 
-    async def load(self, model_id: str, model_type: str, path: str, key: str, timeout_s: float) -> LoadedModel:
+    async def load(
+        self, model_id: str, model_type: str, path: str, key: str, timeout_s: float, longest_s: float = 0.0
+    ) -> LoadedModel:
         self.log.append(("load", model_id))
         gate = self.gates.get(model_id)
         if gate is not None:

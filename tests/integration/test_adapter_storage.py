@@ -2,11 +2,15 @@
 + a real MLServer, the model in an S3-protocol store (moto's server, started here) named the
 way modelmesh-serving names it (a `storage-config` entry, `storage_key`, `storage_params`).
 The adapter pulls it before the load, MLServer loads the local copy, the files stay on disk
-after the unload, meshd's record says so, and a reload comes from the disk, not the store."""
+after the unload, meshd's record says so, and a reload comes from the disk, not the store.
+A pull longer than the runtime's loading timeout is not cut while it runs (upstream's load
+timed out: modelmesh-serving#219)."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from meshd.core.records import DISK_TIER
 from meshd.decisions.placement.disk import disk_reading
 from meshd.testing.cluster import LocalMesh
 from meshd.testing.mlserver import kill_mlserver, start_mlserver_adapter, train_sklearn_models
+from meshd.testing.objserver import ObjectServer
 from meshd.testing.procs import free_ports, port_open, wait_until
 
 from .test_adapter_mlserver import OVERHEAD, Stack, infer, loaded_in_mlserver, mlserver_env  # noqa: F401
@@ -135,3 +140,56 @@ def test_a_model_in_s3_is_pulled_served_kept_on_disk_and_reloaded_from_it(
     for child in (stack.adapter, stack.meshd):
         text = child.log_path.read_text(errors="replace")
         assert text and SECRET not in text and ACCESS not in text
+
+
+def test_a_pull_longer_than_the_loading_timeout_is_not_cut(
+    mlserver_env: Path,  # noqa: F811
+    tmp_path: Path,
+    etcd_server: object,
+) -> None:
+    """LOADTIME_TIMEOUT 8 s; the model's pull takes about 14 s (7 MiB at 512 KiB/s): meshd keeps
+    the load while the adapter's disk tier lists the pull as running, and the request that asked
+    for the model is answered. Before, the load failed at 8 s, however steadily it pulled."""
+    model = train_sklearn_models(mlserver_env, tmp_path / "trained", 1)[0]
+    folder = tmp_path / "store" / "bkt" / "sklearn" / model.name
+    shutil.copytree(model.path, folder)
+    (folder / "padding.bin").write_bytes(b"\0" * (7 << 20))
+    config = tmp_path / "storage-config"
+    config.mkdir()
+    mlserver_port, http_port, adapter_port, grpc_port = free_ports(4)
+    pid_file = tmp_path / "mlserver.pid"
+    mesh = LocalMesh(tmp_path / "mesh", service="adapter-slow-pull")
+    mesh.etcd_url = etcd_server.url  # type: ignore[attr-defined]
+    with ObjectServer(tmp_path / "store") as srv:
+        srv.faults.rate = 512 << 10
+        (config / "slow").write_text(
+            json.dumps({"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
+        )
+        try:
+            adapter = start_mlserver_adapter(
+                mesh.children,
+                mlserver_env,
+                tmp_path,
+                (adapter_port, mlserver_port, http_port),
+                (64 << 20) + OVERHEAD,
+                pid_file,
+                ["--memory-overhead-bytes", str(OVERHEAD), "--root-model-dir", str(tmp_path / "models")],
+                env={"STORAGE_CONFIG_DIR": str(config), "LOADTIME_TIMEOUT": "8000"},
+            )
+            wait_until(lambda: port_open(adapter_port) and port_open(mlserver_port), 120, "adapter and MLServer")
+            meshd = mesh.start_meshd(
+                "inst-a", adapter_port, {"serving_port": mlserver_port, "rate_check_ms": 600_000}, grpc_port=grpc_port
+            )
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+                key = json.dumps({"storage_key": "slow", "model_type": "sklearn"})
+                info = mm.ModelInfo(type="sklearn", path=f"sklearn/{model.name}", key=key)
+                mm_grpc.ModelMeshStub(ch).registerModel(
+                    mm.RegisterModelRequest(modelId=model.name, modelInfo=info), timeout=30
+                )
+                assert infer(ch, model, timeout=90) == model.expected
+            pulled = re.search(rf"{model.name}: pulled in (\d+) ms", adapter.log_path.read_text())
+            assert pulled is not None and int(pulled.group(1)) > 8000, "the pull was not longer than the timeout"
+            assert "timed out" not in meshd.log_path.read_text()
+        finally:
+            mesh.stop()
+            kill_mlserver(pid_file)

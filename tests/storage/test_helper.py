@@ -762,8 +762,18 @@ async def test_a_slow_pull_lives_while_it_progresses_and_a_silent_one_times_out(
         # 256 KiB at 128 KiB/s: 2 s in all, far over the 0.6 s stall limit, never silent that long.
         srv.faults.rate = 128 * KIB
         helper = await started(settings(tmp_path, stall_ms=600))
-        pulled = await helper.pull("slow", "w", key)
+        pulling = asyncio.create_task(helper.pull("slow", "w", key))
+        seen = []  # what inventory() says of the running pull (meshd's load deadline reads it)
+        while not pulling.done():
+            seen.extend(helper.inventory().pulls)
+            await asyncio.sleep(0.2)
+        pulled = await pulling
         assert pulled is not None and pulled.pull_ms > 600
+        assert {p.model_id for p in seen} == {"slow"} and helper.inventory().pulls == ()
+        moving = [p for p in seen if p.bytes_total]
+        assert moving and all(p.bytes_total == 256 * KIB and p.idle_ms < 600 for p in moving)
+        assert moving[-1].bytes_done > moving[0].bytes_done and moving[-1].elapsed_ms > moving[0].elapsed_ms
+        assert [m.pull_ms for m in helper.inventory().models] == [pulled.pull_ms]
         # Silent after 10 KiB, every time: each try times out; the pull fails naming the object.
         srv.faults.rate = 0
         srv.faults.drop_after, srv.faults.drops, srv.faults.hang_s = 10 * KIB, 100, 2.0

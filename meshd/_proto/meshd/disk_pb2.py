@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10meshd/disk.proto\x12\nmeshd.disk\"\x16\n\x14\x44iskInventoryRequest\"X\n\tDiskModel\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x0f\n\x07pull_ms\x18\x03 \x01(\x04\x12\x14\n\x0clast_used_ms\x18\x04 \x01(\x04\"y\n\x15\x44iskInventoryResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.meshd.disk.DiskModel\x12\x14\n\x0c\x62udget_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x0f\n\x07version\x18\x04 \x01(\x04\x32`\n\x08\x44iskTier\x12T\n\rdiskInventory\x12 .meshd.disk.DiskInventoryRequest\x1a!.meshd.disk.DiskInventoryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10meshd/disk.proto\x12\nmeshd.disk\"\x16\n\x14\x44iskInventoryRequest\"X\n\tDiskModel\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x0f\n\x07pull_ms\x18\x03 \x01(\x04\x12\x14\n\x0clast_used_ms\x18\x04 \x01(\x04\"f\n\x04Pull\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nbytes_done\x18\x02 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x03 \x01(\x04\x12\x12\n\nelapsed_ms\x18\x04 \x01(\x04\x12\x0f\n\x07idle_ms\x18\x05 \x01(\x04\"\x9a\x01\n\x15\x44iskInventoryResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.meshd.disk.DiskModel\x12\x14\n\x0c\x62udget_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12\x1f\n\x05pulls\x18\x05 \x03(\x0b\x32\x10.meshd.disk.Pull2`\n\x08\x44iskTier\x12T\n\rdiskInventory\x12 .meshd.disk.DiskInventoryRequest\x1a!.meshd.disk.DiskInventoryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISKINVENTORYREQUEST']._serialized_end=54
   _globals['_DISKMODEL']._serialized_start=56
   _globals['_DISKMODEL']._serialized_end=144
-  _globals['_DISKINVENTORYRESPONSE']._serialized_start=146
-  _globals['_DISKINVENTORYRESPONSE']._serialized_end=267
-  _globals['_DISKTIER']._serialized_start=269
-  _globals['_DISKTIER']._serialized_end=365
+  _globals['_PULL']._serialized_start=146
+  _globals['_PULL']._serialized_end=248
+  _globals['_DISKINVENTORYRESPONSE']._serialized_start=251
+  _globals['_DISKINVENTORYRESPONSE']._serialized_end=405
+  _globals['_DISKTIER']._serialized_start=407
+  _globals['_DISKTIER']._serialized_end=503
 # @@protoc_insertion_point(module_scope)

@@ -22,14 +22,30 @@ class DiskModel(_message.Message):
     last_used_ms: int
     def __init__(self, model_id: _Optional[str] = ..., size_bytes: _Optional[int] = ..., pull_ms: _Optional[int] = ..., last_used_ms: _Optional[int] = ...) -> None: ...
 
+class Pull(_message.Message):
+    __slots__ = ("model_id", "bytes_done", "bytes_total", "elapsed_ms", "idle_ms")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_MS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_MS_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    bytes_done: int
+    bytes_total: int
+    elapsed_ms: int
+    idle_ms: int
+    def __init__(self, model_id: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., elapsed_ms: _Optional[int] = ..., idle_ms: _Optional[int] = ...) -> None: ...
+
 class DiskInventoryResponse(_message.Message):
-    __slots__ = ("models", "budget_bytes", "used_bytes", "version")
+    __slots__ = ("models", "budget_bytes", "used_bytes", "version", "pulls")
     MODELS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    PULLS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[DiskModel]
     budget_bytes: int
     used_bytes: int
     version: int
-    def __init__(self, models: _Optional[_Iterable[_Union[DiskModel, _Mapping]]] = ..., budget_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+    pulls: _containers.RepeatedCompositeFieldContainer[Pull]
+    def __init__(self, models: _Optional[_Iterable[_Union[DiskModel, _Mapping]]] = ..., budget_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., version: _Optional[int] = ..., pulls: _Optional[_Iterable[_Union[Pull, _Mapping]]] = ...) -> None: ...
