@@ -48,7 +48,7 @@ class Device:
 
     index: int  # position among the devices NVML lists (PCI bus order, MIG devices in their GPU's place)
     uuid: str
-    total_bytes: int
+    total_bytes: int  # less the driver's reservation, where NVML reports it
     parent: str | None = None
 
 
@@ -81,6 +81,18 @@ def _mig_on(nvml: Any, handle: Any) -> bool:
     return bool(current == MIG_ENABLE)
 
 
+def _usable_bytes(nvml: Any, handle: Any) -> int:
+    """The device's memory less what its driver keeps for itself: NVML's memory info v2 reports
+    that reservation (an H200: 615 MiB of 140.4 GiB, seen 2026-11-30 with driver 580), which v1's
+    `total` includes and no CUDA process can allocate (cudaMemGetInfo's total leaves it out).
+    A binding or driver without v2: `total`, as before."""
+    try:
+        info = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+        return int(info.total) - int(info.reserved)
+    except Exception:  # AttributeError/TypeError: an older binding; NVMLError: not supported here
+        return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+
+
 def _mig_devices(nvml: Any, handle: Any, parent: str, first_index: int) -> list[Device]:
     found: list[Device] = []
     for slot in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
@@ -88,8 +100,7 @@ def _mig_devices(nvml: Any, handle: Any, parent: str, first_index: int) -> list[
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
         except Exception:
             continue  # NVMLError_NotFound: an empty slot (or one this container may not see)
-        total = int(nvml.nvmlDeviceGetMemoryInfo(mig).total)
-        found.append(Device(first_index + len(found), _uuid(nvml, mig), total, parent))
+        found.append(Device(first_index + len(found), _uuid(nvml, mig), _usable_bytes(nvml, mig), parent))
     return found
 
 
@@ -111,8 +122,7 @@ def inventory(nvml: Any) -> Inventory:
                     unlisted.append(gpu_index)
                 found.extend(migs)
                 continue
-            total = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
-            found.append(Device(len(found), _uuid(nvml, handle), total))
+            found.append(Device(len(found), _uuid(nvml, handle), _usable_bytes(nvml, handle)))
         return Inventory(found, unlisted)
     except Exception as e:
         log.warning("NVML could not list the GPUs (%s); sizing from host memory", e)

@@ -18,10 +18,12 @@ from meshd.decisions.placement.modelkey import DISK_SIZE_KEY, policy_from_key
 
 DEFAULT_MULTIPLIER = 1.25
 DEFAULT_OVERHEAD_BYTES = 256 << 20
-# What comes off a GPU's memory before models: a CUDA context per process and device (~300-600
-# MiB with CUDA 12, more with eager module loading), Triton's CUDA memory pool (64 MiB per device
-# by default, --cuda-memory-pool-byte-size), and framework workspaces (cuBLAS/cuDNN) that models
-# allocate beside their weights. 256 MiB, the host default, is below the context alone.
+# What comes off a GPU's memory before models (after the driver's own reservation, which
+# gpu.py takes off where NVML reports it): a CUDA context per process and device (~300-600 MiB
+# with CUDA 12; 527 MiB measured on an H200, CUDA 13, PyTorch 2.11), Triton's CUDA memory pool
+# (64 MiB per device by default, --cuda-memory-pool-byte-size), and framework workspaces
+# (cuBLAS/cuDNN) that models allocate beside their weights. 256 MiB, the host default, is below
+# the context alone.
 DEFAULT_GPU_OVERHEAD_BYTES = 1 << 30
 MIN_CAPACITY_BYTES = 16 << 20
 

@@ -14,6 +14,10 @@ class MemoryInfo:
     total: int
     free: int
     used: int = 0
+    reserved: int = 0  # nvmlMemory_v2 only: what the driver keeps (on an H200, 615 MiB)
+
+
+NVML_MEMORY_V2 = 0x02000028  # pynvml.nvmlMemory_v2 (a struct version: sizeof | 2 << 24)
 
 
 MIG_SLOTS = 7  # what an A100/H100 reports as its maximum number of MIG devices
@@ -33,6 +37,8 @@ class FakeNVML:
     inits: int = 0
     shutdowns: int = 0
     uuid_as_bytes: bool = False  # older pynvml releases return bytes
+    reserved: int = 0  # per GPU, what the driver keeps; reported only by memory info v2
+    memory_v2: bool = True  # False: a binding older than nvmlMemory_v2 (no `version` argument)
 
     NVMLError = NVMLError
 
@@ -63,9 +69,20 @@ class FakeNVML:
         uuid = self._device(handle)[0]
         return uuid.encode() if self.uuid_as_bytes else uuid
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int | tuple[int, int]) -> MemoryInfo:
+    def nvmlDeviceGetMemoryInfo(self, handle: int | tuple[int, int], version: int | None = None) -> MemoryInfo:
         total = self._device(handle)[1]  # a GPU in MIG mode: its whole memory, as the real NVML says
-        return MemoryInfo(total=total, free=total)
+        if version is None:  # v1, as a real driver answers it: the reservation counted as used
+            return MemoryInfo(total=total, free=total - self.reserved, used=self.reserved)
+        if not self.memory_v2:
+            raise TypeError("nvmlDeviceGetMemoryInfo() got an unexpected keyword argument 'version'")
+        assert version == NVML_MEMORY_V2
+        return MemoryInfo(total=total, free=total - self.reserved, reserved=self.reserved)
+
+    @property
+    def nvmlMemory_v2(self) -> int:
+        if not self.memory_v2:
+            raise AttributeError("nvmlMemory_v2")
+        return NVML_MEMORY_V2
 
     def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
         """[current, pending]: 1 is NVML_DEVICE_MIG_ENABLE."""

@@ -33,6 +33,16 @@ def test_the_smallest_visible_device_sizes_the_cache() -> None:
 PCI = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA's indices are then NVML's (PCI bus order)
 
 
+def test_the_drivers_reservation_is_not_counted() -> None:
+    """NVML's memory info v2 reports what the driver keeps (an H200 with driver 580: 644,939,776
+    of 150,754,820,096 bytes, which cudaMemGetInfo's total leaves out); v1's total includes it."""
+    reserved = 644_939_776
+    nvml = FakeNVML([("GPU-9c413394", 150_754_820_096)], reserved=reserved)
+    assert gpu.memory_per_model_bytes({}, nvml) == 150_754_820_096 - reserved == 150_109_880_320
+    older = FakeNVML([("GPU-9c413394", 150_754_820_096)], reserved=reserved, memory_v2=False)
+    assert gpu.memory_per_model_bytes({}, older) == 150_754_820_096  # a binding without v2: total, as before
+
+
 @pytest.mark.parametrize(
     ("visible", "expected"),
     [
