@@ -146,7 +146,8 @@ class RuntimeClient:
     ) -> rt.LoadModelResponse:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        call = self.stub.loadModel(req, timeout=longest_ms / 1000 + 1)  # meshd cuts it first
+        # The call's own deadline only backs meshd's cut up (a month at most: gRPC's clock overflows).
+        call = self.stub.loadModel(req, timeout=min(longest_ms / 1000, 30 * 86_400) + 1)
         answer: asyncio.Future[rt.LoadModelResponse] = asyncio.ensure_future(call)
         seen = PullSeen()
         try:
