@@ -30,6 +30,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 
@@ -172,14 +173,24 @@ def main() -> None:
     p.add_argument("--max-running", type=int, default=0, help="requests served at once (0: any), the rest wait")
     p.add_argument("--prefill-ms-per-token", type=float, default=0.0, help="per prompt token not in the prefix cache")
     p.add_argument("--cache-tokens", type=int, default=0, help="prefix cache (and KV) capacity in tokens")
+    p.add_argument("--gpu-bytes", type=int, default=0, help="hold this much GPU memory, as an engine's weights (torch)")
+    p.add_argument("--gpu-bytes-file", type=Path, help="... the number written in this file (the model's {path})")
     a = p.parse_args()
     if a.exit_at_start is not None:
         print("fake engine: told to fail at start", flush=True)
         sys.exit(a.exit_at_start)
     if a.die_after is not None:
         threading.Timer(a.die_after, os._exit, args=(1,)).start()
+    held = None
+    if a.gpu_bytes_file is not None:
+        a.gpu_bytes = int(a.gpu_bytes_file.read_text())
+    if a.gpu_bytes:  # a GPU engine's footprint (--gpu-capacity on): needs torch and a GPU
+        import torch
+
+        held = torch.empty(a.gpu_bytes, dtype=torch.uint8, device="cuda")
     engine = Engine(a.max_running, a.prefill_ms_per_token / 1000, a.cache_tokens)
     web.run_app(app(a.name, a.token_interval_ms / 1000, engine), host="127.0.0.1", port=a.port, print=None)
+    del held  # held until the engine stops
 
 
 if __name__ == "__main__":

@@ -17,6 +17,12 @@ class MemoryInfo:
     reserved: int = 0  # nvmlMemory_v2 only: what the driver keeps (on an H200, 615 MiB)
 
 
+@dataclass
+class ProcessInfo:
+    pid: int
+    usedGpuMemory: int | None  # pynvml's name
+
+
 NVML_MEMORY_V2 = 0x02000028  # pynvml.nvmlMemory_v2 (a struct version: sizeof | 2 << 24)
 
 
@@ -38,6 +44,7 @@ class FakeNVML:
     shutdowns: int = 0
     uuid_as_bytes: bool = False  # older pynvml releases return bytes
     reserved: int = 0  # per GPU, what the driver keeps; reported only by memory info v2
+    processes: dict[int, list[tuple[int, int | None]]] = field(default_factory=dict)  # GPU -> (pid, bytes)
     memory_v2: bool = True  # False: a binding older than nvmlMemory_v2 (no `version` argument)
 
     NVMLError = NVMLError
@@ -83,6 +90,12 @@ class FakeNVML:
         if not self.memory_v2:
             raise AttributeError("nvmlMemory_v2")
         return NVML_MEMORY_V2
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[ProcessInfo]:
+        return [ProcessInfo(pid, used) for pid, used in self.processes.get(handle, [])]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[ProcessInfo]:
+        return []
 
     def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
         """[current, pending]: 1 is NVML_DEVICE_MIG_ENABLE."""

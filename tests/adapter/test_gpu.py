@@ -248,3 +248,16 @@ def test_the_adapter_process_reports_gpu_capacity(
         proc.wait(10)
         assert proc.stdout is not None
         proc.stdout.close()
+
+
+def test_the_gpu_memory_of_a_process_group() -> None:
+    """What an LLM engine holds with --gpu-capacity on: NVML's per-process figures for its PIDs,
+    summed over devices; None where NVML lists none of them (an engine on the CPU, or PIDs from
+    another namespace) or cannot start."""
+    nvml = FakeNVML([H100, A10], processes={0: [(100, 5 * GIB), (101, 2 * GIB), (300, GIB)], 1: [(100, GIB)]})
+    assert gpu.processes_gpu_bytes(nvml, [100, 101]) == 8 * GIB
+    assert gpu.processes_gpu_bytes(nvml, [999]) is None
+    assert nvml.inits == nvml.shutdowns == 2
+    unknown = FakeNVML([H100], processes={0: [(100, None)]})  # listed, its memory not reported
+    assert gpu.processes_gpu_bytes(unknown, [100]) == 0
+    assert gpu.processes_gpu_bytes(FakeNVML([H100], init_error=NVMLError("no driver")), [100]) is None

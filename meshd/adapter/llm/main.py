@@ -23,7 +23,7 @@ import grpc
 from meshd._proto.inference import grpc_predict_v2_pb2_grpc as pb_grpc
 from meshd._proto.meshd import llm_pb2_grpc
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
-from meshd.adapter import running, stored
+from meshd.adapter import gpu, running, sizing, stored
 from meshd.adapter.llm.calls import OpenAICalls, TextInference
 from meshd.adapter.llm.engines import PACKAGES, PRESETS, RestartPolicy, check_template, engine_module
 from meshd.adapter.llm.runtime import Engines, LlmConfig, LlmRuntime
@@ -65,6 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="the engines' memory budget: the cache's capacity "
         "(env MODEL_SERVER_MEM_REQ_BYTES or CONTAINER_MEM_REQ_BYTES; default half the host's memory)",
+    )
+    p.add_argument(
+        "--gpu-capacity",
+        choices=["on", "off"],
+        help="on: engines run on a GPU; the capacity is the smallest visible GPU's memory (less the driver's "
+        "reservation and --gpu-memory-overhead-bytes) and an engine's size the GPU memory of its processes, "
+        "read through NVML (needs nvidia-ml-py; env MESHD_LLM_GPU_CAPACITY; default off: host memory)",
+    )
+    p.add_argument(
+        "--gpu-memory-overhead-bytes",
+        type=int,
+        help="with --gpu-capacity on: what comes off the GPU's memory besides the engines "
+        "(env MESHD_ADAPTER_GPU_OVERHEAD_BYTES; default 1 GiB)",
     )
     p.add_argument(
         "--default-model-size",
@@ -168,6 +181,25 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str]) -> LlmConfig:
         return default
 
     extra = list(a.engine_args[1:] if a.engine_args[:1] == ["--"] else a.engine_args)
+    capacity = number(
+        a.memory_bytes, "MODEL_SERVER_MEM_REQ_BYTES", "CONTAINER_MEM_REQ_BYTES", default=_host_memory() // 2
+    )
+    nvml = None
+    choice = a.gpu_capacity or env.get("MESHD_LLM_GPU_CAPACITY") or "off"
+    if choice not in ("on", "off"):
+        raise SystemExit(f"meshd llm-runtime: MESHD_LLM_GPU_CAPACITY must be on or off (got {choice!r})")
+    if choice == "on":
+        nvml = gpu.load_nvml()
+        on_gpu = gpu.memory_per_model_bytes(env, nvml) if nvml is not None else None
+        if on_gpu is None:
+            raise SystemExit(
+                "meshd llm-runtime: --gpu-capacity on, but NVML lists no visible GPU "
+                "(nvidia-ml-py installed? a driver? CUDA_VISIBLE_DEVICES?)"
+            )
+        overhead = number(
+            a.gpu_memory_overhead_bytes, "MESHD_ADAPTER_GPU_OVERHEAD_BYTES", default=sizing.DEFAULT_GPU_OVERHEAD_BYTES
+        )
+        capacity = sizing.capacity(on_gpu, overhead)
     return LlmConfig(
         engine=a.engine or "custom",
         template=template,
@@ -175,9 +207,7 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str]) -> LlmConfig:
         extra_args=tuple(extra),
         workdir=a.workdir,
         model_root=a.model_root,
-        capacity_bytes=number(
-            a.memory_bytes, "MODEL_SERVER_MEM_REQ_BYTES", "CONTAINER_MEM_REQ_BYTES", default=_host_memory() // 2
-        ),
+        capacity_bytes=capacity,
         default_model_size=number(a.default_model_size, "DEFAULT_MODELSIZE", default=512 << 20),
         max_loading_concurrency=max(1, a.loading_concurrency),
         loading_timeout_ms=a.loading_timeout_ms,
@@ -185,6 +215,7 @@ def config_from(a: argparse.Namespace, env: Mapping[str, str]) -> LlmConfig:
         env=ENGINE_ENV.get(a.engine or "", {}),
         restart=RestartPolicy(max_restarts=max(0, a.max_restarts), window_s=a.restart_window_s),
         version=f"meshd-llm-runtime/{a.engine or 'custom'}",
+        gpu=nvml,
     )
 
 

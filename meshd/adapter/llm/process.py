@@ -103,6 +103,12 @@ class EngineProcess:
             return 0
         return group_rss_bytes(self.child.pid)
 
+    def pids(self) -> list[int]:
+        """Every process in its group (where its GPU memory is held: vLLM's workers)."""
+        if self.child is None:
+            return []
+        return [pid for pid, _rss in _group(self.child.pid)]
+
     def log_tail(self) -> str:
         try:
             with open(self.log_path, "rb") as f:
@@ -114,7 +120,12 @@ class EngineProcess:
 
 
 def group_rss_bytes(pgid: int) -> int:
-    total = 0
+    return sum(rss for _pid, rss in _group(pgid))
+
+
+def _group(pgid: int) -> list[tuple[int, int]]:
+    """(pid, resident bytes) of every process in the process group."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -125,8 +136,8 @@ def group_rss_bytes(pgid: int) -> int:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
         if len(fields) > 21 and int(fields[2]) == pgid:  # fields[2]: pgrp; fields[21]: rss pages
-            total += int(fields[21]) * PAGE
-    return total
+            found.append((int(entry), int(fields[21]) * PAGE))
+    return found
 
 
 def describe_exit(code: int) -> str:

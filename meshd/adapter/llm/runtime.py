@@ -30,7 +30,7 @@ import grpc
 
 from meshd._proto.mmesh import model_runtime_pb2 as rt
 from meshd._proto.mmesh import model_runtime_pb2_grpc as rt_grpc
-from meshd.adapter import sizing, stored
+from meshd.adapter import gpu, sizing, stored
 from meshd.adapter.llm.engines import RestartPolicy, adapter_refusal, engine_argv, restart_delay
 from meshd.adapter.llm.grpc_abort import abort
 from meshd.adapter.llm.load import LoadWatch
@@ -82,6 +82,8 @@ class LlmConfig:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     adapter_slots: int = 4  # LoRA adapters an engine takes at a time (vLLM's --max-loras)
     version: str = "meshd-llm-runtime"
+    # --gpu-capacity on: the `pynvml` module; an engine's size is then its processes' GPU memory
+    gpu: Any | None = None
 
 
 class State(Enum):
@@ -147,6 +149,16 @@ class Engines:
         assert self.session is not None, "Engines.start() first"
         return self.session
 
+    async def held_bytes(self, engine: EngineProcess) -> int:
+        """What an engine really holds: with --gpu-capacity on, the GPU memory NVML lists for its
+        process group (vLLM's workers, contexts included), else (or where NVML lists none of its
+        processes: an engine on the CPU) the group's resident memory."""
+        if self.config.gpu is not None:
+            on_gpu = await asyncio.to_thread(gpu.processes_gpu_bytes, self.config.gpu, engine.pids())
+            if on_gpu:
+                return on_gpu
+        return max(1, engine.rss_bytes())
+
     def model_path(self, path: str) -> Path:
         p = Path(path)
         if not p.is_absolute() and self.config.model_root is not None:
@@ -187,7 +199,7 @@ class Engines:
                 except BaseException:
                     await engine.stop()  # a cancelled or failed load leaves no process behind
                     raise
-            served = Served(model_id, model_type, str(model_path), engine, max(1, engine.rss_bytes()))
+            served = Served(model_id, model_type, str(model_path), engine, await self.held_bytes(engine))
             served.started_s = time.monotonic() - began
             served.watcher = asyncio.create_task(self._supervise(served), name=f"supervise {model_id}")
             self.served[model_id] = served
@@ -344,7 +356,7 @@ class Engines:
                     log.warning("adapter %s is gone with its engine: %s", adapter.model_id, e)
                     self.served.pop(adapter.model_id, None)
             served.state = State.READY
-            served.size_bytes = max(1, engine.rss_bytes())
+            served.size_bytes = await self.held_bytes(engine)
             log.info("the engine of %s is back on port %d", served.model_id, engine.port)
 
 
@@ -424,7 +436,7 @@ class LlmRuntime(rt_grpc.ModelRuntimeServicer):  # type: ignore[misc]
         if served is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"model {request.modelId!r} is not loaded")
         if served.state is State.READY and served.base is None:
-            served.size_bytes = max(1, served.engine.rss_bytes())
+            served.size_bytes = await self.engines.held_bytes(served.engine)
         return rt.ModelSizeResponse(sizeInBytes=served.size_bytes)
 
     async def runtimeStatus(self, request: rt.RuntimeStatusRequest, context: Any) -> rt.RuntimeStatusResponse:

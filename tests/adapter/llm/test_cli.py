@@ -46,3 +46,15 @@ def test_an_engine_python_without_the_engines_module_is_refused_at_start(
     assert "pip install 'llama-cpp-python[server]'" in err and "point --engine-python at the engine's venv" in err
     assert module_problem(sys.executable, "json") is None
     assert "could not be run" in (module_problem(str(tmp_path / "no-python"), "json") or "")
+
+
+def test_gpu_capacity_on_without_a_visible_gpu_is_refused_at_start(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-none")  # whatever NVML finds here, none is visible
+    argv = ["--engine-command", "x {port}", "--port", "1", "--workdir", str(tmp_path), "--gpu-capacity", "on"]
+    assert main(argv) == 2
+    assert "--gpu-capacity on, but NVML lists no visible GPU" in capsys.readouterr().err
+    monkeypatch.setenv("MESHD_LLM_GPU_CAPACITY", "maybe")
+    assert main(argv[:-2]) == 2
+    assert "MESHD_LLM_GPU_CAPACITY must be on or off (got 'maybe')" in capsys.readouterr().err
