@@ -8,6 +8,7 @@ timed out: modelmesh-serving#219)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -63,27 +64,39 @@ def stack(mlserver_env: Path, tmp_path: Path, etcd_server: object, moto_url: str
             }
         )
     )
+    with mlserver_stack(
+        mlserver_env, tmp_path, etcd_server, "adapter-storage", {"STORAGE_CONFIG_DIR": str(config)}
+    ) as st:
+        st.models = models
+        yield st
+
+
+@contextlib.contextmanager
+def mlserver_stack(
+    python: Path, tmp_path: Path, etcd_server: object, service: str, env: dict[str, str]
+) -> Iterator[Stack]:
+    """meshd beside `meshd adapter` (models pulled under tmp_path/models) and a real MLServer;
+    every process stopped on the way out."""
     mlserver_port, http_port, adapter_port, grpc_port = free_ports(4)
     pid_file = tmp_path / "mlserver.pid"
-    mesh = LocalMesh(tmp_path / "mesh", service="adapter-storage")
+    mesh = LocalMesh(tmp_path / "mesh", service=service)
     mesh.etcd_url = etcd_server.url  # type: ignore[attr-defined]
-    root = tmp_path / "models"
     try:
         adapter = start_mlserver_adapter(
             mesh.children,
-            mlserver_env,
+            python,
             tmp_path,
             (adapter_port, mlserver_port, http_port),
             (64 << 20) + OVERHEAD,
             pid_file,
-            ["--memory-overhead-bytes", str(OVERHEAD), "--root-model-dir", str(root)],
-            env={"STORAGE_CONFIG_DIR": str(config)},
+            ["--memory-overhead-bytes", str(OVERHEAD), "--root-model-dir", str(tmp_path / "models")],
+            env=env,
         )
         wait_until(lambda: port_open(adapter_port) and port_open(mlserver_port), 120, "adapter and MLServer")
         meshd = mesh.start_meshd(
             "inst-a", adapter_port, {"serving_port": mlserver_port, "rate_check_ms": 600_000}, grpc_port=grpc_port
         )
-        yield Stack(meshd, adapter, grpc_port, mlserver_port, pid_file, models)
+        yield Stack(meshd, adapter, grpc_port, mlserver_port, pid_file, [])
     finally:
         mesh.stop()
         kill_mlserver(pid_file)
@@ -156,40 +169,20 @@ def test_a_pull_longer_than_the_loading_timeout_is_not_cut(
     (folder / "padding.bin").write_bytes(b"\0" * (7 << 20))
     config = tmp_path / "storage-config"
     config.mkdir()
-    mlserver_port, http_port, adapter_port, grpc_port = free_ports(4)
-    pid_file = tmp_path / "mlserver.pid"
-    mesh = LocalMesh(tmp_path / "mesh", service="adapter-slow-pull")
-    mesh.etcd_url = etcd_server.url  # type: ignore[attr-defined]
     with ObjectServer(tmp_path / "store") as srv:
         srv.faults.rate = 512 << 10
         (config / "slow").write_text(
             json.dumps({"type": "s3", "endpoint_url": srv.url, "bucket": "bkt", "anonymous": "true"})
         )
-        try:
-            adapter = start_mlserver_adapter(
-                mesh.children,
-                mlserver_env,
-                tmp_path,
-                (adapter_port, mlserver_port, http_port),
-                (64 << 20) + OVERHEAD,
-                pid_file,
-                ["--memory-overhead-bytes", str(OVERHEAD), "--root-model-dir", str(tmp_path / "models")],
-                env={"STORAGE_CONFIG_DIR": str(config), "LOADTIME_TIMEOUT": "8000"},
-            )
-            wait_until(lambda: port_open(adapter_port) and port_open(mlserver_port), 120, "adapter and MLServer")
-            meshd = mesh.start_meshd(
-                "inst-a", adapter_port, {"serving_port": mlserver_port, "rate_check_ms": 600_000}, grpc_port=grpc_port
-            )
-            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+        env = {"STORAGE_CONFIG_DIR": str(config), "LOADTIME_TIMEOUT": "8000"}
+        with mlserver_stack(mlserver_env, tmp_path, etcd_server, "adapter-slow-pull", env) as stack:
+            with stack.channel() as ch:
                 key = json.dumps({"storage_key": "slow", "model_type": "sklearn"})
                 info = mm.ModelInfo(type="sklearn", path=f"sklearn/{model.name}", key=key)
                 mm_grpc.ModelMeshStub(ch).registerModel(
                     mm.RegisterModelRequest(modelId=model.name, modelInfo=info), timeout=30
                 )
                 assert infer(ch, model, timeout=90) == model.expected
-            pulled = re.search(rf"{model.name}: pulled in (\d+) ms", adapter.log_path.read_text())
+            pulled = re.search(rf"{model.name}: pulled in (\d+) ms", stack.adapter.log_path.read_text())
             assert pulled is not None and int(pulled.group(1)) > 8000, "the pull was not longer than the timeout"
-            assert "timed out" not in meshd.log_path.read_text()
-        finally:
-            mesh.stop()
-            kill_mlserver(pid_file)
+            assert "timed out" not in stack.meshd.log_path.read_text()
