@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from typing import TypeVar
 
 from meshd.core.errors import AlreadyExists, DataLoss, FailedPrecondition, NotFound, Unavailable
@@ -20,6 +21,7 @@ from meshd.core.records import (
     ModelRecord,
     RecordError,
     VModelRecord,
+    eviction_note,
     newer_history,
     use_history,
 )
@@ -48,6 +50,16 @@ class CopiesFull(Unavailable):
     def __init__(self, model_id: str, instance_id: str, holders: Mapping[str, int]) -> None:
         super().__init__(f"not loading {model_id!r} on {instance_id}: its max copies are on {sorted(holders)}")
         self.holders = dict(holders)
+
+
+@dataclass(frozen=True)
+class CopyAdded:
+    """A model's past as its record held it when a copy of it was added: read in that
+    compare-and-set, not from the mirror, which may not show yet the eviction another instance
+    wrote just before (its uses then, and the adaptive order's note this add clears)."""
+
+    history: tuple[float, ...]
+    evicted_by: tuple[int, float] | None
 
 
 class Registry:
@@ -130,13 +142,15 @@ class Registry:
 
     async def add_copy(
         self, model_id: str, instance_id: str, start_ms: int, serving: AbstractSet[str] | None = None
-    ) -> bool:
-        """Record a copy loading here; False when the model is no longer registered.
+    ) -> CopyAdded | None:
+        """Record a copy loading here; None when the model is no longer registered.
 
         `serving`: the live instances not shutting down (None: no max-copies check). Then
         the copy is refused (`CopiesFull`, nothing written) when holders among them already
         reach the model's max copies. Checked inside the compare-and-set, so of instances
         adding a copy at once (all rerouting from a holder that left) only the max win."""
+
+        past: list[CopyAdded] = []
 
         def fn(rec: ModelRecord | None) -> ModelRecord | Keep:
             if rec is None:
@@ -144,13 +158,14 @@ class Registry:
             added = instance_id not in rec.instance_ids
             if added and serving is not None and at_max_elsewhere(instance_id, rec, serving):
                 raise CopiesFull(model_id, instance_id, rec.instance_ids)
+            past[:] = [CopyAdded(use_history(rec.extra), eviction_note(rec.extra))]  # the last try's
             rec.instance_ids[instance_id] = start_ms
             rec.extra.pop(EVICTED_BY, None)  # this load was charged for it (one eviction, one charge)
             rec.failed_in.pop(instance_id, None)
             rec.fails.pop(instance_id, None)
             return rec
 
-        return await self._update(self.models, model_id, fn) is not None
+        return past[0] if await self._update(self.models, model_id, fn) is not None else None
 
     async def remove_copy(
         self,

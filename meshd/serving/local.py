@@ -52,7 +52,7 @@ from meshd.decisions.placement.rank import load_price, stays
 from meshd.decisions.placement.view import ClusterView
 from meshd.decisions.status import failure_expired
 from meshd.observability.metrics import NO_METRICS, Metrics
-from meshd.registry.models import CopiesFull, Registry
+from meshd.registry.models import CopiesFull, CopyAdded, Registry
 from meshd.runtime.client import RuntimeClient, RuntimeInfo
 from meshd.runtime.loader import LoadQueue
 from meshd.serving.gate import CopyGate
@@ -434,12 +434,17 @@ class LocalModels:
             hint = ADAPTER_DEFAULT_BYTES  # not the runtime's default, which is sized for whole models
         return to_units(hint or self.info.default_model_size)
 
-    async def _admit(self, model_id: str, record: ModelRecord, units: int | None = None) -> None:
+    async def _admit(
+        self, model_id: str, record: ModelRecord, units: int | None = None, past: CopyAdded | None = None
+    ) -> None:
         """Reserve room (`units`: the runtime's prediction; None: `initial_units`), waiting (up
-        to the load timeout) while loading entries fill it."""
+        to the load timeout) while loading entries fill it. `past`: the record's history as
+        this copy's add read it (None: the mirror's `record`)."""
         units = units or self.initial_units(record)
-        history = use_history(record.extra)  # its uses before, as the last instance to evict it wrote
-        evicted_by = eviction_note(record.extra)  # ... and which order evicted it (ADAPTIVE's regret)
+        if past is None:
+            past = CopyAdded(use_history(record.extra), eviction_note(record.extra))
+        # its uses before, as the last instance to evict it wrote, and which order evicted it (ADAPTIVE's regret)
+        history, evicted_by = past.history, past.evicted_by
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.queue.timeout_s
         began = self.clock()
@@ -488,7 +493,8 @@ class LocalModels:
             #   wait for (3 ms of each load's hold on the peers bench, 2.6 % of it).
             waiting = asyncio.ensure_future(self._take_slot(model_id, record)) if self.load_queue else None
             try:
-                if not await self.registry.add_copy(model_id, self.instance_id, self.clock(), self._serving()):
+                past = await self.registry.add_copy(model_id, self.instance_id, self.clock(), self._serving())
+                if past is None:
                     raise NotFound(f"model {model_id!r} was unregistered")
                 recorded = True
                 sizing = time.monotonic()
@@ -501,7 +507,7 @@ class LocalModels:
                 if waiting is not None and not slot_held:
                     await self._leave_queue(waiting)
                 raise
-            await self._admit(model_id, record, to_units(predicted) if predicted else None)
+            await self._admit(model_id, record, to_units(predicted) if predicted else None, past)
             admitted = True
             if self.registry.get(model_id) is None:
                 raise NotFound(f"model {model_id!r} was unregistered while its load waited")

@@ -15,7 +15,7 @@ from meshd.decisions.ids import ModelInfo
 from meshd.decisions.janitor import plan_repairs
 from meshd.decisions.placement.view import ClusterView, InstanceView
 from meshd.kv.memory import MemoryStore
-from meshd.registry.models import CopiesFull, Registry
+from meshd.registry.models import CopiesFull, CopyAdded, Registry
 from meshd.serving.local import LocalModels
 from meshd.testing.fake_runtime import FakeRuntime, runtime_info
 from tests.registry.rig import new_registry
@@ -67,7 +67,7 @@ async def test_two_instances_adding_a_max_one_copy_at_once_only_one_wins(
         ra.add_copy("m", "a", NOW, serving), rb.add_copy("m", "b", NOW, serving), return_exceptions=True
     )
     refused = [r for r in results if isinstance(r, CopiesFull)]
-    assert len(refused) == 1 and results.count(True) == 1, results
+    assert len(refused) == 1 and sum(isinstance(r, CopyAdded) for r in results) == 1, results
     kv = await ra.fetch("m")
     assert len(kv.instance_ids) == 1
     assert refused[0].holders == kv.instance_ids  # the winner, for the request to go to

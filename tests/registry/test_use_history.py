@@ -137,3 +137,47 @@ async def test_an_adaptive_eviction_notes_its_order_and_the_next_load_is_charged
             return rec is not None and "b" in rec.instance_ids and EVICTED_BY not in rec.extra
 
         await wait_until_async(cleared, 5, "the note cleared by b's copy")
+
+
+@pytest.mark.parametrize("eviction", [Eviction.RATE, Eviction.ADAPTIVE])
+async def test_a_load_on_a_record_its_mirror_read_before_the_eviction_starts_from_the_stored_past(
+    eviction: Eviction,
+) -> None:
+    """The past is read in the compare-and-set that adds the copy, not from the mirror: a load
+    that starts on the record as it was before another instance evicted the model's last copy
+    (b's watch not caught up: a load can arrive in that window) still starts from the uses that
+    eviction wrote and charges the order its note names. Before, it started from nothing and
+    its add cleared the note it had not read (the charge lost)."""
+    from meshd.core.records import EVICTED_BY, eviction_note
+    from meshd.decisions.regret import RATE
+
+    async with pair(eviction) as (a, b, ra, rb):
+        for m in ("m", "x"):
+            await ra.register(m, ModelInfo("demo", f"/{m}"), 1)
+        await a.ensure("m", ra.get("m"))  # type: ignore[arg-type]
+        for _ in range(4):
+            a.cache.touch("m", a.clock())
+        await asyncio.wait_for(rb.models.catch_up(), 5)
+        stale = rb.get("m")  # m held by a, no history yet: what b's mirror shows before the eviction
+        assert stale is not None and "a" in stale.instance_ids and not use_history(stale.extra)
+        await a.ensure("x", ra.get("x"))  # type: ignore[arg-type]  # evicts m, m's last copy
+
+        def written() -> bool:
+            rec = ra.get("m")
+            return rec is not None and not rec.instance_ids and len(use_history(rec.extra)) == 5
+
+        await wait_until_async(written, 5, "m's history in its record, its copy gone")
+        stored = ra.get("m")
+        assert stored is not None
+        history, note = use_history(stored.extra), eviction_note(stored.extra)
+        entry = await b.ensure("m", stale)
+        assert entry.uses_at[:5] == history and len(entry.uses_at) == 6
+        if eviction is Eviction.ADAPTIVE:
+            assert note is not None and note[0] == RATE
+            assert b.cache.regret is not None and b.cache.regret.tally().charges[RATE] > 0.0
+
+            def cleared() -> bool:
+                rec = rb.get("m")
+                return rec is not None and "b" in rec.instance_ids and EVICTED_BY not in rec.extra
+
+            await wait_until_async(cleared, 5, "the note cleared by b's copy")

@@ -17,7 +17,7 @@ from meshd.decisions.ids import ModelInfo
 from meshd.decisions.placement import loading
 from meshd.kv.memory import MemoryStore
 from meshd.kv.table import Table
-from meshd.registry.models import Registry
+from meshd.registry.models import CopyAdded, Registry
 from meshd.runtime.loader import LoadQueue
 from meshd.serving.local import LocalModels
 from meshd.testing.fake_runtime import FakeRuntime, runtime_info
@@ -199,10 +199,10 @@ async def test_a_load_refused_while_it_waited_for_its_record_gives_its_thread_ba
     written = asyncio.Event()
     add_copy = registry.add_copy
 
-    async def unregistered_meanwhile(model_id: str, *args: object, **kwargs: object) -> bool:
+    async def unregistered_meanwhile(model_id: str, *args: object, **kwargs: object) -> CopyAdded | None:
         if model_id == "gone":
             await written.wait()
-            return False  # what add_copy says when the record went
+            return None  # what add_copy says when the record went
         return await add_copy(model_id, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(registry, "add_copy", unregistered_meanwhile)
