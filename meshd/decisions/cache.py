@@ -202,6 +202,9 @@ class WeightedLRU:
         # every instance for it on each miss (`victim_value`), and a scan per ask made the
         # 1M-request simulation 3x slower.
         self._rate_keys: dict[str, float] = {}
+        # ... and, for the scan, each loaded entry's (RATE key, clock at its last use, rate, entry):
+        # the scan reads tuples, not attributes and a dict per entry (40 % of its time).
+        self._worth_parts: dict[str, tuple[float, float, float, CacheEntry]] = {}
         self._victim: tuple[float, CacheEntry, tuple[float, int, int]] | None = None
         self._failed = 0  # entries in State.FAILED (CAPPED's plan takes its next victim alone when none)
         # CAPPED: the share of its recent evictions (a moving average over about
@@ -285,28 +288,29 @@ class WeightedLRU:
 
     def _scan_victim(self) -> tuple[float, CacheEntry, tuple[float, int, int]]:
         """CAPPED: (clock, the loaded entry of least `_worth_key`, that key): `_log_worth` inlined,
-        to the same arithmetic, and a key built only for an entry that may win. This scan is
-        most of the order's cost (`bench/sim_speed.py`)."""
+        to the same arithmetic, over `_worth_parts`. This scan is most of the order's cost
+        (`bench/sim_speed.py`)."""
         clock = self.clock
         shift = clock / self._half_life
         span = self._hold_span
-        keys = self._rate_keys
         log, log1p, exp = math.log, math.log1p, math.exp
         found: CacheEntry | None = None
         least = math.inf
-        tie = (0, 0)
-        for e in self._entries.values():
-            if e.state is not State.LOADED:
-                continue
-            worth = keys[e.model_id] - shift
-            silence = clock - e.clock
+        for key, used_at, rate, e in self._worth_parts.values():
+            worth = key - shift
+            silence = clock - used_at
             if silence > 0:
-                odds = log(silence / span) + e.score * silence
-                worth = worth - (odds + log1p(exp(-odds)) if odds > 0 else log1p(exp(odds))) / _LN2
-            if worth < least or (worth == least and (e.last_used_ms, e.seq) < tie):
-                found, least, tie = e, worth, (e.last_used_ms, e.seq)
+                odds = log(silence / span) + rate * silence
+                if odds > 0:
+                    worth = worth - (odds + log1p(exp(-odds))) / _LN2
+                else:
+                    worth = worth - log1p(exp(odds)) / _LN2
+            if worth <= least and (
+                worth < least or found is None or (e.last_used_ms, e.seq) < (found.last_used_ms, found.seq)
+            ):
+                found, least = e, worth
         assert found is not None  # called only with a loaded entry
-        return (clock, found, (least, tie[0], tie[1]))
+        return (clock, found, (least, found.last_used_ms, found.seq))
 
     def _heap_top(self) -> CacheEntry | None:
         """The heap's top, past stale items (dropped here for good) and loads in progress
@@ -472,6 +476,7 @@ class WeightedLRU:
             _recost(entry, old_cost)
             self._push(entry)
         if self.eviction is Eviction.CAPPED:
+            self._part(entry)
             self._offer(entry)
         if state is State.FAILED:
             self.resize(model_id, 1)
@@ -550,6 +555,9 @@ class WeightedLRU:
         }
         if self.eviction is Eviction.CAPPED:  # its keys and next victim
             self._rate_keys = {m: self._key(e)[0] for m, e in self._entries.items()}
+            self._worth_parts = {}
+            for e in self._entries.values():
+                self._part(e)
             self._victim = None
         self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
         heapq.heapify(self._heap)
@@ -562,6 +570,7 @@ class WeightedLRU:
             self._failed -= entry.state is State.FAILED
             if self.eviction is Eviction.CAPPED:
                 del self._rate_keys[model_id]
+                self._worth_parts.pop(model_id, None)
                 if self._victim is not None and self._victim[1] is entry:
                     self._victim = None
         return entry
@@ -631,19 +640,30 @@ class WeightedLRU:
             and (newer_than is None or victim.last_used_ms <= newer_than)
         ):
             return [victim]
+        # `_worth_key` inlined, to the same arithmetic; a heap, as a few victims are taken at most
+        clock = self.clock
+        shift = clock / self._half_life
+        span = self._hold_span
+        keys = self._rate_keys
+        log, log1p, exp = math.log, math.log1p, math.exp
+        ranked: list[tuple[bool, float, int, int, CacheEntry]] = []
+        for e in self._entries.values():
+            if e.state is State.LOADING or e.model_id == exclude or e.model_id in keep:
+                continue
+            worth = keys[e.model_id] - shift
+            silence = clock - e.clock
+            if silence > 0:
+                odds = log(silence / span) + e.score * silence
+                if odds > 0:
+                    worth = worth - (odds + log1p(exp(-odds))) / _LN2
+                else:
+                    worth = worth - log1p(exp(odds)) / _LN2
+            ranked.append((e.inflight > 0, worth, e.last_used_ms, e.seq, e))  # seq is unique: no entry compared
+        heapq.heapify(ranked)
         victims: list[CacheEntry] = []
         freed = 0
-        ranked = sorted(
-            (
-                (e.inflight > 0, self._worth_key(e), e)
-                for e in self._entries.values()
-                if e.state is not State.LOADING and e.model_id != exclude and e.model_id not in keep
-            ),
-            key=lambda item: (item[0], item[1]),
-        )
-        for _busy, _worth, entry in ranked:
-            if freed >= needed:
-                break
+        while ranked and freed < needed:
+            entry = heapq.heappop(ranked)[4]
             if newer_than is not None and entry.last_used_ms > newer_than:
                 continue
             victims.append(entry)
@@ -690,11 +710,19 @@ class WeightedLRU:
     def _push(self, entry: CacheEntry) -> None:
         if self.eviction is Eviction.CAPPED:  # its order changes as silences lengthen: no heap of it
             self._rate_keys[entry.model_id] = self._key(entry)[0]
+            self._part(entry)
             self._offer(entry)  # (the heap below holds RATE's order, for `overruled`)
         heapq.heappush(self._heap, (self._key(entry), entry.seq, entry.model_id))
         if len(self._heap) > 4 * len(self._entries) + 64:  # drop the stale items now and then
             self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
             heapq.heapify(self._heap)
+
+    def _part(self, entry: CacheEntry) -> None:
+        """CAPPED: `entry`'s row of `_worth_parts` (none unless loaded), after its key or state changed."""
+        if entry.state is State.LOADED:
+            self._worth_parts[entry.model_id] = (self._rate_keys[entry.model_id], entry.clock, entry.score, entry)
+        else:
+            self._worth_parts.pop(entry.model_id, None)
 
     def _offer(self, entry: CacheEntry) -> None:
         """CAPPED: `entry`'s key or state changed; the next victim found at this clock still
