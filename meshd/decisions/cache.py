@@ -112,6 +112,7 @@ RATE_HALF_LIFE_TURNOVERS = 4.0
 # seeds 2-3 and the Azure windows (docs/policies.md, "A capped rate").
 RATE_HOLD_TURNOVERS = 64.0
 _LN2 = math.log(2)
+_SCAN_SLACK = 1e-6  # CAPPED's scan skips an entry only this far above the least (float rounding)
 OVERRULED_EVICTIONS = 64  # CAPPED's `overruled`: a moving average over about this many evictions
 # MESHD_LATENCY_TARGET_MS (opt-in): a copy whose reload would take longer than the target is
 # worth this many times its value to RATE and LRFU, so the misses that break the target are
@@ -206,6 +207,7 @@ class WeightedLRU:
         # the scan reads tuples, not attributes and a dict per entry (40 % of its time).
         self._worth_parts: dict[str, tuple[float, float, float, CacheEntry]] = {}
         self._victim: tuple[float, CacheEntry, tuple[float, int, int]] | None = None
+        self._last_victim: CacheEntry | None = None  # the last scan's, whatever became of it since
         self._failed = 0  # entries in State.FAILED (CAPPED's plan takes its next victim alone when none)
         # CAPPED: the share of its recent evictions (a moving average over about
         # `OVERRULED_EVICTIONS`) whose victim was not RATE's next one: copies the odds judged
@@ -288,18 +290,34 @@ class WeightedLRU:
 
     def _scan_victim(self) -> tuple[float, CacheEntry, tuple[float, int, int]]:
         """CAPPED: (clock, the loaded entry of least `_worth_key`, that key): `_log_worth` inlined,
-        to the same arithmetic, over `_worth_parts`. This scan is most of the order's cost
-        (`bench/sim_speed.py`)."""
+        to the same arithmetic, over `_worth_parts`, skipping an entry whose worth is surely above
+        the least found so far (below). This scan is most of the order's cost (`bench/sim_speed.py`)."""
         clock = self.clock
         shift = clock / self._half_life
         span = self._hold_span
         log, log1p, exp = math.log, math.log1p, math.exp
         found: CacheEntry | None = None
         least = math.inf
-        for key, used_at, rate, e in self._worth_parts.values():
+        parts = self._worth_parts
+        seed = self._last_victim  # most often the victim again: its worth first makes the bound bite
+        if seed is not None and (row := parts.get(seed.model_id)) is not None and row[3] is seed:
+            found, least = seed, self._log_worth(seed)
+        for key, used_at, rate, e in parts.values():
             worth = key - shift
             silence = clock - used_at
             if silence > 0:
+                # The odds' penalty is softplus(odds) / ln 2, odds = ln(u) + v with u = g / span and
+                # v = r g; softplus(x) <= e^x = u e^v <= u / (1 - v) for v < 1, and <= ln 2 + max(x, 0)
+                # with x <= u - 1 + v (ln y <= y - 1): an entry whose worth is above the least even
+                # with that much penalty needs no log or exp.
+                u = silence / span
+                v = rate * silence
+                most = u + v - 1.0
+                most = _LN2 + most if most > 0 else _LN2
+                if v < 1.0 and u < most * (1.0 - v):
+                    most = u / (1.0 - v)
+                if worth - most / _LN2 > least + _SCAN_SLACK:
+                    continue
                 odds = log(silence / span) + rate * silence
                 if odds > 0:
                     worth = worth - (odds + log1p(exp(-odds))) / _LN2
@@ -310,6 +328,7 @@ class WeightedLRU:
             ):
                 found, least = e, worth
         assert found is not None  # called only with a loaded entry
+        self._last_victim = found
         return (clock, found, (least, found.last_used_ms, found.seq))
 
     def _heap_top(self) -> CacheEntry | None:
