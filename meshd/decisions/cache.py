@@ -727,11 +727,12 @@ class WeightedLRU:
         return math.log2(value)
 
     def _push(self, entry: CacheEntry) -> None:
+        key = self._key(entry)
         if self.eviction is Eviction.CAPPED:  # its order changes as silences lengthen: no heap of it
-            self._rate_keys[entry.model_id] = self._key(entry)[0]
+            self._rate_keys[entry.model_id] = key[0]
             self._part(entry)
             self._offer(entry)  # (the heap below holds RATE's order, for `overruled`)
-        heapq.heappush(self._heap, (self._key(entry), entry.seq, entry.model_id))
+        heapq.heappush(self._heap, (key, entry.seq, entry.model_id))
         if len(self._heap) > 4 * len(self._entries) + 64:  # drop the stale items now and then
             self._heap = [(self._key(e), e.seq, e.model_id) for e in self._entries.values()]
             heapq.heapify(self._heap)

@@ -264,7 +264,8 @@ def soonest_start(candidates: Sequence[InstanceView]) -> list[InstanceView]:
     """The candidates where a load starts soonest (the shortest queue)."""
     if len(candidates) < 2:
         return list(candidates)
-    backlogs = [queue_backlog(c) for c in candidates]
+    # queue_backlog inlined: once per candidate per placement, a tenth of this module's calls
+    backlogs = [b if (b := c.loading_in_progress - c.loading_threads + 1) > 0 else 0 for c in candidates]
     least = min(backlogs)
     return [c for c, b in zip(candidates, backlogs, strict=True) if b == least]
 
