@@ -35,10 +35,14 @@ def test_a_load_placed_by_price_loads_only_where_it_evicts_no_more_than_its_limi
     start_node("inst-b")  # the peer the calls come from, as a sees it
     wait_until(lambda: listed_instances(a) >= {"inst-a", "inst-b"}, 15, "inst-a to see inst-b")
     cold, hot, new = models[:3]
-    # The same set load time for both copies: an unset one is a few ms of RPC jitter, and a first
-    # load's slower connection made the cold copy's reload look dearer than the hot one's.
-    for m in (cold, hot):
-        info = mm.ModelInfo(type="demo", path=str(m.path), key='{"load_delay_ms": 50}')
+    # Set load times, the hot copy's three times the cold one's: an unset one is a few ms of RPC
+    # jitter, and a first load's slower connection made the cold copy's reload look dearer than
+    # the hot one's. With equal times the jitter picked the victim until the hot copy's calls,
+    # and a record published in between named the hot copy's worth, not the cold one's; with
+    # the cold copy the victim throughout, every record after both loads names its worth, which
+    # nothing here moves (no eviction moves the clock).
+    for m, delay_ms in ((cold, 50), (hot, 150)):
+        info = mm.ModelInfo(type="demo", path=str(m.path), key=f'{{"load_delay_ms": {delay_ms}}}')
         a.mm.registerModel(mm.RegisterModelRequest(modelId=m.id, modelInfo=info), timeout=10)
     a.register(new)
     load_on(a, cold.id)
